@@ -1,0 +1,24 @@
+"""The main job: 8 simulated workers, D-PSGD on a ring, the LeNet-style CNN, on mnist10k.
+
+    python -m nbsgd_jax.main --config=experiments/configs/mnist.py --workdir=runs/mnist
+"""
+
+from nbsgd_jax.config import default_config
+
+
+def get_config():
+  c = default_config()
+  c.algorithm = "dpsgd"
+  c.num_workers = 8
+  c.topology = "ring"
+  c.backend = "simulate"
+  c.model = "cnn"
+  c.dataset = "mnist10k"
+  c.batch_size = 32
+  c.learning_rate = 0.05
+  c.lr_schedule = "cosine"
+  c.momentum = 0.9
+  c.num_steps = 600
+  c.eval_every = 100
+  c.seed = 0
+  return c

@@ -1,0 +1,12 @@
+"""Distributed training algorithms, each the program of one worker on a named axis.
+
+An :class:`~nbsgd_jax.algorithms.base.Algorithm` turns one worker's gradient into its next
+parameters, communicating with ``lax`` collectives on ``axis_name``; the same program runs
+under ``jax.vmap`` (simulate) or ``jax.shard_map`` (mesh).
+"""
+
+from nbsgd_jax.algorithms.allreduce import allreduce, allreduce_ring
+from nbsgd_jax.algorithms.base import AXIS, Algorithm
+from nbsgd_jax.algorithms.dpsgd import dpsgd
+
+__all__ = ["AXIS", "Algorithm", "allreduce", "allreduce_ring", "dpsgd"]

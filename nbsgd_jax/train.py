@@ -1,0 +1,457 @@
+"""The training loop: one worker program, run on a backend, logged to a work directory.
+
+Data flow (``DESIGN.md`` section 2): config -> per-worker data shards -> worker step
+(gradient -> algorithm update with collectives on ``"workers"``) -> backend
+(``jax.vmap`` | ``jax.shard_map``) -> ``metrics.jsonl`` / ``summary.json``.
+
+Every leaf of the train state carries a leading worker axis ``[n, ...]``; on the mesh backend
+it is sharded along the ``"workers"`` mesh axis. The whole step is one jitted call, with no
+Python loop over workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from nbsgd_jax import algorithms as algos
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import data as data_lib
+from nbsgd_jax import metrics as metrics_lib
+from nbsgd_jax import models as models_lib
+from nbsgd_jax import topology as topology_lib
+from nbsgd_jax.algorithms.base import AXIS
+
+
+class TrainState(NamedTuple):
+  """Per-worker train state; every leaf has a leading worker axis ``[n, ...]``.
+
+  Attributes:
+    params: model parameters of each worker.
+    opt_state: each worker's optax state.
+    step: int32 ``[n]``, steps taken (the same on every worker).
+  """
+
+  params: Any
+  opt_state: Any
+  step: jax.Array
+
+
+class WorkerData(NamedTuple):
+  """Each worker's training shard, padded to a common capacity ``m``.
+
+  Attributes:
+    images: uint8 ``[n, m, H, W, C]``.
+    labels: int32 ``[n, m]``.
+    sizes: int32 ``[n]``, valid rows of each shard (rows ``>= size`` are padding).
+  """
+
+  images: jax.Array
+  labels: jax.Array
+  sizes: jax.Array
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def sample_batch_indices(key: jax.Array, size: jax.Array, capacity: int, batch_size: int,
+                         step: jax.Array) -> jax.Array:
+  """Indices of one worker's batch at ``step``: epoch-wise reshuffling without replacement.
+
+  Sample ``t * B + b`` of the worker's stream is element ``(t * B + b) mod size`` of the
+  random permutation of epoch ``(t * B + b) // size``; a permutation is the ``argsort`` of
+  uniform keys with the padding rows pushed last. Deterministic in ``(key, step)``, so a
+  resumed run sees the same data order.
+
+  Args:
+    key: the worker's data key.
+    size: int32 scalar, valid rows of the shard (``>= batch_size``).
+    capacity: padded shard length ``m`` (static).
+    batch_size: ``B`` (static).
+    step: int32 scalar.
+
+  Returns:
+    int32 ``[B]`` row indices in ``[0, size)``.
+  """
+  pos = step * batch_size + jnp.arange(batch_size, dtype=jnp.int32)
+  first_epoch = (step * batch_size) // size
+  valid = jnp.arange(capacity) < size
+
+  def permutation(epoch):
+    u = jax.random.uniform(jax.random.fold_in(key, epoch), (capacity,))
+    return jnp.argsort(jnp.where(valid, u, 2.0)).astype(jnp.int32)
+
+  within = pos % size
+  return jnp.where(pos // size == first_epoch, permutation(first_epoch)[within],
+                   permutation(first_epoch + 1)[within])
+
+
+def data_key(seed: int, worker: jax.Array | int) -> jax.Array:
+  """The key of worker ``worker``'s data order (independent of the init key ``seed``)."""
+  return jax.random.fold_in(jax.random.key(seed + 1), worker)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Mean softmax cross-entropy (nats) of logits ``[B, C]`` against int labels ``[B]``."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def make_worker_step(model, algorithm: algos.Algorithm, batch_size: int, capacity: int,
+                     seed: int) -> Callable:
+  """The program of one worker for one step (runs on the ``"workers"`` axis).
+
+  Returns:
+    ``(state, data) -> (state, loss)`` on one worker's (unbatched) state and shard; ``loss``
+    is the float32 mini-batch loss before the update.
+  """
+  def step_fn(state: TrainState, data: WorkerData):
+    idx = sample_batch_indices(data_key(seed, lax.axis_index(AXIS)), data.sizes, capacity,
+                               batch_size, state.step)
+    x = data.images[idx].astype(jnp.float32) / 255.0
+    y = data.labels[idx]
+    loss, grads = jax.value_and_grad(lambda p: cross_entropy(model.apply(p, x), y))(state.params)
+    params, opt_state = algorithm.update(grads, state.opt_state, state.params)
+    return TrainState(params, opt_state, state.step + 1), loss
+
+  return step_fn
+
+
+# ----------------------------------------------------------------------------- backends
+
+
+class Backend(NamedTuple):
+  """How the worker program is executed.
+
+  Attributes:
+    name: ``"simulate"`` or ``"mesh"``.
+    num_workers: n.
+    mesh: the device mesh (mesh backend) or None.
+    spmd: ``worker_fn -> fn`` running a per-worker function on arrays with a leading
+      worker axis (not jitted).
+    place: ``pytree -> pytree`` putting arrays with a leading worker axis where the
+      backend wants them.
+  """
+
+  name: str
+  num_workers: int
+  mesh: Any
+  spmd: Callable[[Callable], Callable]
+  place: Callable[[Any], Any]
+
+
+def make_backend(name: str, num_workers: int) -> Backend:
+  """``"simulate"``: ``jax.vmap(..., axis_name="workers")`` on one device; ``"mesh"``:
+  ``jax.shard_map`` over a 1-D mesh of the first ``num_workers`` devices, one worker each.
+
+  Raises:
+    ValueError: unknown backend, or more workers than devices for ``"mesh"``.
+  """
+  if name == "simulate":
+    return Backend(name, num_workers, None, lambda f: jax.vmap(f, axis_name=AXIS),
+                   lambda tree: tree)
+  if name == "mesh":
+    devices = jax.devices()
+    if num_workers > len(devices):
+      raise ValueError(f"num_workers={num_workers} is not allowed with backend='mesh': only "
+                       f"{len(devices)} devices")
+    mesh = jax.make_mesh((num_workers,), (AXIS,), devices=devices[:num_workers])
+    sharding = NamedSharding(mesh, P(AXIS))
+
+    def spmd(f):
+      def local(*args):
+        out = f(*jax.tree.map(lambda a: a[0], args))
+        return jax.tree.map(lambda a: a[None], out)
+      return jax.shard_map(local, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+
+    return Backend(name, num_workers, mesh, spmd,
+                   lambda tree: jax.device_put(tree, sharding))
+  raise ValueError(f"backend={name!r} is not allowed: use one of {list(config_lib.BACKENDS)}")
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def _chunked(images: np.ndarray, labels: np.ndarray, chunk: int):
+  """Pad to a multiple of ``chunk`` and reshape to ``[k, chunk, ...]`` plus a validity mask."""
+  n = len(labels)
+  k = max(1, -(-n // chunk))
+  pad = k * chunk - n
+  images = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
+  labels = np.concatenate([labels, np.zeros((pad,), labels.dtype)])
+  mask = np.arange(k * chunk) < n
+  return (images.reshape((k, chunk) + images.shape[1:]), labels.reshape(k, chunk),
+          mask.reshape(k, chunk))
+
+
+def make_eval_fn(model, decentralized: bool) -> Callable:
+  """Jitted ``(params [n, ...], test, train) -> dict`` of float32 scalars.
+
+  ``test`` and ``train`` are ``(images, labels, mask)`` from :func:`_chunked`. Reports loss
+  and accuracy of the averaged model, consensus distance and, for decentralized algorithms,
+  the mean over workers of each worker's own test accuracy.
+  """
+
+  def loss_acc(params, chunks):
+    def one(c):
+      images, labels, mask = c
+      logits = model.apply(params, images.astype(jnp.float32) / 255.0)
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+      hit = (jnp.argmax(logits, -1) == labels)
+      return jnp.sum(ce * mask), jnp.sum(hit * mask)
+    ce, hit = lax.map(one, chunks)
+    count = jnp.sum(chunks[2])
+    return jnp.sum(ce) / count, jnp.sum(hit) / count
+
+  @jax.jit
+  def eval_fn(params, test, train):
+    avg = metrics_lib.average_model(params)
+    test_loss, test_acc = loss_acc(avg, test)
+    train_loss, _ = loss_acc(avg, train)
+    out = {"train_loss": train_loss, "test_loss": test_loss, "test_accuracy": test_acc,
+           "consensus_distance": metrics_lib.consensus_distance(params)}
+    if decentralized:
+      # lax.map, not vmap: a vmapped convolution over per-worker weights becomes a grouped
+      # convolution, which is several times slower on CPU.
+      _, accs = lax.map(lambda p: loss_acc(p, test), params)
+      out["worker_test_accuracy"] = jnp.mean(accs)
+    return out
+
+  return eval_fn
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def make_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
+  """Learning rate per step: optional linear warm-up, then constant or cosine decay to 0."""
+  decay_steps = max(cfg.num_steps - cfg.warmup_steps, 1)
+  if cfg.lr_schedule == "cosine":
+    main = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps)
+  else:
+    main = optax.constant_schedule(cfg.learning_rate)
+  if cfg.warmup_steps:
+    warm = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
+    return optax.join_schedules([warm, main], [cfg.warmup_steps])
+  return main
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """Local optimizer: L2 weight decay added to the gradient, then SGD with momentum."""
+  return optax.chain(
+      optax.add_decayed_weights(cfg.weight_decay) if cfg.weight_decay else optax.identity(),
+      optax.sgd(make_schedule(cfg), momentum=cfg.momentum or None, nesterov=cfg.nesterov))
+
+
+def make_algorithm(cfg: ml_collections.ConfigDict, topology: topology_lib.Topology,
+                   optimizer: optax.GradientTransformation) -> algos.Algorithm:
+  """The :class:`Algorithm` named by ``cfg.algorithm``."""
+  if cfg.algorithm == "allreduce":
+    return algos.allreduce(optimizer, cfg.num_workers)
+  if cfg.algorithm == "allreduce_ring":
+    return algos.allreduce_ring(optimizer, cfg.num_workers)
+  if cfg.algorithm == "dpsgd":
+    return algos.dpsgd(optimizer, topology.mixing_matrix, order=cfg.dpsgd.order)
+  raise config_lib.ConfigError(
+      [f"config.algorithm={cfg.algorithm!r} is not allowed: use one of "
+       f"{list(config_lib.ALGORITHMS)}"])
+
+
+class Setup(NamedTuple):
+  """Everything a run needs, built from a config before any compilation."""
+
+  cfg: ml_collections.ConfigDict
+  dataset: data_lib.Dataset
+  worker_data: WorkerData
+  model: Any
+  topology: topology_lib.Topology
+  algorithm: algos.Algorithm
+  backend: Backend
+
+
+def setup(cfg: ml_collections.ConfigDict) -> Setup:
+  """Validate the config, load and partition the data, build model, algorithm and backend.
+
+  Raises:
+    ConfigError: any bad key, including a ``batch_size`` larger than some worker's shard.
+  """
+  config_lib.validate(cfg)
+  try:
+    dataset = data_lib.load_dataset(cfg.dataset, data_dir=cfg.data_dir or None)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.dataset={cfg.dataset!r}: {e}"]) from None
+  n = cfg.num_workers
+  if n > len(dataset.train_labels):
+    raise config_lib.ConfigError(
+        [f"config.num_workers={n} is not allowed: the training set has only "
+         f"{len(dataset.train_labels)} examples"])
+  try:
+    shards = data_lib.partition(dataset.train_labels, n, scheme=cfg.partition,
+                                alpha=cfg.dirichlet_alpha, seed=cfg.seed,
+                                min_size=cfg.batch_size if cfg.partition == "dirichlet" else 1)
+  except ValueError as e:
+    raise config_lib.ConfigError(
+        [f"config.partition={cfg.partition!r} with config.batch_size={cfg.batch_size}: {e}"]
+    ) from None
+  smallest = min(len(s) for s in shards)
+  if cfg.batch_size > smallest:
+    raise config_lib.ConfigError(
+        [f"config.batch_size={cfg.batch_size} is not allowed: the smallest worker shard has "
+         f"{smallest} examples ({len(dataset.train_labels)} examples over {n} workers); use "
+         f"batch_size <= {smallest}"])
+  images, labels, sizes = data_lib.stack_shards(dataset.train_images, dataset.train_labels,
+                                                shards)
+  model = models_lib.make_model(cfg.model, dataset.num_classes, mlp_hidden=cfg.mlp_hidden,
+                                cnn_channels=cfg.cnn_channels)
+  topo = topology_lib.make(cfg.topology, n, weights=cfg.mixing_weights)
+  algorithm = make_algorithm(cfg, topo, make_optimizer(cfg))
+  backend = make_backend(cfg.backend, n)
+  worker_data = WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),
+                                           jnp.asarray(sizes))))
+  return Setup(cfg, dataset, worker_data, model, topo, algorithm, backend)
+
+
+def init_state(s: Setup) -> TrainState:
+  """Identical initial models on every worker (seeded), each with its own optax state."""
+  n = s.cfg.num_workers
+  sample = jnp.zeros((1,) + s.dataset.train_images.shape[1:], jnp.float32)
+  params = s.model.init(jax.random.key(s.cfg.seed), sample)
+  params = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), params)
+  opt_state = jax.vmap(s.algorithm.init)(params)
+  return s.backend.place(TrainState(params, opt_state, jnp.zeros((n,), jnp.int32)))
+
+
+def make_train_step(s: Setup) -> Callable:
+  """Jitted ``(state, data) -> (state, loss [n])`` on the chosen backend (state donated)."""
+  worker = make_worker_step(s.model, s.algorithm, s.cfg.batch_size,
+                            s.worker_data.labels.shape[1], s.cfg.seed)
+  return jax.jit(s.backend.spmd(worker), donate_argnums=(0,))
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _atomic_write(path: str, text: str) -> None:
+  tmp = f"{path}.tmp.{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+class MetricsWriter:
+  """Appends one JSON object per line to ``metrics.jsonl``, flushed and fsynced each line."""
+
+  def __init__(self, path: str):
+    self._f = open(path, "w")
+
+  def write(self, record: dict) -> None:
+    self._f.write(json.dumps(record) + "\n")
+    self._f.flush()
+    os.fsync(self._f.fileno())
+
+  def close(self) -> None:
+    self._f.close()
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
+  """Run one training job.
+
+  Writes ``workdir/config.json``, ``workdir/metrics.jsonl`` (one object per evaluation with
+  ``step``, ``wall_time`` s, ``train_loss``, ``train_batch_loss``, ``test_loss``,
+  ``test_accuracy``, ``consensus_distance``, ``bytes_sent`` (bytes per worker, cumulative)
+  and, for decentralized algorithms, ``worker_test_accuracy``) and ``workdir/summary.json``.
+  ``wall_time`` counts the training steps (compilation included) and excludes evaluation.
+
+  Args:
+    cfg: a config from :func:`nbsgd_jax.config.default_config` (possibly changed).
+    workdir: output directory (created), or None to write nothing.
+
+  Returns:
+    the summary dict (last evaluation plus run facts).
+
+  Raises:
+    ConfigError: bad configuration, before anything is compiled.
+  """
+  from tqdm.auto import tqdm
+
+  s = setup(cfg)
+  writer = None
+  if workdir:
+    os.makedirs(workdir, exist_ok=True)
+    _atomic_write(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
+    writer = MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
+
+  state = init_state(s)
+  step_fn = make_train_step(s)
+  eval_fn = make_eval_fn(s.model, s.algorithm.decentralized)
+  ds = s.dataset
+  test = _chunked(ds.test_images, ds.test_labels, 500)
+  sub = np.random.default_rng(cfg.seed).permutation(len(ds.train_labels))
+  sub = sub[:min(cfg.eval_train_examples, len(sub))]
+  train_sub = _chunked(ds.train_images[sub], ds.train_labels[sub], 500)
+  test, train_sub = jax.device_put(test), jax.device_put(train_sub)
+
+  model_params = models_lib.num_params(jax.tree.map(lambda x: x[0], state.params))
+  model_bytes = 4.0 * model_params
+  bytes_per_step = s.algorithm.bytes_per_step(model_bytes)
+
+  history = []
+  wall = 0.0
+  loss_sum = jnp.zeros((), jnp.float32)
+  loss_count = 0
+
+  def evaluate(step: int) -> dict:
+    ev = {k: float(v) for k, v in eval_fn(state.params, test, train_sub).items()}
+    rec = {"step": step, "wall_time": wall,
+           "train_batch_loss": float(loss_sum) / loss_count if loss_count else None,
+           **ev, "bytes_sent": bytes_per_step * step}
+    history.append(rec)
+    if writer:
+      writer.write(rec)
+    return rec
+
+  bar = tqdm(total=cfg.num_steps, disable=not cfg.progress, desc=cfg.algorithm,
+             unit="step", dynamic_ncols=True, mininterval=1.0)
+  try:
+    rec = evaluate(0)
+    seg = time.perf_counter()  # stopwatch over training steps; paused during evaluation
+    for step in range(1, cfg.num_steps + 1):
+      state, loss = step_fn(state, s.worker_data)
+      loss_sum = loss_sum + jnp.mean(loss)
+      loss_count += 1
+      if step % cfg.eval_every == 0 or step == cfg.num_steps:
+        jax.block_until_ready(state)
+        wall += time.perf_counter() - seg
+        rec = evaluate(step)
+        loss_sum, loss_count = jnp.zeros((), jnp.float32), 0
+        bar.set_postfix(loss=f"{rec['train_loss']:.4f}", acc=f"{rec['test_accuracy']:.4f}")
+        seg = time.perf_counter()
+      bar.update(1)
+  finally:
+    bar.close()
+    if writer:
+      writer.close()
+
+  summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
+             "backend": cfg.backend, "model": cfg.model, "dataset": cfg.dataset,
+             "model_params": model_params, "bytes_per_step": bytes_per_step,
+             "samples_per_second": (cfg.num_steps * cfg.batch_size * cfg.num_workers / wall
+                                    if wall > 0 else None)}
+  if workdir:
+    _atomic_write(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
+  summary["history"] = history
+  return summary

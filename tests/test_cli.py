@@ -1,0 +1,48 @@
+"""The command line as a user runs it: bad input stops early with one clear line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "experiments", "configs", "mnist.py")
+
+
+def run_main(tmp_path, *overrides):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  cmd = [sys.executable, "-m", "nbsgd_jax.main", f"--config={CONFIG}",
+         f"--workdir={tmp_path / 'run'}", "--config.progress=False", *overrides]
+  return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("--config.algorithm=sgdx", "config.algorithm='sgdx' is not allowed: use one of"),
+    ("--config.topology=moebius", "config.topology='moebius' is not allowed"),
+    ("--config.model=resnet9000", "config.model='resnet9000' is not allowed"),
+    ("--config.dataset=imagenet", "config.dataset='imagenet' is not allowed"),
+    ("--config.num_workers=0", "config.num_workers=0 is not allowed: it must be an integer >= 1"),
+    ("--config.batch_size=0", "config.batch_size=0 is not allowed"),
+    ("--config.batch_size=5000", "config.batch_size=5000 is not allowed: the smallest worker "
+                                 "shard has 1000 examples"),
+])
+def test_bad_input_one_line_no_traceback(tmp_path, override, needle):
+  r = run_main(tmp_path, override)
+  assert r.returncode == 2, r.stderr
+  assert "Traceback" not in r.stderr
+  errors = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
+  assert len(errors) == 1 and needle in errors[0], r.stderr
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_main_job_smoke(tmp_path):
+  r = run_main(tmp_path, "--config.num_steps=4", "--config.eval_every=2",
+               "--config.eval_train_examples=100")
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "| test_accuracy |" in r.stdout
+  lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+  assert [json.loads(l)["step"] for l in lines] == [0, 2, 4]
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert summary["algorithm"] == "dpsgd" and summary["num_workers"] == 8

@@ -1,0 +1,178 @@
+"""The worker runtime and the algorithms against independent references."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import metrics, topology, train
+
+
+def small_cfg(**overrides):
+  c = config_lib.default_config()
+  c.model = "mlp"
+  c.mlp_hidden = (32,)
+  c.num_workers = 4
+  c.batch_size = 8
+  c.num_steps = 5
+  c.eval_every = 5
+  c.eval_train_examples = 64
+  c.progress = False
+  c.lr_schedule = "constant"
+  for k, v in overrides.items():
+    if "." in k:
+      sec, key = k.split(".")
+      c[sec][key] = v
+    else:
+      c[k] = v
+  return c
+
+
+def run_steps(cfg, steps):
+  s = train.setup(cfg)
+  state = train.init_state(s)
+  step = train.make_train_step(s)
+  losses = []
+  for _ in range(steps):
+    state, loss = step(state, s.worker_data)
+    losses.append(np.asarray(loss))
+  return s, state, np.stack(losses)
+
+
+# ------------------------------------------------------------------ sampler
+
+
+@pytest.mark.parametrize("size,batch", [(10, 5), (7, 3), (12, 12), (9, 1)])
+def test_sampler_epochs_without_replacement(size, batch):
+  capacity = size + 4
+  key = train.data_key(0, 3)
+  steps = 3 * size  # several epochs
+  idx = np.concatenate([np.asarray(train.sample_batch_indices(key, jnp.int32(size), capacity,
+                                                              batch, jnp.int32(t)))
+                        for t in range(steps)])
+  assert idx.min() >= 0 and idx.max() < size  # never a padding row
+  for e in range(len(idx) // size):  # every epoch is a permutation of the shard
+    assert sorted(idx[e * size:(e + 1) * size]) == list(range(size))
+  first = idx[:size]
+  second = idx[size:2 * size]
+  assert not np.array_equal(first, second)  # reshuffled each epoch
+
+
+# ------------------------------------------------------------------ equivalences
+
+
+def _logreg_grads_numpy(kernel, bias, x, y):
+  logits = x @ kernel + bias
+  logits -= logits.max(1, keepdims=True)
+  p = np.exp(logits)
+  p /= p.sum(1, keepdims=True)
+  p[np.arange(len(y)), y] -= 1.0
+  return x.T @ p / len(y), p.mean(0)
+
+
+@pytest.mark.parametrize("topo", ["ring", "complete"])
+def test_dpsgd_matches_dense_numpy(topo):
+  """D-PSGD (Lian et al. Eq. 2): X <- W X - lr G(X), with a numpy logistic regression."""
+  n, lr, steps = 5, 0.5, 3
+  cfg = small_cfg(algorithm="dpsgd", model="logreg", topology=topo, num_workers=n,
+                  momentum=0.0, learning_rate=lr)
+  s, state, _ = run_steps(cfg, steps)
+  params0 = train.init_state(s).params["params"]["Dense_0"]
+  k = np.asarray(params0["kernel"], np.float64)
+  b = np.asarray(params0["bias"], np.float64)
+  w = topology.make(topo, n).mixing_matrix
+  images = np.asarray(s.worker_data.images, np.float64).reshape(n, -1, 784) / 255.0
+  labels = np.asarray(s.worker_data.labels)
+  sizes = np.asarray(s.worker_data.sizes)
+  cap = labels.shape[1]
+  for t in range(steps):
+    gk, gb = [], []
+    for i in range(n):
+      idx = np.asarray(train.sample_batch_indices(train.data_key(cfg.seed, i),
+                                                  jnp.int32(sizes[i]), cap, cfg.batch_size,
+                                                  jnp.int32(t)))
+      a, c = _logreg_grads_numpy(k[i], b[i], images[i, idx], labels[i, idx])
+      gk.append(a)
+      gb.append(c)
+    k = np.einsum("ij,jab->iab", w, k) - lr * np.stack(gk)
+    b = w @ b - lr * np.stack(gb)
+  got = state.params["params"]["Dense_0"]
+  np.testing.assert_allclose(np.asarray(got["kernel"]), k, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(got["bias"]), b, rtol=1e-4, atol=1e-5)
+
+
+def test_allreduce_ring_equals_psum_allreduce():
+  _, a, la = run_steps(small_cfg(algorithm="allreduce", num_workers=3), 6)
+  _, r, lr_ = run_steps(small_cfg(algorithm="allreduce_ring", num_workers=3), 6)
+  chex.assert_trees_all_close(a.params, r.params, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(la, lr_, rtol=1e-5)
+  assert float(metrics.consensus_distance(a.params)) == 0.0
+  assert float(metrics.consensus_distance(r.params)) < 1e-6
+
+
+def test_allreduce_equals_single_worker_large_batch():
+  """All-reduce over n workers of batch B == one SGD step on the union of the n batches."""
+  cfg = small_cfg(algorithm="allreduce", model="logreg", num_workers=4, momentum=0.0,
+                  learning_rate=0.3)
+  s, state, _ = run_steps(cfg, 1)
+  p0 = train.init_state(s).params["params"]["Dense_0"]
+  k, b = np.asarray(p0["kernel"][0], np.float64), np.asarray(p0["bias"][0], np.float64)
+  images = np.asarray(s.worker_data.images, np.float64).reshape(4, -1, 784) / 255.0
+  xs, ys = [], []
+  for i in range(4):
+    idx = np.asarray(train.sample_batch_indices(
+        train.data_key(cfg.seed, i), s.worker_data.sizes[i], images.shape[1], cfg.batch_size,
+        jnp.int32(0)))
+    xs.append(images[i, idx])
+    ys.append(np.asarray(s.worker_data.labels)[i, idx])
+  gk, gb = _logreg_grads_numpy(k, b, np.concatenate(xs), np.concatenate(ys))
+  got = state.params["params"]["Dense_0"]
+  for i in range(4):
+    np.testing.assert_allclose(np.asarray(got["kernel"][i]), k - 0.3 * gk, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got["bias"][i]), b - 0.3 * gb, rtol=1e-4, atol=1e-6)
+
+
+def test_dpsgd_atc_on_complete_graph_equals_allreduce():
+  """W = J and adapt-then-combine: mean_i(x + u_i) with linear momentum == all-reduce SGD."""
+  _, a, _ = run_steps(small_cfg(algorithm="allreduce", momentum=0.9), 5)
+  _, d, _ = run_steps(small_cfg(algorithm="dpsgd", topology="complete", momentum=0.9,
+                                **{"dpsgd.order": "atc"}), 5)
+  chex.assert_trees_all_close(a.params, d.params, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", config_lib.ALGORITHMS)
+def test_simulate_and_mesh_backends_agree(algorithm):
+  cfg = dict(algorithm=algorithm, num_workers=8, num_steps=6)
+  _, sim, ls = run_steps(small_cfg(backend="simulate", **cfg), 6)
+  _, mesh, lm = run_steps(small_cfg(backend="mesh", **cfg), 6)
+  assert len(jax.tree.leaves(mesh.params)[0].sharding.device_set) == 8
+  np.testing.assert_allclose(ls, lm, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(sim.params, jax.device_get(mesh.params), rtol=1e-4, atol=1e-5)
+
+
+def test_train_writes_metrics_and_counts_bytes(tmp_path):
+  import json
+  cfg = small_cfg(algorithm="dpsgd", num_steps=6, eval_every=3)
+  summary = train.train(cfg, str(tmp_path))
+  lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in lines] == [0, 3, 6]
+  for key in ("wall_time", "train_loss", "test_loss", "test_accuracy", "consensus_distance",
+              "bytes_sent", "worker_test_accuracy", "train_batch_loss"):
+    assert key in lines[-1]
+  # ring with n = 4: two neighbours, float32 model: 2 * 4 bytes * params per step
+  assert lines[-1]["bytes_sent"] == pytest.approx(6 * 2 * 4 * summary["model_params"])
+  assert json.loads((tmp_path / "summary.json").read_text())["step"] == 6
+  assert json.loads((tmp_path / "config.json").read_text())["algorithm"] == "dpsgd"
+
+
+@pytest.mark.parametrize("algorithm", config_lib.ALGORITHMS)
+def test_mlp_reaches_95_percent_on_mnist10k(algorithm):
+  cfg = small_cfg(algorithm=algorithm, num_workers=8, batch_size=32, mlp_hidden=(256,),
+                  learning_rate=0.2, momentum=0.9, lr_schedule="cosine", num_steps=300,
+                  weight_decay=1e-3, eval_every=300)
+  summary = train.train(cfg)
+  assert summary["test_accuracy"] >= 0.95, summary
+  if algorithm != "dpsgd":
+    assert summary["consensus_distance"] < 1e-5
