@@ -111,8 +111,9 @@ def make_worker_step(model, algorithm: algos.Algorithm, batch_size: int, capacit
   """The program of one worker for one step (runs on the ``"workers"`` axis).
 
   Returns:
-    ``(state, data) -> (state, loss)`` on one worker's (unbatched) state and shard; ``loss``
-    is the float32 mini-batch loss before the update.
+    ``(state, data) -> (state, (loss, bytes_sent))`` on one worker's (unbatched) state and
+    shard; ``loss`` is the float32 mini-batch loss before the update, ``bytes_sent`` the
+    float32 bytes this worker sent in the step.
   """
   def step_fn(state: TrainState, data: WorkerData):
     idx = sample_batch_indices(data_key(seed, lax.axis_index(AXIS)), data.sizes, capacity,
@@ -120,8 +121,8 @@ def make_worker_step(model, algorithm: algos.Algorithm, batch_size: int, capacit
     x = data.images[idx].astype(jnp.float32) / 255.0
     y = data.labels[idx]
     loss, grads = jax.value_and_grad(lambda p: cross_entropy(model.apply(p, x), y))(state.params)
-    params, opt_state = algorithm.update(grads, state.opt_state, state.params)
-    return TrainState(params, opt_state, state.step + 1), loss
+    params, opt_state, sent = algorithm.update(grads, state.opt_state, state.params, state.step)
+    return TrainState(params, opt_state, state.step + 1), (loss, sent)
 
   return step_fn
 
@@ -331,7 +332,8 @@ def init_state(s: Setup) -> TrainState:
 
 
 def make_train_step(s: Setup) -> Callable:
-  """Jitted ``(state, data) -> (state, loss [n])`` on the chosen backend (state donated)."""
+  """Jitted ``(state, data) -> (state, (loss [n], bytes_sent [n]))`` on the chosen backend
+  (state donated)."""
   worker = make_worker_step(s.model, s.algorithm, s.cfg.batch_size,
                             s.worker_data.labels.shape[1], s.cfg.seed)
   return jax.jit(s.backend.spmd(worker), donate_argnums=(0,))
@@ -406,19 +408,20 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
   test, train_sub = jax.device_put(test), jax.device_put(train_sub)
 
   model_params = models_lib.num_params(jax.tree.map(lambda x: x[0], state.params))
-  model_bytes = 4.0 * model_params
-  bytes_per_step = s.algorithm.bytes_per_step(model_bytes)
 
   history = []
   wall = 0.0
-  loss_sum = jnp.zeros((), jnp.float32)
-  loss_count = 0
+  bytes_total = 0.0  # float64 on the host; per-interval sums stay on the device
+  zero = jnp.zeros((), jnp.float32)
+  loss_sum, bytes_sum, loss_count = zero, zero, 0
 
   def evaluate(step: int) -> dict:
+    nonlocal bytes_total
+    bytes_total += float(bytes_sum)
     ev = {k: float(v) for k, v in eval_fn(state.params, test, train_sub).items()}
     rec = {"step": step, "wall_time": wall,
            "train_batch_loss": float(loss_sum) / loss_count if loss_count else None,
-           **ev, "bytes_sent": bytes_per_step * step}
+           **ev, "bytes_sent": bytes_total}
     history.append(rec)
     if writer:
       writer.write(rec)
@@ -430,14 +433,14 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
     rec = evaluate(0)
     seg = time.perf_counter()  # stopwatch over training steps; paused during evaluation
     for step in range(1, cfg.num_steps + 1):
-      state, loss = step_fn(state, s.worker_data)
-      loss_sum = loss_sum + jnp.mean(loss)
+      state, (loss, sent) = step_fn(state, s.worker_data)
+      loss_sum, bytes_sum = loss_sum + jnp.mean(loss), bytes_sum + jnp.mean(sent)
       loss_count += 1
       if step % cfg.eval_every == 0 or step == cfg.num_steps:
         jax.block_until_ready(state)
         wall += time.perf_counter() - seg
         rec = evaluate(step)
-        loss_sum, loss_count = jnp.zeros((), jnp.float32), 0
+        loss_sum, bytes_sum, loss_count = zero, zero, 0
         bar.set_postfix(loss=f"{rec['train_loss']:.4f}", acc=f"{rec['test_accuracy']:.4f}")
         seg = time.perf_counter()
       bar.update(1)
@@ -448,7 +451,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
 
   summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
              "backend": cfg.backend, "model": cfg.model, "dataset": cfg.dataset,
-             "model_params": model_params, "bytes_per_step": bytes_per_step,
+             "model_params": model_params,
+             "bytes_per_step": bytes_total / cfg.num_steps if cfg.num_steps else 0.0,
              "samples_per_second": (cfg.num_steps * cfg.batch_size * cfg.num_workers / wall
                                     if wall > 0 else None)}
   if workdir:

@@ -36,7 +36,7 @@ def run_steps(cfg, steps):
   step = train.make_train_step(s)
   losses = []
   for _ in range(steps):
-    state, loss = step(state, s.worker_data)
+    state, (loss, _) = step(state, s.worker_data)
     losses.append(np.asarray(loss))
   return s, state, np.stack(losses)
 

@@ -15,9 +15,10 @@ def get_config():
   c.model = "cnn"
   c.dataset = "mnist10k"
   c.batch_size = 32
-  c.learning_rate = 0.05
+  c.learning_rate = 0.1
   c.lr_schedule = "cosine"
   c.momentum = 0.9
+  c.weight_decay = 5e-4
   c.num_steps = 600
   c.eval_every = 100
   c.seed = 0

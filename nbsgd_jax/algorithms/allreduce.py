@@ -7,23 +7,24 @@ optax update on every worker, so replicas stay identical (consensus distance 0).
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax import lax
 
 from nbsgd_jax import collectives
-from nbsgd_jax.algorithms.base import AXIS, Algorithm
+from nbsgd_jax.algorithms.base import AXIS, Algorithm, tree_bytes
 
 
 def _centralized(name: str, reduce_mean, optimizer: optax.GradientTransformation,
                  num_workers: int) -> Algorithm:
-  def update(grads, opt_state, params):
+  def update(grads, opt_state, params, step):
+    del step
+    sent = collectives.ring_all_reduce_bytes(tree_bytes(grads), num_workers)
     grads = reduce_mean(grads)
     updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
+    return optax.apply_updates(params, updates), opt_state, jnp.float32(sent)
 
-  return Algorithm(
-      name=name, decentralized=False, init=optimizer.init, update=update,
-      bytes_per_step=lambda s: collectives.ring_all_reduce_bytes(s, num_workers))
+  return Algorithm(name=name, decentralized=False, init=optimizer.init, update=update)
 
 
 def allreduce(optimizer: optax.GradientTransformation, num_workers: int,

@@ -15,14 +15,20 @@ class Algorithm(NamedTuple):
     name: the ``config.algorithm`` value.
     decentralized: whether workers hold different models (consensus distance > 0).
     init: ``params -> opt_state`` for one worker.
-    update: ``(grads, opt_state, params) -> (params, opt_state)``, the program of one worker:
-      it runs inside ``vmap``/``shard_map`` over ``AXIS`` and may use collectives on it.
-    bytes_per_step: ``model_bytes -> bytes`` one worker sends per step (mean over workers),
-      from the algorithm's communication formula.
+    update: ``(grads, opt_state, params, step) -> (params, opt_state, bytes_sent)``, the
+      program of one worker: it runs inside ``vmap``/``shard_map`` over ``AXIS`` and may use
+      collectives on it. ``step`` is the int32 step number (for time-varying communication);
+      ``bytes_sent`` is a float32 scalar, the bytes this worker sent in this step, from the
+      algorithm's communication formula.
   """
 
   name: str
   decentralized: bool
   init: Callable[[Any], Any]
-  update: Callable[[Any, Any, Any], tuple[Any, Any]]
-  bytes_per_step: Callable[[float], float]
+  update: Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]
+
+
+def tree_bytes(tree) -> int:
+  """Bytes of one copy of a pytree (one worker's model or gradient), from leaf dtypes."""
+  import jax
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))

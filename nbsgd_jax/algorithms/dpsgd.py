@@ -12,11 +12,12 @@ Gossip runs as ``ppermute`` neighbour exchange (:func:`nbsgd_jax.collectives.gos
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import optax
 
 from nbsgd_jax import collectives
-from nbsgd_jax.algorithms.base import AXIS, Algorithm
+from nbsgd_jax.algorithms.base import AXIS, Algorithm, tree_bytes
 
 ORDERS = ("parallel", "atc")
 
@@ -41,12 +42,14 @@ def dpsgd(optimizer: optax.GradientTransformation, mixing_matrix: np.ndarray,
     raise ValueError(f"dpsgd.order={order!r} is not allowed: use one of {list(ORDERS)}")
   w = np.asarray(mixing_matrix, dtype=np.float64)
 
-  def update(grads, opt_state, params):
+  def update(grads, opt_state, params, step):
+    del step
+    sent = jnp.float32(collectives.gossip_bytes(tree_bytes(params), w))
     updates, opt_state = optimizer.update(grads, opt_state, params)
     if order == "parallel":
       mixed = collectives.gossip(params, w, axis_name)
-      return optax.apply_updates(mixed, updates), opt_state
-    return collectives.gossip(optax.apply_updates(params, updates), w, axis_name), opt_state
+      return optax.apply_updates(mixed, updates), opt_state, sent
+    return (collectives.gossip(optax.apply_updates(params, updates), w, axis_name), opt_state,
+            sent)
 
-  return Algorithm(name="dpsgd", decentralized=True, init=optimizer.init, update=update,
-                   bytes_per_step=lambda s: collectives.gossip_bytes(s, w))
+  return Algorithm(name="dpsgd", decentralized=True, init=optimizer.init, update=update)
