@@ -191,6 +191,44 @@ def gossip_shifts(mixing_matrix: MatrixLike) -> list[int]:
   return [s for s in range(1, n) if np.any(_shift_weights(w, s) != 0.0)]
 
 
+def gossip_rounds(mixing_matrix: MatrixLike) -> list[tuple[list[int], np.ndarray]]:
+  """The ``ppermute`` rounds :func:`gossip` executes for ``W``: ``[(perm, weights), ...]``.
+
+  ``perm[i]`` is the worker that worker ``i`` sends to (a full permutation) and
+  ``weights[i]`` the weight worker ``i`` gives to what it receives. Two decompositions are
+  built and the one with fewer rounds is used:
+
+  * ring shifts (:func:`gossip_shifts`): ideal for circulant graphs (ring: 2 rounds);
+  * matchings of the graph of ``W``'s nonzero off-diagonal entries (Misra-Gries edge
+    colouring, at most max degree + 1 rounds; each matching is an involution, unmatched
+    workers send to themselves with weight 0). Only for a symmetric support.
+
+  Args:
+    mixing_matrix: numpy ``[n, n]`` (or a ``Topology``).
+
+  Raises:
+    ValueError: not a finite square matrix.
+  """
+  w = _as_matrix(mixing_matrix)
+  n = w.shape[0]
+  shifts = [([(j + s) % n for j in range(n)], _shift_weights(w, s)) for s in gossip_shifts(w)]
+  off = (w != 0.0) & ~np.eye(n, dtype=bool)
+  if not np.array_equal(off, off.T):
+    return shifts
+  from nbsgd_jax import matcha  # host-side colouring; no solver needed
+  edges = [(i, j) for i in range(n) for j in range(i + 1, n) if off[i, j]]
+  matchings = matcha.matching_decomposition(n, edges)
+  if len(matchings) >= len(shifts):
+    return shifts
+  rounds = []
+  for m in matchings:
+    perm = matcha.matching_permutation(n, m)
+    idx = np.arange(n)
+    weights = np.where(np.asarray(perm) != idx, w[idx, perm], 0.0)
+    rounds.append((list(perm), weights))
+  return rounds
+
+
 def _weighted(weight: jax.Array, leaf: jax.Array) -> jax.Array:
   return weight.astype(leaf.dtype) * leaf
 
@@ -204,13 +242,12 @@ def _check_leaves(x: PyTree) -> None:
 def gossip(x: PyTree, mixing_matrix: MatrixLike, axis_name: str = DEFAULT_AXIS) -> PyTree:
   """One gossip (mixing) step ``x_i <- sum_j W[i, j] x_j`` by neighbour exchange.
 
-  D-PSGD's averaging step (Lian et al., NeurIPS 2017, Eq. (2)). ``W`` is decomposed by ring
-  shifts: for ``s = 1..n-1`` every worker sends its model to ``(i + s) mod n`` with one
-  full-permutation ``lax.ppermute`` and worker ``i`` adds the received model times
-  ``W[i, (i - s) mod n]`` (a per-worker weight read from a host constant at
-  ``lax.axis_index``); shifts whose weights are all zero are skipped (see
-  :func:`gossip_shifts`). A ring therefore costs 2 ppermutes; the whole model is never
-  all-gathered. ``W`` need not be symmetric or stochastic.
+  D-PSGD's averaging step (Lian et al., NeurIPS 2017, Eq. (2)). ``W`` is decomposed into
+  full-permutation ``lax.ppermute`` rounds (:func:`gossip_rounds`): ring shifts for
+  circulant graphs (a ring costs 2 ppermutes), matchings otherwise (at most max degree + 1);
+  in each round worker ``i`` adds the received model times its weight (read from a host
+  constant at ``lax.axis_index``). The whole model is never all-gathered. ``W`` need not be
+  symmetric or stochastic.
 
   Args:
     x: one worker's model, a pytree of floating-point arrays.
@@ -232,9 +269,9 @@ def gossip(x: PyTree, mixing_matrix: MatrixLike, axis_name: str = DEFAULT_AXIS) 
   i = lax.axis_index(axis_name)
   self_w = jnp.asarray(np.diag(w))[i]
   out = jax.tree_util.tree_map(lambda leaf: _weighted(self_w, leaf), x)
-  for s in gossip_shifts(w):
-    ws = jnp.asarray(_shift_weights(w, s))[i]
-    recv = lax.ppermute(x, axis_name, [(j, (j + s) % n) for j in range(n)])
+  for perm, weights in gossip_rounds(w):
+    ws = jnp.asarray(weights)[i]
+    recv = lax.ppermute(x, axis_name, [(j, perm[j]) for j in range(n)])
     out = jax.tree_util.tree_map(lambda o, r, ws=ws: o + _weighted(ws, r), out, recv)
   return out
 

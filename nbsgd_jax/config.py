@@ -13,10 +13,11 @@ from typing import Any
 
 import ml_collections
 
-ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd")
-DECENTRALIZED = ("dpsgd",)
-TOPOLOGIES = ("ring", "complete")
-MIXING_WEIGHTS = ("metropolis_hastings", "uniform")
+ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha")
+DECENTRALIZED = ("dpsgd", "matcha")
+TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete", "star",
+              "erdos_renyi")
+MIXING_WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
 BACKENDS = ("simulate", "mesh")
 MODELS = ("logreg", "mlp", "cnn")
 PARTITIONS = ("iid", "dirichlet")
@@ -31,6 +32,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.num_workers = 8              # workers n
   c.topology = "ring"            # communication graph of decentralized algorithms
   c.mixing_weights = "metropolis_hastings"  # how W is built from the graph
+  c.topology_p = 0.3             # erdos_renyi edge probability, in (0, 1]
+  c.topology_seed = 0            # erdos_renyi graph seed
+  c.topology_rows = 0            # torus rows (0: most square rows x cols = num_workers)
+  c.topology_cols = 0            # torus cols (0: num_workers / rows)
   c.backend = "simulate"         # simulate (jax.vmap) | mesh (jax.shard_map, 1 worker/device)
   c.model = "cnn"                # logreg | mlp | cnn
   c.mlp_hidden = (256,)          # hidden sizes of the MLP
@@ -53,6 +58,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.progress = True              # tqdm progress bar
   c.dpsgd = ml_collections.ConfigDict()
   c.dpsgd.order = "parallel"     # parallel (Lian et al.: gossip x while computing g(x)) | atc
+  c.matcha = ml_collections.ConfigDict()
+  c.matcha.budget = 0.5          # communication budget C_b in (0, 1]: expected fraction of
+                                 # matchings active per step (1 = D-PSGD with W = I - alpha L)
+  c.matcha.seed = 0              # seed of the shared Bernoulli activations
   return c
 
 
@@ -115,6 +124,29 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   integer("eval_every", 1)
   integer("eval_train_examples", 1)
   integer("seed", 0)
+  number("topology_p", 0, lo_open=True, hi=1)
+  integer("topology_seed", 0)
+  integer("topology_rows", 0)
+  integer("topology_cols", 0)
+  if (cfg.get("topology") == "torus" and _is_int(cfg.get("num_workers"))
+      and _is_int(cfg.topology_rows) and _is_int(cfg.topology_cols)
+      and (cfg.topology_rows or cfg.topology_cols)):
+    r, c = cfg.topology_rows, cfg.topology_cols
+    if r and c and r * c != cfg.num_workers:
+      errs.append(f"config.topology_rows={r} x config.topology_cols={c} is not allowed with "
+                  f"config.num_workers={cfg.num_workers}: rows x cols must equal num_workers")
+    elif (r or c) and cfg.num_workers % (r or c):
+      errs.append(f"config.topology_{'rows' if r else 'cols'}={r or c} is not allowed: it must "
+                  f"divide config.num_workers={cfg.num_workers}")
+  v = cfg.matcha.budget
+  if not _is_num(v) or not 0 < v <= 1:
+    errs.append(f"config.matcha.budget={v!r} is not allowed: it must be a number > 0 and <= 1")
+  if not _is_int(cfg.matcha.seed) or cfg.matcha.seed < 0:
+    errs.append(f"config.matcha.seed={cfg.matcha.seed!r} is not allowed: it must be an "
+                "integer >= 0")
+  if cfg.get("algorithm") == "matcha" and cfg.get("topology") == "one_peer_exponential":
+    errs.append("config.topology='one_peer_exponential' is not allowed with "
+                "config.algorithm='matcha': MATCHA samples matchings of a static base graph")
   if cfg.dpsgd.order not in DPSGD_ORDERS:
     errs.append(f"config.dpsgd.order={cfg.dpsgd.order!r} is not allowed: use one of "
                 f"{list(DPSGD_ORDERS)}")

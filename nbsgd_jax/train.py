@@ -261,7 +261,16 @@ def make_algorithm(cfg: ml_collections.ConfigDict, topology: topology_lib.Topolo
   if cfg.algorithm == "allreduce_ring":
     return algos.allreduce_ring(optimizer, cfg.num_workers)
   if cfg.algorithm == "dpsgd":
-    return algos.dpsgd(optimizer, topology.mixing_matrix, order=cfg.dpsgd.order)
+    phases = ([topology.mixing_matrix_at(t) for t in range(topology.period)]
+              if topology.is_time_varying else [topology.mixing_matrix])
+    return algos.gossip_sgd("dpsgd", optimizer, algos.time_varying_mixer(phases),
+                            order=cfg.dpsgd.order)
+  if cfg.algorithm == "matcha":
+    from nbsgd_jax import matcha as matcha_lib
+    plan = matcha_lib.plan(topology.n, topology.edges, cfg.matcha.budget)
+    mixer = algos.matcha_mixer(plan.matchings, plan.probs, plan.alpha, topology.n,
+                               cfg.matcha.seed)
+    return algos.gossip_sgd("matcha", optimizer, mixer, order=cfg.dpsgd.order)
   raise config_lib.ConfigError(
       [f"config.algorithm={cfg.algorithm!r} is not allowed: use one of "
        f"{list(config_lib.ALGORITHMS)}"])
@@ -313,7 +322,12 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
                                                 shards)
   model = models_lib.make_model(cfg.model, dataset.num_classes, mlp_hidden=cfg.mlp_hidden,
                                 cnn_channels=cfg.cnn_channels)
-  topo = topology_lib.make(cfg.topology, n, weights=cfg.mixing_weights)
+  try:
+    topo = topology_lib.make(cfg.topology, n, weights=cfg.mixing_weights, p=cfg.topology_p,
+                             seed=cfg.topology_seed, rows=cfg.topology_rows or None,
+                             cols=cfg.topology_cols or None)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.topology={cfg.topology!r}: {e}"]) from None
   algorithm = make_algorithm(cfg, topo, make_optimizer(cfg))
   backend = make_backend(cfg.backend, n)
   worker_data = WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),

@@ -1,55 +1,132 @@
-"""Decentralized parallel SGD (D-PSGD; Lian et al., NeurIPS 2017, Algorithm 1).
+"""Gossip-based decentralized SGD: D-PSGD and MATCHA.
 
-Worker i computes ``u_i`` from its own gradient ``g_i(x_i)`` with its own optax state
-(momentum buffers are local) and gossips with its neighbours over the mixing matrix W:
+D-PSGD (Lian et al., NeurIPS 2017, Algorithm 1): worker i computes ``u_i`` from its own
+gradient ``g_i(x_i)`` with its own optax state (momentum buffers are local) and mixes with its
+neighbours over a mixing matrix W:
 
 * ``order="parallel"`` (Lian et al. Eq. (2)): ``x_i <- sum_j W_ij x_j + u_i``; the gossip of
   ``x`` does not depend on the gradient, so communication overlaps computation.
 * ``order="atc"`` (adapt-then-combine, as in BlueFog): ``x_i <- sum_j W_ij (x_j + u_j)``.
 
-Gossip runs as ``ppermute`` neighbour exchange (:func:`nbsgd_jax.collectives.gossip`).
+A *mixer* ``(params, step) -> (mixed, bytes_sent)`` is the communication step; this module
+builds one for a static W, for a time-varying topology (W_t, e.g. one-peer exponential) and
+for MATCHA's random matchings (Wang et al. 2019: ``W(t) = I - alpha sum_j B_j L_j``,
+``B_j ~ Bernoulli(p_j)`` drawn from a seed shared by all workers).
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax import lax
 
 from nbsgd_jax import collectives
 from nbsgd_jax.algorithms.base import AXIS, Algorithm, tree_bytes
 
 ORDERS = ("parallel", "atc")
+Mixer = Callable[[Any, jax.Array], tuple[Any, jax.Array]]
 
 
-def dpsgd(optimizer: optax.GradientTransformation, mixing_matrix: np.ndarray,
-          order: str = "parallel", axis_name: str = AXIS) -> Algorithm:
-  """D-PSGD over a fixed mixing matrix.
+def static_mixer(mixing_matrix: np.ndarray, axis_name: str = AXIS) -> Mixer:
+  """``x <- W x`` by ``ppermute`` rounds (:func:`nbsgd_jax.collectives.gossip`).
 
-  Args:
-    optimizer: local optax transformation (e.g. ``optax.sgd(lr, momentum)``).
-    mixing_matrix: numpy ``[n, n]``, symmetric doubly stochastic.
-    order: ``"parallel"`` or ``"atc"``.
-    axis_name: the workers axis.
+  Bytes: the mean degree of W's graph times the model size.
+  """
+  w = np.asarray(mixing_matrix, dtype=np.float64)
 
-  Bytes per worker per step: the mean degree times the model size (one model to each
-  neighbour).
+  def mix(params, step):
+    del step
+    return (collectives.gossip(params, w, axis_name),
+            jnp.float32(collectives.gossip_bytes(tree_bytes(params), w)))
+
+  return mix
+
+
+def time_varying_mixer(phases: list[np.ndarray], axis_name: str = AXIS) -> Mixer:
+  """``x <- W_{t mod P} x`` for a periodic list of mixing matrices (``lax.switch`` on step)."""
+  ws = [np.asarray(w, dtype=np.float64) for w in phases]
+  if len(ws) == 1:
+    return static_mixer(ws[0], axis_name)
+
+  def mix(params, step):
+    phase = step % len(ws)
+    mixed = lax.switch(phase, [lambda p, w=w: collectives.gossip(p, w, axis_name) for w in ws],
+                       params)
+    per_phase = [collectives.gossip_bytes(tree_bytes(params), w) for w in ws]
+    return mixed, jnp.asarray(per_phase, jnp.float32)[phase]
+
+  return mix
+
+
+def matcha_mixer(matchings: list[list[tuple[int, int]]], probs: np.ndarray, alpha: float,
+                 n: int, seed: int, axis_name: str = AXIS) -> Mixer:
+  """MATCHA's random mixing ``x_i <- x_i - alpha sum_j B_j (x_i - x_{partner_j(i)})``.
+
+  ``B_j ~ Bernoulli(p_j)`` are drawn from ``fold_in(key(seed), step)``, the same on every
+  worker; matching j communicates (one ``ppermute`` of its involution) only when active
+  (``lax.cond``). Bytes of worker i: the model size times the number of active matchings
+  that pair i with someone. Wang et al. 2019, Sec. 3 (Eq. (4)-(5)).
+  """
+  from nbsgd_jax import matcha as matcha_lib
+
+  perms = [matcha_lib.matching_permutation(n, m) for m in matchings]
+  matched = np.array([[p[i] != i for i in range(n)] for p in perms], dtype=np.float32)
+  probs = np.asarray(probs, dtype=np.float32)
+  base = jax.random.key(seed)
+
+  def mix(params, step):
+    if not perms:
+      return params, jnp.float32(0.0)
+    active = jax.random.uniform(jax.random.fold_in(base, step), (len(perms),)) < probs
+    i = lax.axis_index(axis_name)
+    out = params
+    for j, perm in enumerate(perms):
+      pairs = [(a, perm[a]) for a in range(n)]
+
+      def exchange(p, pairs=pairs):
+        recv = lax.ppermute(p, axis_name, pairs)
+        return jax.tree.map(lambda a, r: a - r, p, recv)
+
+      diff = lax.cond(active[j], exchange, lambda p: jax.tree.map(jnp.zeros_like, p), params)
+      out = jax.tree.map(lambda o, d: o - jnp.asarray(alpha, d.dtype) * d, out, diff)
+    sent = tree_bytes(params) * jnp.sum(active.astype(jnp.float32) * jnp.asarray(matched)[:, i])
+    return out, sent.astype(jnp.float32)
+
+  return mix
+
+
+def gossip_sgd(name: str, optimizer: optax.GradientTransformation, mixer: Mixer,
+               order: str = "parallel") -> Algorithm:
+  """Decentralized SGD with any mixer (see module docstring for the two orders).
 
   Raises:
     ValueError: unknown ``order``.
   """
   if order not in ORDERS:
     raise ValueError(f"dpsgd.order={order!r} is not allowed: use one of {list(ORDERS)}")
-  w = np.asarray(mixing_matrix, dtype=np.float64)
 
   def update(grads, opt_state, params, step):
-    del step
-    sent = jnp.float32(collectives.gossip_bytes(tree_bytes(params), w))
     updates, opt_state = optimizer.update(grads, opt_state, params)
     if order == "parallel":
-      mixed = collectives.gossip(params, w, axis_name)
+      mixed, sent = mixer(params, step)
       return optax.apply_updates(mixed, updates), opt_state, sent
-    return (collectives.gossip(optax.apply_updates(params, updates), w, axis_name), opt_state,
-            sent)
+    mixed, sent = mixer(optax.apply_updates(params, updates), step)
+    return mixed, opt_state, sent
 
-  return Algorithm(name="dpsgd", decentralized=True, init=optimizer.init, update=update)
+  return Algorithm(name=name, decentralized=True, init=optimizer.init, update=update)
+
+
+def dpsgd(optimizer: optax.GradientTransformation, mixing_matrix: np.ndarray,
+          order: str = "parallel", axis_name: str = AXIS) -> Algorithm:
+  """D-PSGD over a fixed mixing matrix ``[n, n]`` (symmetric, doubly stochastic).
+
+  Bytes per worker per step: the mean degree times the model size.
+
+  Raises:
+    ValueError: unknown ``order``.
+  """
+  return gossip_sgd("dpsgd", optimizer, static_mixer(mixing_matrix, axis_name), order)

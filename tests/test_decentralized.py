@@ -1,0 +1,128 @@
+"""Gossip on every topology, MATCHA in training, time-varying D-PSGD."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nbsgd_jax import algorithms as algos
+from nbsgd_jax import collectives, matcha, topology, train
+from tests.test_train import run_steps, small_cfg
+
+TOPOLOGY_ARGS = {
+    "ring": {}, "torus": {}, "exponential": {}, "complete": {}, "star": {},
+    "erdos_renyi": {"p": 0.5, "seed": 1},
+}
+
+
+def _vmap_gossip(w, x):
+  return jax.vmap(lambda v: collectives.gossip(v, w, "workers"), axis_name="workers")(x)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 16])
+@pytest.mark.parametrize("name", sorted(TOPOLOGY_ARGS) + ["one_peer_exponential"])
+def test_gossip_equals_dense_w_x_on_every_topology(name, n):
+  topo = topology.make(name, n, **TOPOLOGY_ARGS.get(name, {}))
+  x = np.random.default_rng(n).normal(size=(n, 6)).astype(np.float32)
+  for t in range(topo.period):
+    w = topo.mixing_matrix_at(t)
+    np.testing.assert_allclose(np.asarray(_vmap_gossip(w, jnp.asarray(x))), w @ x,
+                               rtol=1e-5, atol=1e-5)
+    # never more ppermute rounds than the better of ring shifts and max degree + 1 matchings
+    deg = int(((w != 0) & ~np.eye(n, dtype=bool)).sum(1).max())
+    assert len(collectives.gossip_rounds(w)) <= max(len(collectives.gossip_shifts(w)), 0)
+    if np.array_equal(w != 0, (w != 0).T):
+      assert len(collectives.gossip_rounds(w)) <= deg + 1
+
+
+def test_gossip_uses_matchings_on_star():
+  w = topology.star(16).mixing_matrix
+  assert len(collectives.gossip_shifts(w)) == 15
+  assert len(collectives.gossip_rounds(w)) == 15  # a star needs n - 1 matchings too
+  w = topology.torus(4, 4).mixing_matrix
+  assert len(collectives.gossip_rounds(w)) <= 5
+
+
+def _matcha_mix(plan, seed, x, step):
+  mix = algos.matcha_mixer(plan.matchings, plan.probs, plan.alpha, plan.n, seed)
+  return jax.vmap(lambda v, s: mix(v, s), axis_name="workers")(x, step)
+
+
+def test_matcha_mixer_matches_sampled_dense_matrix():
+  """x(t+1) = W(t) x(t) with W(t) = I - alpha sum_j B_j L_j (Wang et al. 2019), B_j shared."""
+  n = 8
+  topo = topology.erdos_renyi(n, 0.5, seed=3)
+  plan = matcha.plan(n, topo.edges, 0.4)
+  x = np.random.default_rng(0).normal(size=(n, 5)).astype(np.float32)
+  seen = set()
+  for step in range(12):
+    out, sent = _matcha_mix(plan, 7, jnp.asarray(x), jnp.full((n,), step, jnp.int32))
+    out = np.asarray(out)
+    # recover which matchings were active from the result: exactly one B makes W(t) x match
+    m = len(plan.matchings)
+    hits = []
+    for mask in range(2 ** m):
+      active = np.array([(mask >> j) & 1 for j in range(m)], bool)
+      if np.allclose(out, matcha.sample_mixing_matrix(plan, active) @ x, atol=1e-5):
+        hits.append(active)
+    assert hits, "W(t) x is not of the form (I - alpha sum_j B_j L_j) x"
+    active = hits[0]
+    seen.add(tuple(active))
+    matched = np.zeros(n)
+    for j, mt in enumerate(plan.matchings):
+      if active[j]:
+        for a, b in mt:
+          matched[a] += 1
+          matched[b] += 1
+    np.testing.assert_allclose(np.asarray(sent), matched * 5 * 4)  # float32 model of 5
+  assert len(seen) > 1  # activations change over steps
+
+
+def test_matcha_expected_bytes_over_many_steps():
+  n = 16
+  topo = topology.erdos_renyi(n, 0.3, seed=0)
+  plan = matcha.plan(n, topo.edges, 0.3)
+  x = jnp.zeros((n, 1), jnp.float32)
+  steps = 2000
+  mix = algos.matcha_mixer(plan.matchings, plan.probs, plan.alpha, n, 0)
+  f = jax.jit(jax.vmap(lambda v, s: mix(v, s)[1], axis_name="workers"))
+  total = sum(float(jnp.mean(f(x, jnp.full((n,), t, jnp.int32)))) for t in range(steps))
+  expected = matcha.expected_bytes_per_step(plan, 4.0)
+  assert total / steps == pytest.approx(expected, rel=0.05)
+
+
+def test_matcha_budget_one_equals_dpsgd_best_constant():
+  """Budget 1: every matching always active, W = I - alpha L with the best constant alpha."""
+  kw = dict(num_workers=8, topology="torus", momentum=0.9)
+  _, m, lm = run_steps(small_cfg(algorithm="matcha", **{"matcha.budget": 1.0}, **kw), 5)
+  _, d, ld = run_steps(small_cfg(algorithm="dpsgd", mixing_weights="best_constant", **kw), 5)
+  chex.assert_trees_all_close(m.params, d.params, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(lm, ld, rtol=1e-5)
+
+
+def test_one_peer_exponential_dpsgd_cycles_phases():
+  """With a zero learning rate, D-PSGD on one-peer exponential (n = 8) averages exactly
+  after one period of 3 steps (the product of the phases is J)."""
+  cfg = small_cfg(algorithm="dpsgd", topology="one_peer_exponential", num_workers=8,
+                  learning_rate=1e-12, momentum=0.0)
+  s = train.setup(cfg)
+  state = train.init_state(s)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda v: jnp.asarray(rng.normal(size=v.shape), v.dtype), state.params)
+  state = state._replace(params=params)
+  mean0 = jax.tree.map(lambda v: np.asarray(v).mean(0), params)
+  step = train.make_train_step(s)
+  for _ in range(3):
+    state, _ = step(state, s.worker_data)
+  for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(mean0)):
+    np.testing.assert_allclose(np.asarray(got), np.broadcast_to(want, got.shape), atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "matcha"])
+def test_mlp_16_workers_reaches_95_percent(algorithm):
+  cfg = small_cfg(algorithm=algorithm, num_workers=16, batch_size=16, topology="erdos_renyi",
+                  mlp_hidden=(256,), learning_rate=0.2, momentum=0.9, lr_schedule="cosine",
+                  num_steps=500, weight_decay=1e-3, eval_every=500)
+  summary = train.train(cfg)
+  assert summary["test_accuracy"] >= 0.95, summary
