@@ -122,28 +122,26 @@ def _check_probs(probs, m: int) -> np.ndarray:
   return p
 
 
-def _check_alpha(alpha) -> float:
-  if isinstance(alpha, bool):
-    raise ValueError(f"alpha={alpha!r} is not allowed: it must be a finite float >= 0")
+def _check_float(name: str, value, allowed: str, ok) -> float:
+  """``float(value)`` if finite and ``ok(value)``, else ValueError naming ``name``."""
+  msg = f"{name}={value!r} is not allowed: it must be a {allowed}"
+  if isinstance(value, bool):
+    raise ValueError(msg)
   try:
-    a = float(alpha)
+    v = float(value)
   except (TypeError, ValueError):
-    raise ValueError(f"alpha={alpha!r} is not allowed: it must be a finite float >= 0") from None
-  if not math.isfinite(a) or a < 0.0:
-    raise ValueError(f"alpha={alpha!r} is not allowed: it must be a finite float >= 0")
-  return a
+    raise ValueError(msg) from None
+  if not math.isfinite(v) or not ok(v):
+    raise ValueError(msg)
+  return v
+
+
+def _check_alpha(alpha) -> float:
+  return _check_float("alpha", alpha, "finite float >= 0", lambda a: a >= 0.0)
 
 
 def _check_budget(budget) -> float:
-  if isinstance(budget, bool):
-    raise ValueError(f"budget={budget!r} is not allowed: it must be a float in (0, 1]")
-  try:
-    c = float(budget)
-  except (TypeError, ValueError):
-    raise ValueError(f"budget={budget!r} is not allowed: it must be a float in (0, 1]") from None
-  if not math.isfinite(c) or not 0.0 < c <= 1.0:
-    raise ValueError(f"budget={budget!r} is not allowed: it must be a float in (0, 1]")
-  return c
+  return _check_float("budget", budget, "float in (0, 1]", lambda x: 0.0 < x <= 1.0)
 
 
 # --------------------------------------------------------------------------------------
