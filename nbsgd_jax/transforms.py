@@ -1,0 +1,266 @@
+"""Non-blocking mini-batch gradients and a deadline-driven accumulation transform.
+
+Source: X. He and P. Dube, "Accelerating Parallel Stochastic Gradient Descent via
+Non-blocking Mini-batches", arXiv 2211.00889 (2022); see ``DESIGN.md`` section 3,
+"Non-blocking SGD".
+
+Worker ``i`` splits its batch of ``B`` examples into ``M`` mini-batches of ``B / M``
+examples. At the deadline it has finished the first ``m_i`` of them (``0 <= m_i <= M``);
+unfinished mini-batches are dropped. Two ways to combine the finished gradients ``g_ij``:
+
+* decentralized form (D-PSGD, MATCHA; ``weighting="local"``): each worker steps with
+  the mean of its own finished gradients ``(1 / m_i) sum_{j < m_i} g_ij``; with
+  ``m_i = 0`` the worker takes no gradient step (zero gradient) but still gossips;
+* all-reduce form (``weighting="global"``):
+  ``g = sum_i sum_{j < m_i} g_ij / sum_i m_i`` (zero if no worker finished anything).
+
+Two entry points:
+
+* :func:`minibatch_mean_gradient` computes the combined gradient of one step in one
+  call (the count ``m_i`` is a runtime input: no recompilation when it changes);
+* :func:`accumulate_minibatches` is an optax transformation in the spirit of
+  ``optax.MultiSteps`` that receives ONE mini-batch gradient per call and applies an
+  inner optimizer when the deadline comes (``emit``), not after a fixed count.
+
+Everything here is pure and jit/vmap-able.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+__all__ = [
+    "AccumulateState",
+    "accumulate_minibatches",
+    "minibatch_mean_gradient",
+    "split_minibatches",
+]
+
+_WEIGHTINGS = ("local", "global")
+
+
+def split_minibatches(batch: Any, num_minibatches: int) -> Any:
+  """Reshapes every leaf of ``batch`` from ``[B, ...]`` to ``[M, B / M, ...]``.
+
+  Mini-batch ``j`` holds examples ``j * B / M`` to ``(j + 1) * B / M - 1`` (contiguous,
+  in order), so "the first ``k`` mini-batches" are the first ``k * B / M`` examples.
+
+  Args:
+    batch: pytree of arrays sharing the leading dimension ``B``.
+    num_minibatches: ``M``, a Python int ``>= 1``.
+
+  Returns:
+    The pytree with leaves of shape ``[M, B / M, ...]``.
+
+  Raises:
+    ValueError: ``M < 1``; an empty batch pytree, a scalar leaf or leaves whose leading
+      dimensions differ; ``B`` not divisible by ``M`` (the message names the config
+      fields ``nonblocking.num_minibatches`` and ``batch_size``).
+  """
+  if isinstance(num_minibatches, bool) or not isinstance(num_minibatches, int):
+    raise ValueError(
+        f"nonblocking.num_minibatches must be a Python int >= 1, got {num_minibatches!r}")
+  if num_minibatches < 1:
+    raise ValueError(
+        f"nonblocking.num_minibatches must be >= 1, got {num_minibatches}")
+  leaves = jax.tree_util.tree_leaves(batch)
+  if not leaves:
+    raise ValueError("batch has no array leaves")
+  sizes = set()
+  for leaf in leaves:
+    if jnp.ndim(leaf) == 0:
+      raise ValueError("every batch leaf needs a leading batch dimension; got a scalar")
+    sizes.add(jnp.shape(leaf)[0])
+  if len(sizes) != 1:
+    raise ValueError(f"batch leaves have different leading dimensions: {sorted(sizes)}")
+  batch_size = sizes.pop()
+  if batch_size % num_minibatches != 0:
+    raise ValueError(
+        f"batch_size ({batch_size}) must be divisible by nonblocking.num_minibatches "
+        f"({num_minibatches})")
+  per = batch_size // num_minibatches
+  return jax.tree_util.tree_map(
+      lambda x: jnp.reshape(x, (num_minibatches, per) + tuple(jnp.shape(x)[1:])), batch)
+
+
+def minibatch_mean_gradient(
+    loss_fn: Callable[[Any, Any], chex.Array],
+    params: Any,
+    batch: Any,
+    num_minibatches: int,
+    count: chex.Numeric,
+    axis_name: Optional[str] = None,
+    weighting: str = "local",
+) -> tuple[Any, chex.Array, chex.Array]:
+  """Gradient of the first ``count`` of ``M`` mini-batches (non-blocking SGD).
+
+  The batch is split into ``M`` contiguous mini-batches (:func:`split_minibatches`).
+  A ``lax.scan`` over them computes ``jax.value_and_grad(loss_fn)`` of one mini-batch
+  at a time and adds it to a running sum only if ``j < count`` (``jnp.where``, so a
+  NaN/inf in a dropped mini-batch cannot leak in). ``lax.scan`` is used instead of
+  ``jax.vmap`` so that only one mini-batch's activations and one gradient buffer are
+  live at a time: memory is that of a ``B / M`` batch, not ``B``. All ``M`` gradients
+  are still computed (the count is a traced runtime value, so the compiled program is
+  the same for every count; no recompilation).
+
+  With ``count == M`` and ``loss_fn`` a mean over examples, the result equals the
+  full-batch gradient ``jax.grad(loss_fn)(params, batch)``.
+
+  Args:
+    loss_fn: ``loss_fn(params, minibatch) -> scalar`` where ``minibatch`` has leaves of
+      shape ``[B / M, ...]``; normally the mean loss over its examples.
+    params: pytree of parameters.
+    batch: pytree of arrays with leading dimension ``B`` (this worker's batch).
+    num_minibatches: ``M``, Python int ``>= 1`` (static).
+    count: ``m_i``, int scalar (may be traced), the number of mini-batches this worker
+      finished before the deadline; clipped to ``[0, M]``.
+    axis_name: named worker axis (``vmap``/``shard_map``); required for
+      ``weighting="global"``, ignored for ``"local"``.
+    weighting: ``"local"`` (decentralized form): ``(1 / m_i) sum_{j < m_i} g_ij``,
+      zeros when ``m_i = 0`` (no gradient step); ``"global"`` (all-reduce form):
+      ``psum_i sum_{j < m_i} g_ij / psum_i m_i``, zeros when ``psum_i m_i = 0``.
+
+  Returns:
+    ``(grads, loss, count)``: ``grads`` has the structure and dtypes of ``params``;
+    ``loss`` is a float32 scalar, the mean of the finished mini-batch losses, weighted
+    like the gradient (this worker's for ``"local"``, all workers' for ``"global"``;
+    0 when nothing finished); ``count`` is this worker's clipped int32 count.
+
+  Raises:
+    ValueError: ``M < 1``; ``B`` not divisible by ``M`` (names
+      ``nonblocking.num_minibatches`` and ``batch_size``); unknown ``weighting``;
+      ``weighting="global"`` without ``axis_name``.
+  """
+  if weighting not in _WEIGHTINGS:
+    raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
+  if weighting == "global" and axis_name is None:
+    raise ValueError('weighting="global" needs axis_name (the worker axis)')
+  minibatches = split_minibatches(batch, num_minibatches)
+  count = jnp.clip(jnp.asarray(count, jnp.int32), 0, num_minibatches)
+  value_and_grad = jax.value_and_grad(loss_fn)
+
+  def body(carry, xs):
+    grad_sum, loss_sum = carry
+    j, minibatch = xs
+    loss, grads = value_and_grad(params, minibatch)
+    keep = j < count
+    grad_sum = jax.tree_util.tree_map(
+        lambda s, g: jnp.where(keep, s + g.astype(s.dtype), s), grad_sum, grads)
+    loss_sum = jnp.where(keep, loss_sum + loss.astype(jnp.float32), loss_sum)
+    return (grad_sum, loss_sum), None
+
+  init = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
+  xs = (jnp.arange(num_minibatches, dtype=jnp.int32), minibatches)
+  (grad_sum, loss_sum), _ = lax.scan(body, init, xs)
+
+  total = count
+  if weighting == "global":
+    grad_sum = lax.psum(grad_sum, axis_name)
+    loss_sum = lax.psum(loss_sum, axis_name)
+    total = lax.psum(count, axis_name)
+  nonzero = total > 0
+  denom = jnp.maximum(total, 1)
+  grads = jax.tree_util.tree_map(
+      lambda s: jnp.where(nonzero, s / denom.astype(s.dtype), jnp.zeros_like(s)), grad_sum)
+  loss = jnp.where(nonzero, loss_sum / denom.astype(jnp.float32), 0.0)
+  return grads, loss, count
+
+
+class AccumulateState(NamedTuple):
+  """State of :func:`accumulate_minibatches`.
+
+  Attributes:
+    grad_sum: pytree like ``params``, sum of the finished mini-batch gradients since the
+      last emit.
+    count: int32 scalar, number of finished mini-batches in ``grad_sum``.
+    inner_state: the inner optimizer's state.
+  """
+  grad_sum: Any
+  count: chex.Array
+  inner_state: optax.OptState
+
+
+def accumulate_minibatches(
+    inner: optax.GradientTransformation,
+) -> optax.GradientTransformationExtraArgs:
+  """Accumulates finished mini-batch gradients and steps ``inner`` at the deadline.
+
+  Like ``optax.MultiSteps``, but the emit condition is the deadline (He & Dube 2022,
+  arXiv 2211.00889; DESIGN.md section 3), passed in by the caller, instead of a fixed
+  count. One call per mini-batch:
+
+  ``update(updates, state, params=None, *, finished, emit, **extra_args)``
+
+  * ``updates``: ONE mini-batch's gradient (pytree like ``params``);
+  * ``finished``: bool scalar; the mini-batch finished before the deadline: it is added
+    to ``grad_sum`` and ``count`` grows by one; otherwise it is dropped;
+  * ``emit``: bool scalar; the deadline has come (checked after adding this call's
+    mini-batch). If ``count > 0`` the inner transformation is applied to
+    ``grad_sum / count`` and its updates returned; if ``count == 0`` zero updates are
+    returned and ``inner_state`` is left unchanged (no gradient step). Either way the
+    accumulator is reset. Without ``emit`` the updates are zero.
+  * ``extra_args`` are forwarded to ``inner`` (wrapped by
+    ``optax.with_extra_args_support``).
+
+  With all ``M`` mini-batches finished and ``emit`` at the ``M``-th call, the emitted
+  update equals one ``inner`` step on the mean of the ``M`` mini-batch gradients, i.e.
+  the full-batch mean gradient step when the mini-batches partition the batch evenly.
+
+  Branching uses ``lax.cond`` (a real branch under ``jit``; a select under ``vmap``),
+  so ``finished``/``emit`` may be traced and per-worker.
+
+  Args:
+    inner: the optimizer applied to the mean of the finished gradients.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` with state :class:`AccumulateState`.
+
+  Raises:
+    TypeError: ``update`` called without ``finished`` or ``emit``.
+  """
+  inner = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    return AccumulateState(
+        grad_sum=jax.tree_util.tree_map(jnp.zeros_like, params),
+        count=jnp.zeros((), jnp.int32),
+        inner_state=inner.init(params))
+
+  def update_fn(updates, state, params=None, *, finished, emit, **extra_args):
+    finished = jnp.asarray(finished, bool)
+    emit = jnp.asarray(emit, bool)
+    grad_sum = jax.tree_util.tree_map(
+        lambda s, g: jnp.where(finished, s + g.astype(s.dtype), s), state.grad_sum, updates)
+    count = state.count + finished.astype(jnp.int32)
+    apply = jnp.logical_and(emit, count > 0)
+
+    def do_apply(operands):
+      grad_sum, inner_state = operands
+      denom = jnp.maximum(count, 1)
+      mean = jax.tree_util.tree_map(lambda s: s / denom.astype(s.dtype), grad_sum)
+      new_updates, new_inner_state = inner.update(mean, inner_state, params, **extra_args)
+      new_updates = jax.tree_util.tree_map(
+          lambda u, s: u.astype(s.dtype), new_updates, grad_sum)
+      new_inner_state = jax.tree_util.tree_map(
+          lambda n, o: jnp.asarray(n, dtype=jnp.result_type(o)), new_inner_state,
+          inner_state)
+      return new_updates, new_inner_state
+
+    def skip(operands):
+      grad_sum, inner_state = operands
+      return jax.tree_util.tree_map(jnp.zeros_like, grad_sum), inner_state
+
+    out_updates, inner_state = lax.cond(
+        apply, do_apply, skip, (grad_sum, state.inner_state))
+    grad_sum = jax.tree_util.tree_map(
+        lambda s: jnp.where(emit, jnp.zeros_like(s), s), grad_sum)
+    count = jnp.where(emit, jnp.zeros_like(count), count)
+    return out_updates, AccumulateState(grad_sum, count, inner_state)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
