@@ -81,7 +81,7 @@ def test_load_dataset_rejects_bad_name(name):
 
 
 def test_tfds_mnist_with_mock_data():
-  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow_datasets as tfds  # a required dependency: fail, never skip
   with tfds.testing.mock_data(num_examples=37):
     ds = data.load_dataset("tfds:mnist")
   chex.assert_shape(ds.train_images, (37, 28, 28, 1))
@@ -96,14 +96,14 @@ def test_tfds_mnist_with_mock_data():
 
 
 def test_tfds_unknown_name_raises():
-  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow_datasets as tfds  # a required dependency: fail, never skip
   with tfds.testing.mock_data(num_examples=5):
     with pytest.raises(ValueError, match=r"dataset='tfds:no_such_dataset_xyz'.*data_dir"):
       data.load_dataset("tfds:no_such_dataset_xyz")
 
 
 def test_tfds_missing_data_dir_raises_without_download(tmp_path):
-  pytest.importorskip("tensorflow_datasets")
+  import tensorflow_datasets  # noqa: F401  (required dependency)
   with pytest.raises(ValueError, match=r"data_dir=.*Nothing is downloaded"):
     data.load_dataset("tfds:mnist", data_dir=str(tmp_path))
   assert not any(p.is_file() for p in tmp_path.rglob("*"))
@@ -131,7 +131,7 @@ class _FakeSource:
 
 
 def test_tfds_batched_access_channel_axis_and_class_fallback(monkeypatch):
-  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow_datasets as tfds  # a required dependency: fail, never skip
   sources = {"train": _FakeSource(2500, 0), "test": _FakeSource(30, 1)}
   calls = []
 

@@ -10,7 +10,7 @@ import pytest
 from nbsgd_jax import matcha
 from nbsgd_jax import topology
 
-pytest.importorskip("cvxpy")
+import cvxpy  # noqa: F401,E402  (a required dependency: fail, never skip)
 
 
 # --------------------------------------------------------------------------------------
