@@ -421,20 +421,29 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
   train_sub = _chunked(ds.train_images[sub], ds.train_labels[sub], 500)
   test, train_sub = jax.device_put(test), jax.device_put(train_sub)
 
-  model_params = models_lib.num_params(jax.tree.map(lambda x: x[0], state.params))
+  # from shapes: indexing a worker out of a mesh-sharded array would need a gather
+  model_params = int(sum(np.prod(x.shape[1:]) for x in jax.tree.leaves(state.params)))
 
   history = []
   wall = 0.0
-  bytes_total = 0.0  # float64 on the host; per-interval sums stay on the device
-  zero = jnp.zeros((), jnp.float32)
-  loss_sum, bytes_sum, loss_count = zero, zero, 0
+  bytes_total = 0.0  # float64 on the host
+  # Per-step outputs stay on the device until the next evaluation. They are not reduced
+  # step by step: on the mesh backend a reduction is an extra collective program, and
+  # interleaving it with in-flight steps can starve XLA:CPU's collective rendezvous.
+  pending: list = []
 
   def evaluate(step: int) -> dict:
     nonlocal bytes_total
-    bytes_total += float(bytes_sum)
-    ev = {k: float(v) for k, v in eval_fn(state.params, test, train_sub).items()}
+    losses = np.array([np.asarray(l, np.float64) for l, _ in pending])  # [steps, n]
+    sent = np.array([np.asarray(b, np.float64) for _, b in pending])  # [steps, n]
+    bytes_total += float(sent.mean(axis=1).sum()) if pending else 0.0
+    pending.clear()
+    params = state.params
+    if s.backend.mesh is not None:  # evaluation reads whole models: replicate the stack once
+      params = jax.device_put(params, NamedSharding(s.backend.mesh, P()))
+    ev = {k: float(v) for k, v in eval_fn(params, test, train_sub).items()}
     rec = {"step": step, "wall_time": wall,
-           "train_batch_loss": float(loss_sum) / loss_count if loss_count else None,
+           "train_batch_loss": float(losses.mean()) if losses.size else None,
            **ev, "bytes_sent": bytes_total}
     history.append(rec)
     if writer:
@@ -447,14 +456,12 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
     rec = evaluate(0)
     seg = time.perf_counter()  # stopwatch over training steps; paused during evaluation
     for step in range(1, cfg.num_steps + 1):
-      state, (loss, sent) = step_fn(state, s.worker_data)
-      loss_sum, bytes_sum = loss_sum + jnp.mean(loss), bytes_sum + jnp.mean(sent)
-      loss_count += 1
+      state, out = step_fn(state, s.worker_data)
+      pending.append(out)
       if step % cfg.eval_every == 0 or step == cfg.num_steps:
         jax.block_until_ready(state)
         wall += time.perf_counter() - seg
         rec = evaluate(step)
-        loss_sum, bytes_sum, loss_count = zero, zero, 0
         bar.set_postfix(loss=f"{rec['train_loss']:.4f}", acc=f"{rec['test_accuracy']:.4f}")
         seg = time.perf_counter()
       bar.update(1)

@@ -46,3 +46,15 @@ def test_main_job_smoke(tmp_path):
   assert [json.loads(l)["step"] for l in lines] == [0, 2, 4]
   summary = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert summary["algorithm"] == "dpsgd" and summary["num_workers"] == 8
+
+
+def test_main_job_on_mesh_backend(tmp_path):
+  """The CLI on 8 host devices (conftest's XLA_FLAGS reaches the subprocess): steps are
+  dispatched asynchronously back to back and must not deadlock XLA:CPU's collectives."""
+  assert "device_count=8" in os.environ.get("XLA_FLAGS", "")
+  r = run_main(tmp_path, "--config.backend=mesh", "--config.num_steps=12",
+               "--config.eval_every=4", "--config.eval_train_examples=100")
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert [l["step"] for l in lines] == [0, 4, 8, 12]
+  assert lines[-1]["train_loss"] < lines[0]["train_loss"]

@@ -176,3 +176,13 @@ def test_mlp_reaches_95_percent_on_mnist10k(algorithm):
   assert summary["test_accuracy"] >= 0.95, summary
   if algorithm in ("allreduce", "allreduce_ring"):
     assert summary["consensus_distance"] < 1e-5
+
+
+def test_train_on_mesh_backend_matches_simulate():
+  """The whole loop (evaluation included) on the mesh backend gives the simulate metrics."""
+  kw = dict(algorithm="matcha", topology="torus", num_workers=8, num_steps=4, eval_every=2)
+  mesh = train.train(small_cfg(backend="mesh", **kw))
+  sim = train.train(small_cfg(backend="simulate", **kw))
+  for a, b in zip(mesh["history"], sim["history"]):
+    for key in ("train_loss", "test_loss", "test_accuracy", "consensus_distance", "bytes_sent"):
+      assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
