@@ -58,6 +58,25 @@ def default_config() -> ml_collections.ConfigDict:
   c.progress = True              # tqdm progress bar
   c.dpsgd = ml_collections.ConfigDict()
   c.dpsgd.order = "parallel"     # parallel (Lian et al.: gossip x while computing g(x)) | atc
+  c.cluster = ml_collections.ConfigDict()  # simulated cluster behind sim_time (He & Dube)
+  c.cluster.scenario = "homogeneous"  # homogeneous | one_slow | lognormal (worker speeds)
+  c.cluster.slowdown = ()        # explicit per-worker slowdown factors (overrides scenario)
+  c.cluster.slow_factor = 4.0    # one_slow: slowdown of the last worker
+  c.cluster.spread = 0.5         # lognormal: sigma of log slowdown
+  c.cluster.base_time = 0.01     # s of compute per mini-batch at slowdown 1
+  c.cluster.delay = "none"       # none | shifted_exponential | bernoulli_exponential
+  c.cluster.delay_mean = 0.0     # s, mean of the exponential part of a straggler delay
+  c.cluster.delay_shift = 0.0    # s, shift of shifted_exponential
+  c.cluster.delay_prob = 0.0     # probability of a delay per mini-batch (bernoulli_exponential)
+  c.cluster.latency = 1e-4       # s per message (alpha of the alpha-beta model)
+  c.cluster.bandwidth = 1e9      # bytes/s (1 / beta)
+  c.cluster.seed = 0             # seed of the delays and of lognormal speeds
+  c.nonblocking = ml_collections.ConfigDict()  # Non-blocking SGD (He & Dube 2022)
+  c.nonblocking.enabled = False  # accumulate only the mini-batches finished by the deadline
+  c.nonblocking.num_minibatches = 4  # M: mini-batches per worker batch (divides batch_size)
+  c.nonblocking.deadline = "fastest"  # fastest | kth:K | seconds (e.g. "0.05")
+  c.nonblocking.deadline_group = "all"  # all: one deadline for every worker | neighbours:
+                                        # each worker's over itself and its neighbours
   c.matcha = ml_collections.ConfigDict()
   c.matcha.budget = 0.5          # communication budget C_b in (0, 1]: expected fraction of
                                  # matchings active per step (1 = D-PSGD with W = I - alpha L)
@@ -147,6 +166,27 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if cfg.get("algorithm") == "matcha" and cfg.get("topology") == "one_peer_exponential":
     errs.append("config.topology='one_peer_exponential' is not allowed with "
                 "config.algorithm='matcha': MATCHA samples matchings of a static base graph")
+  m = cfg.nonblocking.num_minibatches
+  if not _is_int(m) or m < 1:
+    errs.append(f"config.nonblocking.num_minibatches={m!r} is not allowed: it must be an "
+                "integer >= 1")
+  elif _is_int(cfg.get("batch_size")) and cfg.batch_size >= 1 and cfg.batch_size % m:
+    errs.append(f"config.batch_size={cfg.batch_size} is not allowed with "
+                f"config.nonblocking.num_minibatches={m}: the batch must split into M equal "
+                "mini-batches (batch_size divisible by num_minibatches)")
+  if cfg.nonblocking.deadline_group not in ("all", "neighbours"):
+    errs.append(f"config.nonblocking.deadline_group={cfg.nonblocking.deadline_group!r} is not "
+                "allowed: use one of ['all', 'neighbours']")
+  if not isinstance(cfg.nonblocking.enabled, bool):
+    errs.append(f"config.nonblocking.enabled={cfg.nonblocking.enabled!r} is not allowed: use "
+                "True or False")
+  if not errs:
+    from nbsgd_jax import cluster as cluster_lib  # its own checks name cluster.* fields
+    try:
+      cl = make_cluster(cfg)
+      cluster_lib.check_deadline(cl, cluster_lib.parse_deadline(cfg.nonblocking.deadline))
+    except ValueError as e:
+      errs.append(f"config.{e}")
   if cfg.dpsgd.order not in DPSGD_ORDERS:
     errs.append(f"config.dpsgd.order={cfg.dpsgd.order!r} is not allowed: use one of "
                 f"{list(DPSGD_ORDERS)}")
@@ -163,3 +203,19 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                   f"={cfg.num_workers} before starting, or use backend='simulate')")
   if errs:
     raise ConfigError(errs)
+
+
+def make_cluster(cfg: ml_collections.ConfigDict):
+  """The :class:`nbsgd_jax.cluster.Cluster` of ``cfg.cluster`` (M from ``cfg.nonblocking``).
+
+  Raises:
+    ValueError: a bad ``cluster.*`` value (the message names the field).
+  """
+  from nbsgd_jax import cluster as cluster_lib
+  c = cfg.cluster
+  return cluster_lib.make_cluster(
+      cfg.num_workers, cfg.nonblocking.num_minibatches, scenario=c.scenario,
+      slowdown=list(c.slowdown) or None, base_time=c.base_time, delay=c.delay,
+      delay_mean=c.delay_mean, delay_shift=c.delay_shift, delay_prob=c.delay_prob,
+      spread=c.spread, slow_factor=c.slow_factor, latency=c.latency, bandwidth=c.bandwidth,
+      seed=c.seed)

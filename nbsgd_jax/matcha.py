@@ -629,3 +629,13 @@ def expected_bytes_per_step(plan: MatchaPlan, model_bytes: float) -> float:
     raise ValueError(f"model_bytes={model_bytes!r} is not allowed: it must be a float >= 0")
   sizes = np.array([len(m) for m in plan.matchings], dtype=np.float64)
   return float(np.sum(np.asarray(plan.probs) * 2.0 * sizes / plan.n) * size)
+
+
+def sample_activations(plan: MatchaPlan, seed: int, step: int) -> np.ndarray:
+  """MATCHA's activations ``B_j ~ Bernoulli(p_j)`` of one step, bool ``[M]``.
+
+  Drawn on the host from ``np.random.default_rng([seed, step])``, so every worker (and a
+  resumed run) sees the same draw; the trainer passes them to the jitted step as an input.
+  """
+  m = len(plan.matchings)
+  return np.random.default_rng([int(seed), int(step)]).random(m) < np.asarray(plan.probs)

@@ -107,21 +107,36 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def make_worker_step(model, algorithm: algos.Algorithm, batch_size: int, capacity: int,
-                     seed: int) -> Callable:
+                     seed: int, num_minibatches: int = 1, nonblocking: bool = False
+                     ) -> Callable:
   """The program of one worker for one step (runs on the ``"workers"`` axis).
 
+  With ``nonblocking`` the batch is split into ``num_minibatches`` mini-batches and the
+  gradient is the mean over the first ``inputs.count`` of them (He & Dube 2022;
+  :func:`nbsgd_jax.transforms.minibatch_mean_gradient`); the loss is then the mean over the
+  finished mini-batches (0 if none).
+
   Returns:
-    ``(state, data) -> (state, (loss, bytes_sent))`` on one worker's (unbatched) state and
-    shard; ``loss`` is the float32 mini-batch loss before the update, ``bytes_sent`` the
-    float32 bytes this worker sent in the step.
+    ``(state, data, inputs) -> (state, (loss, bytes_sent))`` on one worker's (unbatched)
+    state, shard and :class:`~nbsgd_jax.algorithms.base.StepInputs`; ``loss`` is the float32
+    mini-batch loss before the update, ``bytes_sent`` the float32 bytes this worker sent.
   """
-  def step_fn(state: TrainState, data: WorkerData):
+  from nbsgd_jax import transforms
+
+  def loss_fn(params, batch):
+    x, y = batch
+    return cross_entropy(model.apply(params, x), y)
+
+  def step_fn(state: TrainState, data: WorkerData, inputs: algos.StepInputs):
     idx = sample_batch_indices(data_key(seed, lax.axis_index(AXIS)), data.sizes, capacity,
                                batch_size, state.step)
-    x = data.images[idx].astype(jnp.float32) / 255.0
-    y = data.labels[idx]
-    loss, grads = jax.value_and_grad(lambda p: cross_entropy(model.apply(p, x), y))(state.params)
-    params, opt_state, sent = algorithm.update(grads, state.opt_state, state.params, state.step)
+    batch = (data.images[idx].astype(jnp.float32) / 255.0, data.labels[idx])
+    if nonblocking:
+      grads, loss, _ = transforms.minibatch_mean_gradient(
+          loss_fn, state.params, batch, num_minibatches, inputs.count, weighting="local")
+    else:
+      loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+    params, opt_state, sent = algorithm.update(grads, state.opt_state, state.params, inputs)
     return TrainState(params, opt_state, state.step + 1), (loss, sent)
 
   return step_fn
@@ -254,23 +269,21 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
 
 
 def make_algorithm(cfg: ml_collections.ConfigDict, topology: topology_lib.Topology,
-                   optimizer: optax.GradientTransformation) -> algos.Algorithm:
-  """The :class:`Algorithm` named by ``cfg.algorithm``."""
+                   optimizer: optax.GradientTransformation, plan=None) -> algos.Algorithm:
+  """The :class:`Algorithm` named by ``cfg.algorithm`` (``plan``: MATCHA's, for matcha)."""
+  nb = cfg.nonblocking.enabled
   if cfg.algorithm == "allreduce":
-    return algos.allreduce(optimizer, cfg.num_workers)
+    return algos.allreduce(optimizer, cfg.num_workers, nonblocking=nb)
   if cfg.algorithm == "allreduce_ring":
-    return algos.allreduce_ring(optimizer, cfg.num_workers)
+    return algos.allreduce_ring(optimizer, cfg.num_workers, nonblocking=nb)
   if cfg.algorithm == "dpsgd":
     phases = ([topology.mixing_matrix_at(t) for t in range(topology.period)]
               if topology.is_time_varying else [topology.mixing_matrix])
     return algos.gossip_sgd("dpsgd", optimizer, algos.time_varying_mixer(phases),
-                            order=cfg.dpsgd.order)
+                            order=cfg.dpsgd.order, nonblocking=nb)
   if cfg.algorithm == "matcha":
-    from nbsgd_jax import matcha as matcha_lib
-    plan = matcha_lib.plan(topology.n, topology.edges, cfg.matcha.budget)
-    mixer = algos.matcha_mixer(plan.matchings, plan.probs, plan.alpha, topology.n,
-                               cfg.matcha.seed)
-    return algos.gossip_sgd("matcha", optimizer, mixer, order=cfg.dpsgd.order)
+    mixer = algos.matcha_mixer(plan.matchings, plan.alpha, topology.n)
+    return algos.gossip_sgd("matcha", optimizer, mixer, order=cfg.dpsgd.order, nonblocking=nb)
   raise config_lib.ConfigError(
       [f"config.algorithm={cfg.algorithm!r} is not allowed: use one of "
        f"{list(config_lib.ALGORITHMS)}"])
@@ -286,6 +299,7 @@ class Setup(NamedTuple):
   topology: topology_lib.Topology
   algorithm: algos.Algorithm
   backend: Backend
+  plan: Any  # MATCHA's MatchaPlan, or None
 
 
 def setup(cfg: ml_collections.ConfigDict) -> Setup:
@@ -328,11 +342,15 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
                              cols=cfg.topology_cols or None)
   except ValueError as e:
     raise config_lib.ConfigError([f"config.topology={cfg.topology!r}: {e}"]) from None
-  algorithm = make_algorithm(cfg, topo, make_optimizer(cfg))
+  plan = None
+  if cfg.algorithm == "matcha":
+    from nbsgd_jax import matcha as matcha_lib
+    plan = matcha_lib.plan(topo.n, topo.edges, cfg.matcha.budget)
+  algorithm = make_algorithm(cfg, topo, make_optimizer(cfg), plan)
   backend = make_backend(cfg.backend, n)
   worker_data = WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),
                                            jnp.asarray(sizes))))
-  return Setup(cfg, dataset, worker_data, model, topo, algorithm, backend)
+  return Setup(cfg, dataset, worker_data, model, topo, algorithm, backend, plan)
 
 
 def init_state(s: Setup) -> TrainState:
@@ -346,11 +364,29 @@ def init_state(s: Setup) -> TrainState:
 
 
 def make_train_step(s: Setup) -> Callable:
-  """Jitted ``(state, data) -> (state, (loss [n], bytes_sent [n]))`` on the chosen backend
-  (state donated)."""
+  """Jitted ``(state, data, inputs) -> (state, (loss [n], bytes_sent [n]))`` on the chosen
+  backend (state donated); ``inputs`` from :meth:`Simulator.step` via :func:`step_inputs`."""
   worker = make_worker_step(s.model, s.algorithm, s.cfg.batch_size,
-                            s.worker_data.labels.shape[1], s.cfg.seed)
+                            s.worker_data.labels.shape[1], s.cfg.seed,
+                            s.cfg.nonblocking.num_minibatches, s.cfg.nonblocking.enabled)
   return jax.jit(s.backend.spmd(worker), donate_argnums=(0,))
+
+
+def make_simulator(s: Setup, model_bytes: float):
+  """The host schedule and simulated clock of the run (:class:`Simulator`)."""
+  from nbsgd_jax import simulation
+  cfg = s.cfg
+  return simulation.Simulator(
+      cfg.algorithm, config_lib.make_cluster(cfg), model_bytes,
+      nonblocking=cfg.nonblocking.enabled, deadline=cfg.nonblocking.deadline,
+      topology=s.topology, plan=s.plan, matcha_seed=cfg.matcha.seed,
+      deadline_group=cfg.nonblocking.deadline_group)
+
+
+def step_inputs(s: Setup, inputs: dict) -> algos.StepInputs:
+  """Place the simulator's per-step numpy inputs for the backend."""
+  return s.backend.place(algos.StepInputs(
+      jnp.asarray(inputs["step"]), jnp.asarray(inputs["count"]), jnp.asarray(inputs["active"])))
 
 
 # ----------------------------------------------------------------------------- files
@@ -387,7 +423,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
   """Run one training job.
 
   Writes ``workdir/config.json``, ``workdir/metrics.jsonl`` (one object per evaluation with
-  ``step``, ``wall_time`` s, ``train_loss``, ``train_batch_loss``, ``test_loss``,
+  ``step``, ``sim_time`` (s on the simulated cluster, :mod:`nbsgd_jax.simulation`),
+  ``wall_time`` s, ``train_loss``, ``train_batch_loss``, ``test_loss``,
   ``test_accuracy``, ``consensus_distance``, ``bytes_sent`` (bytes per worker, cumulative)
   and, for decentralized algorithms, ``worker_test_accuracy``) and ``workdir/summary.json``.
   ``wall_time`` counts the training steps (compilation included) and excludes evaluation.
@@ -423,6 +460,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
 
   # from shapes: indexing a worker out of a mesh-sharded array would need a gather
   model_params = int(sum(np.prod(x.shape[1:]) for x in jax.tree.leaves(state.params)))
+  model_bytes = int(sum(np.prod(x.shape[1:]) * x.dtype.itemsize
+                        for x in jax.tree.leaves(state.params)))
+  sim = make_simulator(s, model_bytes)
 
   history = []
   wall = 0.0
@@ -442,7 +482,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
     if s.backend.mesh is not None:  # evaluation reads whole models: replicate the stack once
       params = jax.device_put(params, NamedSharding(s.backend.mesh, P()))
     ev = {k: float(v) for k, v in eval_fn(params, test, train_sub).items()}
-    rec = {"step": step, "wall_time": wall,
+    rec = {"step": step, "sim_time": sim.sim_time, "wall_time": wall,
            "train_batch_loss": float(losses.mean()) if losses.size else None,
            **ev, "bytes_sent": bytes_total}
     history.append(rec)
@@ -456,7 +496,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
     rec = evaluate(0)
     seg = time.perf_counter()  # stopwatch over training steps; paused during evaluation
     for step in range(1, cfg.num_steps + 1):
-      state, out = step_fn(state, s.worker_data)
+      inputs, _ = sim.step(step - 1)
+      state, out = step_fn(state, s.worker_data, step_inputs(s, inputs))
       pending.append(out)
       if step % cfg.eval_every == 0 or step == cfg.num_steps:
         jax.block_until_ready(state)

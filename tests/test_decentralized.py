@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from nbsgd_jax import algorithms as algos
-from nbsgd_jax import collectives, matcha, topology, train
+from nbsgd_jax import collectives, matcha, simulation, topology, train
 from tests.test_train import run_steps, small_cfg
 
 TOPOLOGY_ARGS = {
@@ -44,9 +44,9 @@ def test_gossip_uses_matchings_on_star():
   assert len(collectives.gossip_rounds(w)) <= 5
 
 
-def _matcha_mix(plan, seed, x, step):
-  mix = algos.matcha_mixer(plan.matchings, plan.probs, plan.alpha, plan.n, seed)
-  return jax.vmap(lambda v, s: mix(v, s), axis_name="workers")(x, step)
+def _inputs(n, step, active):
+  return algos.StepInputs(jnp.full((n,), step, jnp.int32), jnp.zeros((n,), jnp.int32),
+                          jnp.asarray(np.broadcast_to(active, (n, len(active)))))
 
 
 def test_matcha_mixer_matches_sampled_dense_matrix():
@@ -54,21 +54,16 @@ def test_matcha_mixer_matches_sampled_dense_matrix():
   n = 8
   topo = topology.erdos_renyi(n, 0.5, seed=3)
   plan = matcha.plan(n, topo.edges, 0.4)
+  mix = jax.jit(jax.vmap(algos.matcha_mixer(plan.matchings, plan.alpha, n),
+                         axis_name="workers"))
   x = np.random.default_rng(0).normal(size=(n, 5)).astype(np.float32)
   seen = set()
   for step in range(12):
-    out, sent = _matcha_mix(plan, 7, jnp.asarray(x), jnp.full((n,), step, jnp.int32))
-    out = np.asarray(out)
-    # recover which matchings were active from the result: exactly one B makes W(t) x match
-    m = len(plan.matchings)
-    hits = []
-    for mask in range(2 ** m):
-      active = np.array([(mask >> j) & 1 for j in range(m)], bool)
-      if np.allclose(out, matcha.sample_mixing_matrix(plan, active) @ x, atol=1e-5):
-        hits.append(active)
-    assert hits, "W(t) x is not of the form (I - alpha sum_j B_j L_j) x"
-    active = hits[0]
+    active = matcha.sample_activations(plan, 7, step)
     seen.add(tuple(active))
+    out, sent = mix(jnp.asarray(x), _inputs(n, step, active))
+    np.testing.assert_allclose(np.asarray(out), matcha.sample_mixing_matrix(plan, active) @ x,
+                               rtol=1e-5, atol=1e-5)
     matched = np.zeros(n)
     for j, mt in enumerate(plan.matchings):
       if active[j]:
@@ -79,17 +74,16 @@ def test_matcha_mixer_matches_sampled_dense_matrix():
   assert len(seen) > 1  # activations change over steps
 
 
-def test_matcha_expected_bytes_over_many_steps():
+def test_matcha_activations_match_probabilities_and_expected_bytes():
   n = 16
   topo = topology.erdos_renyi(n, 0.3, seed=0)
   plan = matcha.plan(n, topo.edges, 0.3)
-  x = jnp.zeros((n, 1), jnp.float32)
-  steps = 2000
-  mix = algos.matcha_mixer(plan.matchings, plan.probs, plan.alpha, n, 0)
-  f = jax.jit(jax.vmap(lambda v, s: mix(v, s)[1], axis_name="workers"))
-  total = sum(float(jnp.mean(f(x, jnp.full((n,), t, jnp.int32)))) for t in range(steps))
-  expected = matcha.expected_bytes_per_step(plan, 4.0)
-  assert total / steps == pytest.approx(expected, rel=0.05)
+  steps = 4000
+  draws = np.array([matcha.sample_activations(plan, 0, t) for t in range(steps)])
+  np.testing.assert_allclose(draws.mean(0), plan.probs, atol=0.03)
+  total = sum(simulation.comm_pattern("matcha", t, n, 4.0, topo, plan).num_bytes.mean()
+              for t in range(steps))
+  assert total / steps == pytest.approx(matcha.expected_bytes_per_step(plan, 4.0), rel=0.05)
 
 
 def test_matcha_budget_one_equals_dpsgd_best_constant():
@@ -113,8 +107,9 @@ def test_one_peer_exponential_dpsgd_cycles_phases():
   state = state._replace(params=params)
   mean0 = jax.tree.map(lambda v: np.asarray(v).mean(0), params)
   step = train.make_train_step(s)
-  for _ in range(3):
-    state, _ = step(state, s.worker_data)
+  sim = train.make_simulator(s, 4.0)
+  for t in range(3):
+    state, _ = step(state, s.worker_data, train.step_inputs(s, sim.step(t)[0]))
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(mean0)):
     np.testing.assert_allclose(np.asarray(got), np.broadcast_to(want, got.shape), atol=1e-5)
 

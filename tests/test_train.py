@@ -34,9 +34,11 @@ def run_steps(cfg, steps):
   s = train.setup(cfg)
   state = train.init_state(s)
   step = train.make_train_step(s)
+  sim = train.make_simulator(s, 4.0)
   losses = []
-  for _ in range(steps):
-    state, (loss, _) = step(state, s.worker_data)
+  for t in range(steps):
+    inputs, _ = sim.step(t)
+    state, (loss, _) = step(state, s.worker_data, train.step_inputs(s, inputs))
     losses.append(np.asarray(loss))
   return s, state, np.stack(losses)
 
@@ -158,7 +160,8 @@ def test_train_writes_metrics_and_counts_bytes(tmp_path):
   summary = train.train(cfg, str(tmp_path))
   lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in lines] == [0, 3, 6]
-  for key in ("wall_time", "train_loss", "test_loss", "test_accuracy", "consensus_distance",
+  for key in ("sim_time", "wall_time", "train_loss", "test_loss", "test_accuracy",
+              "consensus_distance",
               "bytes_sent", "worker_test_accuracy", "train_batch_loss"):
     assert key in lines[-1]
   # ring with n = 4: two neighbours, float32 model: 2 * 4 bytes * params per step

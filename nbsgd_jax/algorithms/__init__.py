@@ -6,9 +6,9 @@ under ``jax.vmap`` (simulate) or ``jax.shard_map`` (mesh).
 """
 
 from nbsgd_jax.algorithms.allreduce import allreduce, allreduce_ring
-from nbsgd_jax.algorithms.base import AXIS, Algorithm
+from nbsgd_jax.algorithms.base import AXIS, Algorithm, StepInputs
 from nbsgd_jax.algorithms.dpsgd import (dpsgd, gossip_sgd, matcha_mixer, static_mixer,
                                         time_varying_mixer)
 
-__all__ = ["AXIS", "Algorithm", "allreduce", "allreduce_ring", "dpsgd", "gossip_sgd",
+__all__ = ["AXIS", "Algorithm", "StepInputs", "allreduce", "allreduce_ring", "dpsgd", "gossip_sgd",
            "matcha_mixer", "static_mixer", "time_varying_mixer"]

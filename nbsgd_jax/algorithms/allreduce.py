@@ -12,38 +12,46 @@ import optax
 from jax import lax
 
 from nbsgd_jax import collectives
-from nbsgd_jax.algorithms.base import AXIS, Algorithm, tree_bytes
+from nbsgd_jax.algorithms.base import AXIS, Algorithm, masked_update, tree_bytes
 
 
-def _centralized(name: str, reduce_mean, optimizer: optax.GradientTransformation,
-                 num_workers: int) -> Algorithm:
-  def update(grads, opt_state, params, step):
-    del step
+def _centralized(name: str, reduce_sum, optimizer: optax.GradientTransformation,
+                 num_workers: int, nonblocking: bool, axis_name: str) -> Algorithm:
+  def update(grads, opt_state, params, inputs):
     sent = collectives.ring_all_reduce_bytes(tree_bytes(grads), num_workers)
-    grads = reduce_mean(grads)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+    if not nonblocking:
+      grads = jax.tree.map(lambda g: g / num_workers, reduce_sum(grads))
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, jnp.float32(sent)
+    # He & Dube 2022, all-reduce form: g = sum_i sum_{j<m_i} g_ij / sum_i m_i.
+    count = inputs.count.astype(jnp.float32)
+    total = lax.psum(count, axis_name)
+    summed = reduce_sum(jax.tree.map(lambda g: g * count.astype(g.dtype), grads))
+    grads = jax.tree.map(lambda g: g / jnp.maximum(total, 1.0).astype(g.dtype), summed)
+    updates, opt_state = masked_update(optimizer, grads, opt_state, params, total > 0)
     return optax.apply_updates(params, updates), opt_state, jnp.float32(sent)
 
   return Algorithm(name=name, decentralized=False, init=optimizer.init, update=update)
 
 
 def allreduce(optimizer: optax.GradientTransformation, num_workers: int,
-              axis_name: str = AXIS) -> Algorithm:
+              axis_name: str = AXIS, nonblocking: bool = False) -> Algorithm:
   """All-Reduce SGD with XLA's all-reduce (``lax.pmean``).
 
   Bytes per worker per step are counted as for a bandwidth-optimal ring,
-  ``2 (n - 1) / n * S`` for a model of ``S`` bytes (Patarasuk & Yuan 2009).
+  ``2 (n - 1) / n * S`` for a model of ``S`` bytes (Patarasuk & Yuan 2009). With
+  ``nonblocking`` the gradient is weighted by finished mini-batch counts (He & Dube 2022):
+  ``g = sum_i sum_{j<m_i} g_ij / sum_i m_i``; no step when no worker finished any.
   """
-  return _centralized("allreduce", lambda g: lax.pmean(g, axis_name), optimizer, num_workers)
+  return _centralized("allreduce", lambda g: lax.psum(g, axis_name), optimizer, num_workers,
+                      nonblocking, axis_name)
 
 
 def allreduce_ring(optimizer: optax.GradientTransformation, num_workers: int,
-                   axis_name: str = AXIS) -> Algorithm:
+                   axis_name: str = AXIS, nonblocking: bool = False) -> Algorithm:
   """All-Reduce SGD with the explicit ring all-reduce of :mod:`nbsgd_jax.collectives`.
 
   Reduce-scatter then all-gather, ``2 (n - 1)`` ``ppermute`` rounds of ``S / n`` bytes.
   """
-  def ring_mean(g):
-    return jax.tree.map(lambda x: x / num_workers, collectives.ring_all_reduce(g, axis_name))
-
-  return _centralized("allreduce_ring", ring_mean, optimizer, num_workers)
+  return _centralized("allreduce_ring", lambda g: collectives.ring_all_reduce(g, axis_name),
+                      optimizer, num_workers, nonblocking, axis_name)

@@ -4,8 +4,42 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import jax
+import jax.numpy as jnp
+
 AXIS = "workers"
 """The named axis every worker program communicates over."""
+
+
+class StepInputs(NamedTuple):
+  """Per-step inputs of one worker, drawn on the host by the simulated cluster.
+
+  They are array inputs of the jitted step (a new value never recompiles).
+
+  Attributes:
+    step: int32 scalar, the step number (time-varying topologies).
+    count: int32 scalar, mini-batches this worker finished by the deadline (Non-blocking SGD,
+      He & Dube 2022); ``M`` for blocking algorithms.
+    active: bool ``[K]``, MATCHA's matching activations ``B_j`` of this step (the same on
+      every worker); ``K = 1`` and unused for other algorithms.
+  """
+
+  step: jax.Array
+  count: jax.Array
+  active: jax.Array
+
+
+def masked_update(optimizer, grads, opt_state, params, keep):
+  """``optimizer.update``, but no step at all (zero update, unchanged state) where ``keep``
+  is False: a worker or group with no finished mini-batch (He & Dube 2022, Sec. 3).
+
+  Returns:
+    ``(updates, opt_state)``.
+  """
+  updates, new_state = optimizer.update(grads, opt_state, params)
+  updates = jax.tree.map(lambda u: jnp.where(keep, u, jnp.zeros_like(u)), updates)
+  new_state = jax.tree.map(lambda a, b: jnp.where(keep, a, b), new_state, opt_state)
+  return updates, new_state
 
 
 class Algorithm(NamedTuple):
@@ -15,9 +49,10 @@ class Algorithm(NamedTuple):
     name: the ``config.algorithm`` value.
     decentralized: whether workers hold different models (consensus distance > 0).
     init: ``params -> opt_state`` for one worker.
-    update: ``(grads, opt_state, params, step) -> (params, opt_state, bytes_sent)``, the
+    update: ``(grads, opt_state, params, inputs) -> (params, opt_state, bytes_sent)``, the
       program of one worker: it runs inside ``vmap``/``shard_map`` over ``AXIS`` and may use
-      collectives on it. ``step`` is the int32 step number (for time-varying communication);
+      collectives on it. ``inputs`` is this worker's :class:`StepInputs`; with non-blocking
+      mini-batches ``grads`` is the mean over its ``inputs.count`` finished mini-batches.
       ``bytes_sent`` is a float32 scalar, the bytes this worker sent in this step, from the
       algorithm's communication formula.
   """
@@ -30,5 +65,4 @@ class Algorithm(NamedTuple):
 
 def tree_bytes(tree) -> int:
   """Bytes of one copy of a pytree (one worker's model or gradient), from leaf dtypes."""
-  import jax
   return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))

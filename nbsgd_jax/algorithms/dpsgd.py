@@ -8,10 +8,15 @@ neighbours over a mixing matrix W:
   ``x`` does not depend on the gradient, so communication overlaps computation.
 * ``order="atc"`` (adapt-then-combine, as in BlueFog): ``x_i <- sum_j W_ij (x_j + u_j)``.
 
-A *mixer* ``(params, step) -> (mixed, bytes_sent)`` is the communication step; this module
-builds one for a static W, for a time-varying topology (W_t, e.g. one-peer exponential) and
-for MATCHA's random matchings (Wang et al. 2019: ``W(t) = I - alpha sum_j B_j L_j``,
-``B_j ~ Bernoulli(p_j)`` drawn from a seed shared by all workers).
+A *mixer* ``(params, inputs) -> (mixed, bytes_sent)`` is the communication step
+(``inputs``: :class:`~nbsgd_jax.algorithms.base.StepInputs`); this module builds one for a
+static W, for a time-varying topology (W_t, e.g. one-peer exponential) and for MATCHA's random
+matchings (Wang et al. 2019: ``W(t) = I - alpha sum_j B_j L_j``, ``B_j ~ Bernoulli(p_j)``
+drawn on the host from a seed shared by all workers and passed in as ``inputs.active``).
+
+Non-blocking SGD (He & Dube 2022, decentralized form): each worker steps with the mean of
+its own finished mini-batch gradients; a worker that finished none takes no gradient step
+(zero update, optimizer state unchanged) but still gossips.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import optax
 from jax import lax
 
 from nbsgd_jax import collectives
-from nbsgd_jax.algorithms.base import AXIS, Algorithm, tree_bytes
+from nbsgd_jax.algorithms.base import AXIS, Algorithm, masked_update, tree_bytes
 
 ORDERS = ("parallel", "atc")
 Mixer = Callable[[Any, jax.Array], tuple[Any, jax.Array]]
@@ -38,8 +43,8 @@ def static_mixer(mixing_matrix: np.ndarray, axis_name: str = AXIS) -> Mixer:
   """
   w = np.asarray(mixing_matrix, dtype=np.float64)
 
-  def mix(params, step):
-    del step
+  def mix(params, inputs):
+    del inputs
     return (collectives.gossip(params, w, axis_name),
             jnp.float32(collectives.gossip_bytes(tree_bytes(params), w)))
 
@@ -52,8 +57,8 @@ def time_varying_mixer(phases: list[np.ndarray], axis_name: str = AXIS) -> Mixer
   if len(ws) == 1:
     return static_mixer(ws[0], axis_name)
 
-  def mix(params, step):
-    phase = step % len(ws)
+  def mix(params, inputs):
+    phase = inputs.step % len(ws)
     mixed = lax.switch(phase, [lambda p, w=w: collectives.gossip(p, w, axis_name) for w in ws],
                        params)
     per_phase = [collectives.gossip_bytes(tree_bytes(params), w) for w in ws]
@@ -62,26 +67,25 @@ def time_varying_mixer(phases: list[np.ndarray], axis_name: str = AXIS) -> Mixer
   return mix
 
 
-def matcha_mixer(matchings: list[list[tuple[int, int]]], probs: np.ndarray, alpha: float,
-                 n: int, seed: int, axis_name: str = AXIS) -> Mixer:
+def matcha_mixer(matchings: list[list[tuple[int, int]]], alpha: float, n: int,
+                 axis_name: str = AXIS) -> Mixer:
   """MATCHA's random mixing ``x_i <- x_i - alpha sum_j B_j (x_i - x_{partner_j(i)})``.
 
-  ``B_j ~ Bernoulli(p_j)`` are drawn from ``fold_in(key(seed), step)``, the same on every
-  worker; matching j communicates (one ``ppermute`` of its involution) only when active
-  (``lax.cond``). Bytes of worker i: the model size times the number of active matchings
-  that pair i with someone. Wang et al. 2019, Sec. 3 (Eq. (4)-(5)).
+  ``B_j`` is ``inputs.active[j]`` (bool ``[K]``, drawn on the host by
+  :func:`nbsgd_jax.matcha.sample_activations`, the same on every worker); matching j
+  communicates (one ``ppermute`` of its involution) only when active (``lax.cond``). Bytes of
+  worker i: the model size times the number of active matchings that pair i with someone.
+  Wang et al. 2019, Sec. 3.
   """
   from nbsgd_jax import matcha as matcha_lib
 
   perms = [matcha_lib.matching_permutation(n, m) for m in matchings]
   matched = np.array([[p[i] != i for i in range(n)] for p in perms], dtype=np.float32)
-  probs = np.asarray(probs, dtype=np.float32)
-  base = jax.random.key(seed)
 
-  def mix(params, step):
+  def mix(params, inputs):
     if not perms:
       return params, jnp.float32(0.0)
-    active = jax.random.uniform(jax.random.fold_in(base, step), (len(perms),)) < probs
+    active = inputs.active
     i = lax.axis_index(axis_name)
     out = params
     for j, perm in enumerate(perms):
@@ -100,8 +104,9 @@ def matcha_mixer(matchings: list[list[tuple[int, int]]], probs: np.ndarray, alph
 
 
 def gossip_sgd(name: str, optimizer: optax.GradientTransformation, mixer: Mixer,
-               order: str = "parallel") -> Algorithm:
-  """Decentralized SGD with any mixer (see module docstring for the two orders).
+               order: str = "parallel", nonblocking: bool = False) -> Algorithm:
+  """Decentralized SGD with any mixer (see module docstring for the orders and the
+  non-blocking rule).
 
   Raises:
     ValueError: unknown ``order``.
@@ -109,12 +114,15 @@ def gossip_sgd(name: str, optimizer: optax.GradientTransformation, mixer: Mixer,
   if order not in ORDERS:
     raise ValueError(f"dpsgd.order={order!r} is not allowed: use one of {list(ORDERS)}")
 
-  def update(grads, opt_state, params, step):
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+  def update(grads, opt_state, params, inputs):
+    if nonblocking:
+      updates, opt_state = masked_update(optimizer, grads, opt_state, params, inputs.count > 0)
+    else:
+      updates, opt_state = optimizer.update(grads, opt_state, params)
     if order == "parallel":
-      mixed, sent = mixer(params, step)
+      mixed, sent = mixer(params, inputs)
       return optax.apply_updates(mixed, updates), opt_state, sent
-    mixed, sent = mixer(optax.apply_updates(params, updates), step)
+    mixed, sent = mixer(optax.apply_updates(params, updates), inputs)
     return mixed, opt_state, sent
 
   return Algorithm(name=name, decentralized=True, init=optimizer.init, update=update)

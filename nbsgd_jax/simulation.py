@@ -1,0 +1,143 @@
+"""The host side of a step: who communicates, who finished what, and the simulated clock.
+
+Each step the :class:`Simulator` (numpy, on the host)
+
+1. draws the step's communication pattern (MATCHA's activations; the phase of a
+   time-varying topology) and its cost per worker: messages and bytes;
+2. draws every worker's mini-batch finish times from the cluster model
+   (:mod:`nbsgd_jax.cluster`) and, for Non-blocking SGD (He & Dube 2022), the deadline and
+   the number of mini-batches each worker finished by it;
+3. advances the per-worker clocks by the max-plus rule
+   ``c_i <- max_{j in N(i) + {i}} (c_j + compute_j) + comm_i`` (all-reduce: ``N(i)`` is
+   everyone), with ``comm_i = latency * messages_i + bytes_i / bandwidth``.
+
+It returns the step's :class:`~nbsgd_jax.algorithms.base.StepInputs` (arrays with a leading
+worker axis, fed to the jitted step, never a recompilation) and ``sim_time`` = the latest
+worker clock (s).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from nbsgd_jax import cluster as cluster_lib
+from nbsgd_jax import collectives
+from nbsgd_jax import topology as topology_lib
+
+
+class CommPattern(NamedTuple):
+  """One step's communication, per worker.
+
+  Attributes:
+    adjacency: bool ``[n, n]`` (who waits for whom), or None for all-to-all (all-reduce).
+    messages: float ``[n]``, messages sent.
+    num_bytes: float ``[n]``, bytes sent.
+    active: bool ``[K]``, MATCHA activations (``[1]`` False otherwise).
+  """
+
+  adjacency: np.ndarray | None
+  messages: np.ndarray
+  num_bytes: np.ndarray
+  active: np.ndarray
+
+
+def comm_pattern(algorithm: str, step: int, n: int, model_bytes: float,
+                 topology: topology_lib.Topology | None = None, plan=None,
+                 matcha_seed: int = 0) -> CommPattern:
+  """The communication of ``algorithm`` at ``step`` (see :class:`CommPattern`).
+
+  * ``allreduce``, ``allreduce_ring``: ring all-reduce, ``2 (n - 1)`` messages of ``S / n``
+    bytes (Patarasuk & Yuan 2009), everyone waits for everyone.
+  * ``dpsgd``: one model to each neighbour of ``W_t``; a worker waits for its neighbours.
+  * ``matcha``: one model per active matching that pairs the worker (Wang et al. 2019).
+
+  Raises:
+    ValueError: unknown algorithm, or a missing topology / plan.
+  """
+  none = np.zeros((1,), bool)
+  if algorithm in ("allreduce", "allreduce_ring"):
+    msgs = np.full(n, 2.0 * (n - 1))
+    return CommPattern(None, msgs, np.full(n, collectives.ring_all_reduce_bytes(model_bytes, n)),
+                       none)
+  if algorithm == "dpsgd":
+    if topology is None:
+      raise ValueError("dpsgd needs a topology")
+    adj = topology.mixing_matrix_at(step) != 0.0
+    np.fill_diagonal(adj, True)
+    deg = adj.sum(axis=1) - 1.0
+    return CommPattern(adj, deg, deg * model_bytes, none)
+  if algorithm == "matcha":
+    if plan is None:
+      raise ValueError("matcha needs a MatchaPlan")
+    from nbsgd_jax import matcha as matcha_lib
+    active = matcha_lib.sample_activations(plan, matcha_seed, step)
+    adj = np.eye(n, dtype=bool)
+    for j, m in enumerate(plan.matchings):
+      if active[j]:
+        for a, b in m:
+          adj[a, b] = adj[b, a] = True
+    deg = adj.sum(axis=1) - 1.0
+    return CommPattern(adj, deg, deg * model_bytes, active if len(active) else none)
+  raise ValueError(f"algorithm={algorithm!r} has no communication model")
+
+
+class Simulator:
+  """Per-step host schedule and simulated clock of a run (see module docstring).
+
+  Args:
+    algorithm: ``config.algorithm``.
+    cluster: the :class:`~nbsgd_jax.cluster.Cluster`.
+    model_bytes: bytes of one model / gradient message ``S``.
+    nonblocking: whether workers stop at the deadline (else every worker finishes all M).
+    deadline: a deadline rule (:func:`nbsgd_jax.cluster.parse_deadline`).
+    deadline_group: ``"all"``: one deadline for every worker (e.g. when the fastest worker of
+      all finishes its M mini-batches); ``"neighbours"``: each worker's deadline over itself
+      and the workers it communicates with this step.
+    topology, plan, matcha_seed: as for :func:`comm_pattern`.
+  """
+
+  def __init__(self, algorithm: str, cluster: cluster_lib.Cluster, model_bytes: float,
+               nonblocking: bool = False, deadline="fastest", topology=None, plan=None,
+               matcha_seed: int = 0, deadline_group: str = "all"):
+    self.algorithm, self.cluster, self.model_bytes = algorithm, cluster, float(model_bytes)
+    self.nonblocking = nonblocking
+    self.rule = cluster_lib.check_deadline(cluster, cluster_lib.parse_deadline(deadline))
+    self.topology, self.plan, self.matcha_seed = topology, plan, matcha_seed
+    if deadline_group not in ("all", "neighbours"):
+      raise ValueError(f"nonblocking.deadline_group={deadline_group!r} is not allowed: use "
+                       "one of ['all', 'neighbours']")
+    self.deadline_group = deadline_group
+    self.clocks = np.zeros(cluster.n)
+
+  @property
+  def sim_time(self) -> float:
+    """Simulated seconds until the slowest worker finished its last step."""
+    return float(self.clocks.max())
+
+  def step(self, step: int) -> tuple[dict, CommPattern]:
+    """Advance the clocks over ``step``.
+
+    Returns:
+      ``(inputs, pattern)``: ``inputs`` a dict of numpy arrays with a leading worker axis,
+      ``step`` int32 ``[n]``, ``count`` int32 ``[n]``, ``active`` bool ``[n, K]``; the
+      step's :class:`CommPattern`.
+    """
+    cl, n = self.cluster, self.cluster.n
+    pat = comm_pattern(self.algorithm, step, n, self.model_bytes, self.topology, self.plan,
+                       self.matcha_seed)
+    finish = cluster_lib.minibatch_finish_times(cl, step)
+    if self.nonblocking:
+      group = pat.adjacency if self.deadline_group == "neighbours" else None
+      dl = cluster_lib.deadline(finish, self.rule, group=group)
+      count = cluster_lib.finished_counts(finish, dl)
+      compute = cluster_lib.compute_time(finish, dl)
+    else:
+      count = np.full(n, cl.num_minibatches, np.int32)
+      compute = cluster_lib.compute_time(finish)
+    comm = cluster_lib.comm_time(cl, pat.messages, pat.num_bytes)
+    self.clocks = cluster_lib.advance_clocks(self.clocks, compute, comm, pat.adjacency)
+    inputs = {"step": np.full(n, step, np.int32), "count": count.astype(np.int32),
+              "active": np.broadcast_to(pat.active, (n,) + pat.active.shape).copy()}
+    return inputs, pat
