@@ -20,7 +20,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for config.json, metr
 
 
 def _summary_table(summary: dict) -> str:
-  keys = ["algorithm", "num_workers", "backend", "model", "dataset", "step", "wall_time",
+  keys = ["algorithm", "num_workers", "backend", "model", "dataset", "step", "sim_time",
+          "wall_time",
           "train_loss", "test_loss", "test_accuracy", "worker_test_accuracy",
           "consensus_distance", "bytes_sent", "samples_per_second"]
   rows = ["| metric | value |", "|---|---|"]
