@@ -322,3 +322,51 @@ def gossip_bytes(num_bytes: float, topology_or_matrix: MatrixLike) -> float:
   n = w.shape[0]
   off = (w != 0.0) & ~np.eye(n, dtype=bool)
   return float(off.sum()) / n * float(num_bytes)
+
+
+# ---------------------------------------------------------------------------------------
+# Sparse all-gather (sparsified SGD)
+# ---------------------------------------------------------------------------------------
+
+
+def sparse_all_gather(values: jax.Array, indices: jax.Array, d: int,
+                      axis_name: str = DEFAULT_AXIS) -> jax.Array:
+  """Sum of every worker's sparse message, densified: all-gather then scatter-add.
+
+  The communication step of Top-k / Gaussian-k sparsified SGD (S. Shi et al.,
+  "Understanding Top-k Sparsification in Distributed Deep Learning", 2019; code
+  hclhkbu/GaussianK-SGD): each worker all-gathers the ``(values, indices)`` pairs of all
+  ``n`` workers (``lax.all_gather``) and scatter-adds them into ``zeros(d)``. Duplicate
+  indices (within a message or across workers) accumulate; the padding index ``d`` (and
+  any index ``>= d``) is dropped (``mode="drop"``). The SUM is returned; divide by ``n``
+  for the average.
+
+  Bytes: each worker receives ``(n - 1) * cap * (value_bytes + index_bytes)`` (e.g.
+  ``(n - 1) * cap * 8`` for float32 values and int32 indices), the same it would send in
+  a ring all-gather.
+
+  Args:
+    values: ``[cap]`` this worker's message values (floating point).
+    indices: ``[cap]`` integer positions in ``[0, d]`` (``d`` = padding); cast to int32.
+    d: the dense length, a static Python int ``>= 0``.
+    axis_name: the named worker axis (bound by ``vmap`` or ``shard_map``).
+
+  Returns:
+    ``[d]`` dense sum over workers, dtype of ``values``.
+
+  Raises:
+    ValueError: ``values`` / ``indices`` not 1-D of equal length, or ``d < 0``.
+    NameError: ``axis_name`` is not bound (raised by JAX).
+  """
+  values = jnp.asarray(values)
+  indices = jnp.asarray(indices)
+  if values.ndim != 1 or indices.shape != values.shape:
+    raise ValueError(f"values {values.shape} and indices {indices.shape} must be 1-D arrays "
+                     "of the same length [cap]")
+  if isinstance(d, bool) or int(d) != d or d < 0:
+    raise ValueError(f"d={d!r} is not allowed: it must be an integer >= 0")
+  all_values = lax.all_gather(values, axis_name).reshape(-1)  # [n * cap]
+  all_indices = lax.all_gather(indices.astype(jnp.int32), axis_name).reshape(-1)
+  # Negative indices would wrap around in .at[]; send them to the dropped padding slot.
+  all_indices = jnp.where(all_indices < 0, int(d), all_indices)
+  return jnp.zeros((int(d),), values.dtype).at[all_indices].add(all_values, mode="drop")

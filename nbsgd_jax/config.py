@@ -23,6 +23,7 @@ MODELS = ("logreg", "mlp", "cnn")
 PARTITIONS = ("iid", "dirichlet")
 DPSGD_ORDERS = ("parallel", "atc")
 LR_SCHEDULES = ("constant", "cosine")
+COMPRESSIONS = ("none", "top_k", "gaussian_k", "random_k")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -77,6 +78,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.nonblocking.deadline = "fastest"  # fastest | kth:K | seconds (e.g. "0.05")
   c.nonblocking.deadline_group = "all"  # all: one deadline for every worker | neighbours:
                                         # each worker's over itself and its neighbours
+  c.compression = ml_collections.ConfigDict()  # gradient sparsification (Shi et al. 2019)
+  c.compression.name = "none"    # none | top_k | gaussian_k | random_k (with allreduce)
+  c.compression.density = 0.01   # k / d, in (0, 1]
+  c.compression.error_feedback = True  # keep the unsent residual and add it next step
+  c.compression.flatten = True   # one selection over the whole model (False: per layer)
   c.matcha = ml_collections.ConfigDict()
   c.matcha.budget = 0.5          # communication budget C_b in (0, 1]: expected fraction of
                                  # matchings active per step (1 = D-PSGD with W = I - alpha L)
@@ -187,6 +193,21 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       cluster_lib.check_deadline(cl, cluster_lib.parse_deadline(cfg.nonblocking.deadline))
     except ValueError as e:
       errs.append(f"config.{e}")
+  comp = cfg.compression
+  if comp.name not in COMPRESSIONS:
+    errs.append(f"config.compression.name={comp.name!r} is not allowed: use one of "
+                f"{list(COMPRESSIONS)}")
+  elif comp.name != "none":
+    if not _is_num(comp.density) or not 0 < comp.density <= 1:
+      errs.append(f"config.compression.density={comp.density!r} is not allowed: it must be a "
+                  "number > 0 and <= 1")
+    if cfg.get("algorithm") != "allreduce":
+      errs.append(f"config.compression.name={comp.name!r} is not allowed with "
+                  f"config.algorithm={cfg.get('algorithm')!r}: sparsification runs on "
+                  "'allreduce' (sparse all-gather)")
+    if cfg.nonblocking.enabled:
+      errs.append(f"config.compression.name={comp.name!r} is not allowed with "
+                  "config.nonblocking.enabled=True: not combined yet")
   if cfg.dpsgd.order not in DPSGD_ORDERS:
     errs.append(f"config.dpsgd.order={cfg.dpsgd.order!r} is not allowed: use one of "
                 f"{list(DPSGD_ORDERS)}")

@@ -52,6 +52,8 @@ def comm_pattern(algorithm: str, step: int, n: int, model_bytes: float,
     bytes (Patarasuk & Yuan 2009), everyone waits for everyone.
   * ``dpsgd``: one model to each neighbour of ``W_t``; a worker waits for its neighbours.
   * ``matcha``: one model per active matching that pairs the worker (Wang et al. 2019).
+  * ``sparse_allgather``: sparsified all-reduce (Shi et al. 2019); ``model_bytes`` is then one
+    sparse message, sent to each of the ``n - 1`` others.
 
   Raises:
     ValueError: unknown algorithm, or a missing topology / plan.
@@ -61,6 +63,8 @@ def comm_pattern(algorithm: str, step: int, n: int, model_bytes: float,
     msgs = np.full(n, 2.0 * (n - 1))
     return CommPattern(None, msgs, np.full(n, collectives.ring_all_reduce_bytes(model_bytes, n)),
                        none)
+  if algorithm == "sparse_allgather":  # each worker's sparse message reaches the n - 1 others
+    return CommPattern(None, np.full(n, float(n - 1)), np.full(n, (n - 1) * model_bytes), none)
   if algorithm == "dpsgd":
     if topology is None:
       raise ValueError("dpsgd needs a topology")

@@ -272,6 +272,12 @@ def make_algorithm(cfg: ml_collections.ConfigDict, topology: topology_lib.Topolo
                    optimizer: optax.GradientTransformation, plan=None) -> algos.Algorithm:
   """The :class:`Algorithm` named by ``cfg.algorithm`` (``plan``: MATCHA's, for matcha)."""
   nb = cfg.nonblocking.enabled
+  if cfg.algorithm == "allreduce" and cfg.compression.name != "none":
+    from nbsgd_jax import compression
+    return algos.sparse_allreduce(
+        compression.make_compressor(cfg.compression.name, cfg.compression.density),
+        optimizer, cfg.num_workers, error_feedback=cfg.compression.error_feedback,
+        flatten=cfg.compression.flatten, seed=cfg.seed)
   if cfg.algorithm == "allreduce":
     return algos.allreduce(optimizer, cfg.num_workers, nonblocking=nb)
   if cfg.algorithm == "allreduce_ring":
@@ -376,8 +382,14 @@ def make_simulator(s: Setup, model_bytes: float):
   """The host schedule and simulated clock of the run (:class:`Simulator`)."""
   from nbsgd_jax import simulation
   cfg = s.cfg
+  message_bytes = model_bytes
+  if cfg.compression.name != "none":  # the clock charges the target k values + int32 indices
+    from nbsgd_jax import compression
+    d = model_bytes // 4
+    message_bytes = compression.num_selected(d, cfg.compression.density) * 8.0
   return simulation.Simulator(
-      cfg.algorithm, config_lib.make_cluster(cfg), model_bytes,
+      "sparse_allgather" if cfg.compression.name != "none" else cfg.algorithm,
+      config_lib.make_cluster(cfg), message_bytes,
       nonblocking=cfg.nonblocking.enabled, deadline=cfg.nonblocking.deadline,
       topology=s.topology, plan=s.plan, matcha_seed=cfg.matcha.seed,
       deadline_group=cfg.nonblocking.deadline_group)

@@ -55,3 +55,33 @@ def allreduce_ring(optimizer: optax.GradientTransformation, num_workers: int,
   """
   return _centralized("allreduce_ring", lambda g: collectives.ring_all_reduce(g, axis_name),
                       optimizer, num_workers, nonblocking, axis_name)
+
+
+def sparse_allreduce(compressor, optimizer: optax.GradientTransformation, num_workers: int,
+                     error_feedback: bool = True, flatten: bool = True, seed: int = 0,
+                     axis_name: str = AXIS) -> Algorithm:
+  """All-Reduce SGD with sparsified gradients (TopK-SGD / GaussianK-SGD, Shi et al. 2019).
+
+  ``optax.chain(error_feedback(compressor, axis_name), optimizer)``: each worker adds its
+  residual to its raw gradient, selects a fixed-capacity ``(values, indices)`` message, keeps
+  the unsent part as the new residual and all-gathers the messages; the update is the average
+  of the densified messages (:func:`nbsgd_jax.collectives.sparse_all_gather`), then weight
+  decay and momentum (``optimizer``) act on it.
+
+  Bytes per worker per step: ``(n - 1) * sent * 8`` (float32 values + int32 indices of the
+  ``sent`` valid entries of its message, forwarded to the ``n - 1`` others).
+  """
+  from nbsgd_jax import error_feedback as ef_lib
+  chain = optax.chain(
+      ef_lib.error_feedback(compressor, axis_name=axis_name, flatten=flatten, seed=seed,
+                            use_residual=error_feedback),
+      optimizer)
+
+  def update(grads, opt_state, params, inputs):
+    del inputs
+    updates, opt_state = chain.update(grads, opt_state, params)
+    sent = opt_state[0].sent_count.astype(jnp.float32)
+    return (optax.apply_updates(params, updates), opt_state,
+            jnp.float32(num_workers - 1) * sent * 8.0)
+
+  return Algorithm(name="allreduce", decentralized=False, init=chain.init, update=update)

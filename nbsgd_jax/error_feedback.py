@@ -1,0 +1,217 @@
+"""Sparsified SGD with error feedback (memory), as an optax gradient transformation.
+
+Sources:
+
+* S. Shi, X. Chu, K. C. Cheung and S. See, "Understanding Top-k Sparsification in
+  Distributed Deep Learning", arXiv 1911.08772 (2019); code hclhkbu/GaussianK-SGD.
+* S. U. Stich, J.-B. Cordonnier and M. Jaggi, "Sparsified SGD with Memory", NeurIPS 2018.
+* S. P. Karimireddy, Q. Rebjock, S. U. Stich and M. Jaggi, "Error Feedback Fixes SignSGD
+  and other Gradient Compression Schemes", ICML 2019.
+
+See ``DESIGN.md`` section 3, "Sparsification with error feedback". One step of worker ``i``::
+
+    p = g + e                     # gradient plus the residual (memory)
+    s = C(p)                      # sparse message (values [cap], indices [cap])
+    e <- p - dense(s)             # what was not sent stays in the local memory
+    u = sum_j dense(s_j) / n      # all-gather of (values, indices), scatter-add, average
+
+Applied to raw gradients, before weight decay and momentum::
+
+    optax.chain(error_feedback(partial(top_k, density=0.01), axis_name="workers"),
+                optax.add_decayed_weights(wd), optax.sgd(lr, momentum))
+
+Everything is pure and works under ``jit``, ``jax.vmap(..., axis_name="workers")`` and
+``jax.shard_map``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from nbsgd_jax import collectives
+
+__all__ = [
+    "Compressor",
+    "ErrorFeedbackState",
+    "densify",
+    "error_feedback",
+]
+
+PyTree = Any
+# (x [d], key) -> (values [cap], indices [cap]); padding index d.
+Compressor = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
+
+class ErrorFeedbackState(NamedTuple):
+  """State of :func:`error_feedback`.
+
+  Attributes:
+    residual: the local error memory ``e``, same tree, shapes and dtypes as the params
+      (zeros when ``use_residual=False``).
+    key: PRNG key, split at every update (the subkey goes to the compressor).
+    sent_count: int32 scalar, number of valid entries (index in ``[0, d)``) this worker
+      sent in the last update (summed over leaves when ``flatten=False``); for bytes
+      accounting: ``sent_count * (value_bytes + index_bytes)``.
+  """
+
+  residual: PyTree
+  key: jax.Array
+  sent_count: jax.Array
+
+
+def densify(values: jax.Array, indices: jax.Array, d: int) -> jax.Array:
+  """``[d]`` dense vector of a sparse message: scatter-add, padding index ``d`` dropped.
+
+  Duplicate indices accumulate; indices ``< 0`` or ``>= d`` are dropped.
+
+  Args:
+    values: ``[cap]``.
+    indices: ``[cap]`` integers.
+    d: dense length (static int).
+
+  Returns:
+    ``[d]`` array, dtype of ``values``.
+  """
+  indices = jnp.asarray(indices).astype(jnp.int32)
+  indices = jnp.where(indices < 0, d, indices)
+  return jnp.zeros((d,), values.dtype).at[indices].add(values, mode="drop")
+
+
+def _compress(compressor: Compressor, x: jax.Array, key: jax.Array
+              ) -> tuple[jax.Array, jax.Array]:
+  """Runs the compressor on ``x [d]`` and validates its output shapes (trace time)."""
+  values, indices = compressor(x, key)
+  values = jnp.asarray(values)
+  indices = jnp.asarray(indices)
+  if values.ndim != 1 or indices.shape != values.shape:
+    raise ValueError(f"the compressor must return (values [cap], indices [cap]); got shapes "
+                     f"{values.shape} and {indices.shape}")
+  if not jnp.issubdtype(indices.dtype, jnp.integer):
+    raise TypeError(f"the compressor returned indices of dtype {indices.dtype}: expected "
+                    "an integer dtype")
+  return values.astype(x.dtype), indices.astype(jnp.int32)
+
+
+def _varying_like(x: jax.Array, tree: PyTree) -> jax.Array:
+  """``x`` marked as varying over the manual mesh axes the leaves of ``tree`` vary over.
+
+  Inside ``jax.shard_map`` the per-worker ``sent_count`` an update returns varies over the
+  worker axis; ``init`` gives it the same type so the state can be a ``lax.scan`` carry.
+  Outside ``shard_map`` (plain, ``jit``, ``vmap``) ``x`` is returned unchanged.
+  """
+  axes: set = set()
+  for leaf in jax.tree_util.tree_leaves(tree):
+    aval = jax.typeof(leaf)
+    vma = getattr(aval, "vma", None)  # older JAX
+    if vma is None:
+      vma = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
+    axes |= set(vma or ())
+  if not axes:
+    return x
+  return lax.pcast(x, tuple(sorted(axes)), to="varying")
+
+
+def error_feedback(compressor: Compressor,
+                   axis_name: Optional[str] = None,
+                   flatten: bool = True,
+                   seed: int = 0,
+                   use_residual: bool = True) -> optax.GradientTransformation:
+  """Sparsification with error feedback (Stich et al. 2018; Shi et al. 2019).
+
+  ``update(g, state)``: ``p = g + e``; ``(values, indices) = C(p, key)``;
+  ``e <- p - dense(values, indices)``; the returned update is
+
+  * with ``axis_name``: ``collectives.sparse_all_gather(values, indices, d) / n``, the
+    average of all ``n`` workers' densified messages (duplicate indices accumulate,
+    padding index ``d`` dropped). Each worker receives
+    ``(n - 1) * cap * (value_bytes + index_bytes)`` bytes per message;
+  * without ``axis_name`` (single worker): ``dense(values, indices)``.
+
+  Args:
+    compressor: ``(x [d], key) -> (values [cap], indices [cap])``, e.g.
+      ``functools.partial(compression.top_k, density=0.01)``. ``cap`` is static; padding
+      entries carry index ``d`` (dropped). Indices outside ``[0, d)`` are dropped.
+    axis_name: the named worker axis (bound by ``vmap`` / ``shard_map``), or ``None``.
+    flatten: ``True``: ravel the whole tree (``jax.flatten_util.ravel_pytree``, leaves
+      promoted to a common dtype) and compress once, ``d`` = number of parameters;
+      ``False``: compress each leaf separately (``d`` = leaf size, one key per leaf).
+    seed: seed of the transform's PRNG key (split every update). Under ``axis_name`` the
+      compressor's subkey is additionally folded with ``lax.axis_index`` so workers draw
+      independent randomness (random-k) from a shared seed.
+    use_residual: ``False`` disables the memory (plain sparsification): ``p = g`` and the
+      residual stays zero.
+
+  Returns:
+    ``optax.GradientTransformation`` with state :class:`ErrorFeedbackState`. The update has
+    the structure, shapes and dtypes of the gradients; ``params`` is not used.
+
+  Raises:
+    ValueError / TypeError (at trace time): the compressor returns arrays that are not 1-D
+      of equal length, or non-integer indices.
+    NameError: ``axis_name`` is given but not bound (raised by JAX).
+  """
+
+  def init_fn(params: PyTree) -> ErrorFeedbackState:
+    return ErrorFeedbackState(
+        residual=jax.tree_util.tree_map(jnp.zeros_like, params),
+        key=jax.random.PRNGKey(seed),
+        sent_count=_varying_like(jnp.zeros((), jnp.int32), params))
+
+  def _one(x: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Flat ``x [d]`` -> (update [d], new residual [d], sent count)."""
+    d = x.shape[0]
+    values, indices = _compress(compressor, x, key)
+    local = densify(values, indices, d)
+    residual = x - local if use_residual else jnp.zeros_like(x)
+    sent = jnp.sum((indices >= 0) & (indices < d)).astype(jnp.int32)
+    if axis_name is None:
+      update = local
+    else:
+      n = lax.axis_size(axis_name)
+      update = collectives.sparse_all_gather(values, indices, d, axis_name) / n
+    return update.astype(x.dtype), residual, sent
+
+  def update_fn(updates: PyTree, state: ErrorFeedbackState, params: PyTree = None
+                ) -> tuple[PyTree, ErrorFeedbackState]:
+    del params
+    key, sub = jax.random.split(state.key)
+    if axis_name is not None:
+      sub = jax.random.fold_in(sub, lax.axis_index(axis_name))
+    if use_residual:
+      p = jax.tree_util.tree_map(lambda g, e: g + e.astype(g.dtype), updates, state.residual)
+    else:
+      p = updates
+    if flatten:
+      flat, unravel = ravel_pytree(p)
+      if flat.size == 0:
+        return updates, ErrorFeedbackState(state.residual, key, jnp.zeros((), jnp.int32))
+      upd, res, sent = _one(flat, sub)
+      new_updates, new_residual = unravel(upd), unravel(res)
+    else:
+      leaves, treedef = jax.tree_util.tree_flatten(p)
+      keys = jax.random.split(sub, max(len(leaves), 1))
+      upd_leaves, res_leaves = [], []
+      sent = jnp.zeros((), jnp.int32)
+      for leaf, k in zip(leaves, keys):
+        leaf = jnp.asarray(leaf)
+        if leaf.size == 0:
+          upd_leaves.append(leaf)
+          res_leaves.append(jnp.zeros_like(leaf))
+          continue
+        u, r, c = _one(leaf.reshape(-1), k)
+        upd_leaves.append(u.reshape(leaf.shape))
+        res_leaves.append(r.reshape(leaf.shape))
+        sent = sent + c
+      new_updates = jax.tree_util.tree_unflatten(treedef, upd_leaves)
+      new_residual = jax.tree_util.tree_unflatten(treedef, res_leaves)
+    new_residual = jax.tree_util.tree_map(lambda r, e: r.astype(e.dtype), new_residual,
+                                          state.residual)
+    return new_updates, ErrorFeedbackState(new_residual, key, sent)
+
+  return optax.GradientTransformation(init_fn, update_fn)
