@@ -367,6 +367,5 @@ def sparse_all_gather(values: jax.Array, indices: jax.Array, d: int,
     raise ValueError(f"d={d!r} is not allowed: it must be an integer >= 0")
   all_values = lax.all_gather(values, axis_name).reshape(-1)  # [n * cap]
   all_indices = lax.all_gather(indices.astype(jnp.int32), axis_name).reshape(-1)
-  # Negative indices would wrap around in .at[]; send them to the dropped padding slot.
-  all_indices = jnp.where(all_indices < 0, int(d), all_indices)
-  return jnp.zeros((int(d),), values.dtype).at[all_indices].add(all_values, mode="drop")
+  from nbsgd_jax import compression  # densify drops padding and negative indices
+  return compression.densify(all_values, all_indices, int(d))

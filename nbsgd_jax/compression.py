@@ -70,12 +70,14 @@ def densify(values: Array, indices: Array, d: int) -> Array:
 
   Args:
     values: [m] values.
-    indices: [m] int indices; entries outside [0, d) (e.g. padding d) are dropped;
-      duplicates accumulate.
+    indices: [m] int indices; entries outside [0, d) (e.g. padding d, or negative ones,
+      which ``.at[]`` would otherwise wrap around) are dropped; duplicates accumulate.
     d: length of the dense vector.
   Returns:
     [d] vector of values.dtype.
   """
+  indices = jnp.asarray(indices).astype(jnp.int32)
+  indices = jnp.where(indices < 0, d, indices)
   return jnp.zeros((d,), values.dtype).at[indices].add(values, mode="drop")
 
 

@@ -34,7 +34,7 @@ import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from nbsgd_jax import collectives
+from nbsgd_jax import collectives, compression
 
 __all__ = [
     "Compressor",
@@ -65,22 +65,7 @@ class ErrorFeedbackState(NamedTuple):
   sent_count: jax.Array
 
 
-def densify(values: jax.Array, indices: jax.Array, d: int) -> jax.Array:
-  """``[d]`` dense vector of a sparse message: scatter-add, padding index ``d`` dropped.
-
-  Duplicate indices accumulate; indices ``< 0`` or ``>= d`` are dropped.
-
-  Args:
-    values: ``[cap]``.
-    indices: ``[cap]`` integers.
-    d: dense length (static int).
-
-  Returns:
-    ``[d]`` array, dtype of ``values``.
-  """
-  indices = jnp.asarray(indices).astype(jnp.int32)
-  indices = jnp.where(indices < 0, d, indices)
-  return jnp.zeros((d,), values.dtype).at[indices].add(values, mode="drop")
+densify = compression.densify  # the one scatter-add of a sparse message
 
 
 def _compress(compressor: Compressor, x: jax.Array, key: jax.Array
