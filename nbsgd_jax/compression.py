@@ -15,12 +15,12 @@ other options are Python numbers (static under ``jax.jit``).
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.scipy.special import ndtri
 
@@ -159,15 +159,27 @@ def random_k(x: Array, density: float, key: Optional[Array] = None) -> Message:
   return x[idx], idx
 
 
-def gaussian_threshold(x: Array, density: float, rounds: int = 3,
-                       block_size: Optional[int] = None) -> tuple[Array, Array]:
-  """Gaussian-k threshold with the paper's correction loop.
+CORRECTIONS = ("bracket", "paper")
+
+
+def gaussian_threshold(x: Array, density: float, rounds: int = 8,
+                       block_size: Optional[int] = None,
+                       correction: str = "bracket") -> tuple[Array, Array]:
+  """Gaussian-k threshold, corrected toward k.
 
   Following GaussianK-SGD's ``GaussianCompressor``: thr = mean(x) + |Phi^-1(density/2)|
   * std(x) (``gen_threshold_from_normal_distribution``'s right threshold) and an
-  entry is selected iff ``|x_i| > thr``.  Then, at most ``rounds`` times: if
-  count < 2k/3, thr *= 0.5; if count > 4k/3, thr *= 1.5; else stop.  We recount
-  after every correction, so the returned count always matches the returned thr.
+  entry is selected iff ``|x_i| > thr``.  Then, at most ``rounds`` times while the count
+  is outside [2k/3, 4k/3], the threshold is corrected and the count recomputed (one
+  pass over x per round), so the returned count always matches the returned thr:
+
+  * ``"paper"``: the paper's loop, count < 2k/3: thr *= 0.5; count > 4k/3: thr *= 1.5.
+    On heavy-tailed vectors (the error-fed p = g + e) these fixed steps can jump over
+    the band back and forth (measured in ``docs/sparsification``);
+  * ``"bracket"`` (default): the same steps until the band is bracketed by a threshold
+    that selects too many (lo) and one that selects too few (hi), then bisection in
+    log-threshold, thr = sqrt(lo * hi) (hi / 2 if lo <= 0).  Never worse than the
+    paper's steps before bracketing, and it converges once bracketed.
 
   Args:
     x: [d] float vector.
@@ -175,10 +187,13 @@ def gaussian_threshold(x: Array, density: float, rounds: int = 3,
     rounds: maximum number of corrections (>= 0).
     block_size: block length of the counting pass (performance only; None: by
       density, 32 for density <= 0.002 else 8).
+    correction: ``"bracket"`` or ``"paper"``.
   Returns:
     thr (scalar, x.dtype) and count (int32 scalar) = #{i : |x_i| > thr}.
+  Raises:
+    ValueError: bad x, density, rounds, block_size or correction.
   """
-  thr, count, _ = _threshold_and_block_counts(x, density, rounds, block_size)
+  thr, count, _ = _threshold_and_block_counts(x, density, rounds, block_size, correction)
   return thr, count
 
 
@@ -199,11 +214,13 @@ def _block_counts(x: Array, thr: Array, s: int) -> Array:
   return main
 
 
-def _threshold_and_block_counts(x, density, rounds, block_size):
+def _threshold_and_block_counts(x, density, rounds, block_size, correction="bracket"):
   x = _check_x(x)
   density = _check_density(density)
   if int(rounds) != rounds or rounds < 0:
     raise ValueError(f"rounds={rounds!r} is not allowed: it must be an int >= 0")
+  if correction not in CORRECTIONS:
+    raise ValueError(f"correction={correction!r} is not allowed: choose one of {CORRECTIONS}")
   if block_size is None:
     block_size = _default_block_size(density)
   if int(block_size) != block_size or block_size < 1:
@@ -227,24 +244,36 @@ def _threshold_and_block_counts(x, density, rounds, block_size):
     return (3 * count < 2 * k) | (3 * count > 4 * k)
 
   c0, n0 = counts_at(thr)
+  bracket = correction == "bracket"
 
   def cond(state):
-    i, _, _, n = state
+    i, _, _, n, _, _ = state
     return (i < rounds) & out_of_range(n)
 
   def body(state):
-    i, t, _, n = state
-    t = jnp.where(3 * n < 2 * k, t * 0.5, t * 1.5).astype(t.dtype)
+    i, t, _, n, lo, hi = state
+    few = 3 * n < 2 * k
+    step = jnp.where(few, t * 0.5, t * 1.5)
+    if bracket:
+      # lo: largest threshold seen selecting too many; hi: smallest selecting too few.
+      lo = jnp.where(few, lo, jnp.maximum(lo, t))
+      hi = jnp.where(few, jnp.minimum(hi, t), hi)
+      both = (lo > -jnp.inf) & (hi < jnp.inf)
+      mid = jnp.where(lo > 0, jnp.sqrt(jnp.maximum(lo, 0) * hi), 0.5 * hi)
+      step = jnp.where(both, mid, step)
+    t = step.astype(t.dtype)
     c, n = counts_at(t)
-    return i + 1, t, c, n
+    return i + 1, t, c, n, lo, hi
 
-  _, thr, counts, count = lax.while_loop(cond, body, (0, thr, c0, n0))
+  inf = jnp.asarray(jnp.inf, thr.dtype)
+  _, thr, counts, count, _, _ = lax.while_loop(cond, body, (0, thr, c0, n0, -inf, inf))
   return thr, count, counts
 
 
 def gaussian_k_with_count(x: Array, density: float, key: Optional[Array] = None,
-                          capacity_factor: float = 4 / 3, rounds: int = 3,
-                          block_size: Optional[int] = None) -> tuple[Array, Array, Array]:
+                          capacity_factor: float = 4 / 3, rounds: int = 8,
+                          block_size: Optional[int] = None,
+                          correction: str = "bracket") -> tuple[Array, Array, Array]:
   """Gaussian-k with a fixed-capacity output and the number actually selected.
 
   Selection is ``|x_i| > thr`` with thr from ``gaussian_threshold``.  The selected
@@ -269,11 +298,12 @@ def gaussian_k_with_count(x: Array, density: float, key: Optional[Array] = None,
     rounds: maximum number of threshold corrections.
     block_size: block length for counting/compaction (performance only; None:
       32 for density <= 0.002 else 8).
+    correction: ``"bracket"`` (default) or ``"paper"``, see ``gaussian_threshold``.
   Returns:
     values [cap], indices int32 [cap], count (int32 scalar, selected before
     truncation).  With density 1: (x, arange(d), d).
   Raises:
-    ValueError: bad x, density, capacity_factor, rounds or block_size.
+    ValueError: bad x, density, capacity_factor, rounds, block_size or correction.
   """
   del key
   x = _check_x(x)
@@ -288,7 +318,7 @@ def gaussian_k_with_count(x: Array, density: float, key: Optional[Array] = None,
   k = num_selected(d, density)
   cap = int(min(d, math.ceil(round(capacity_factor * k, 6))))
   s = int(block_size or _default_block_size(density))
-  thr, count, counts = _threshold_and_block_counts(x, density, rounds, s)
+  thr, count, counts = _threshold_and_block_counts(x, density, rounds, s, correction)
   nb = counts.shape[0]
 
   # 1. List the non-empty blocks (in order) in cap slots; padding block id nb.
@@ -320,14 +350,14 @@ def gaussian_k_with_count(x: Array, density: float, key: Optional[Array] = None,
 
 
 def gaussian_k(x: Array, density: float, key: Optional[Array] = None,
-               capacity_factor: float = 4 / 3, rounds: int = 3,
-               block_size: Optional[int] = None) -> Message:
+               capacity_factor: float = 4 / 3, rounds: int = 8,
+               block_size: Optional[int] = None, correction: str = "bracket") -> Message:
   """Gaussian-k (Shi et al. 2019): ``gaussian_k_with_count`` without the count.
 
   Returns values [cap] and indices int32 [cap] (padding index d, value 0).
   """
   v, i, _ = gaussian_k_with_count(x, density, key, capacity_factor, rounds,
-                                  block_size)
+                                  block_size, correction)
   return v, i
 
 
@@ -338,11 +368,16 @@ COMPRESSORS: dict[str, Callable[..., Message]] = {
 }
 
 
-def make_compressor(name: str, density: float) -> Compressor:
+def make_compressor(name: str, density: float, **options) -> Compressor:
   """Return ``fn(x, key) -> (values, indices)`` for a compressor in COMPRESSORS.
 
+  Args:
+    name: a key of COMPRESSORS.
+    density: k / d in (0, 1].
+    **options: keyword options of that compressor (e.g. ``rounds``, ``correction`` of
+      ``gaussian_k``).
   Raises:
-    ValueError: unknown name, or density not in (0, 1].
+    ValueError: unknown name, density not in (0, 1], or an option the compressor lacks.
   """
   if name not in COMPRESSORS:
     raise ValueError(
@@ -350,9 +385,14 @@ def make_compressor(name: str, density: float) -> Compressor:
         f"{sorted(COMPRESSORS)}")
   density = _check_density(density)
   fn = COMPRESSORS[name]
+  allowed = set(inspect.signature(fn).parameters) - {"x", "density", "key"}
+  bad = sorted(set(options) - allowed)
+  if bad:
+    raise ValueError(f"options {bad} are not allowed for compressor {name!r}: it takes "
+                     f"{sorted(allowed) or 'none'}")
 
   def compress(x: Array, key: Optional[Array] = None) -> Message:
-    return fn(x, density, key)
+    return fn(x, density, key, **options)
 
   compress.__name__ = f"{name}_{density:g}"
   return compress

@@ -13,8 +13,12 @@ from typing import Any
 
 import ml_collections
 
-ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha")
-DECENTRALIZED = ("dpsgd", "matcha")
+ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha", "local_sgd", "diloco")
+DECENTRALIZED = ("dpsgd", "matcha", "local_sgd", "diloco")
+PERIODIC = ("local_sgd", "diloco")  # communicate only at the end of a period
+from nbsgd_jax.local_sgd import AVERAGINGS as LOCAL_AVERAGINGS  # noqa: E402 (jax-free)
+from nbsgd_jax.local_sgd import OPT_STATE_SYNCS  # noqa: E402
+from nbsgd_jax.local_sgd import SCHEDULES as TAU_SCHEDULES  # noqa: E402
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete", "star",
               "erdos_renyi")
 MIXING_WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
@@ -83,6 +87,21 @@ def default_config() -> ml_collections.ConfigDict:
   c.compression.density = 0.01   # k / d, in (0, 1]
   c.compression.error_feedback = True  # keep the unsent residual and add it next step
   c.compression.flatten = True   # one selection over the whole model (False: per layer)
+  c.compression.gaussian_rounds = 8  # gaussian_k: max threshold corrections toward k
+  c.compression.gaussian_correction = "bracket"  # bracket | paper (x0.5 / x1.5 steps only)
+  c.local_sgd = ml_collections.ConfigDict()  # LUPA-SGD (Haddadpour et al. 2019)
+  c.local_sgd.tau = 4            # local steps per communication period (tau_0 of ada_lupa)
+  c.local_sgd.schedule = "fixed"  # fixed | ada_lupa | linear | post_local (see local_sgd.py)
+  c.local_sgd.alpha = 0.1        # linear: tau_i = ceil(tau (1 + alpha i))
+  c.local_sgd.switch_step = 0    # post_local: tau = 1 before this step, then tau
+  c.local_sgd.max_tau = 0        # cap on any period (0: none)
+  c.local_sgd.averaging = "mean"  # mean (exact average) | gossip (one step over topology)
+  c.local_sgd.opt_state = "keep"  # at a sync: keep local | average | reset the optimizer state
+  c.diloco = ml_collections.ConfigDict()  # DiLoCo (Douillard et al. 2023)
+  c.diloco.inner_steps = 50      # H: inner steps per round
+  c.diloco.outer_lr = 0.7        # outer SGD learning rate
+  c.diloco.outer_momentum = 0.9  # outer momentum (0: plain SGD)
+  c.diloco.outer_nesterov = True  # Nesterov outer momentum
   c.matcha = ml_collections.ConfigDict()
   c.matcha.budget = 0.5          # communication budget C_b in (0, 1]: expected fraction of
                                  # matchings active per step (1 = D-PSGD with W = I - alpha L)
@@ -201,6 +220,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if not _is_num(comp.density) or not 0 < comp.density <= 1:
       errs.append(f"config.compression.density={comp.density!r} is not allowed: it must be a "
                   "number > 0 and <= 1")
+    rounds = comp.gaussian_rounds
+    if not (isinstance(rounds, int) and not isinstance(rounds, bool) and 0 <= rounds <= 64):
+      errs.append(f"config.compression.gaussian_rounds={rounds!r} is not allowed: it must be "
+                  "an int in [0, 64]")
+    if comp.gaussian_correction not in ("bracket", "paper"):
+      errs.append(f"config.compression.gaussian_correction={comp.gaussian_correction!r} is not "
+                  "allowed: use 'bracket' or 'paper'")
     if cfg.get("algorithm") != "allreduce":
       errs.append(f"config.compression.name={comp.name!r} is not allowed with "
                   f"config.algorithm={cfg.get('algorithm')!r}: sparsification runs on "
@@ -208,6 +234,33 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if cfg.nonblocking.enabled:
       errs.append(f"config.compression.name={comp.name!r} is not allowed with "
                   "config.nonblocking.enabled=True: not combined yet")
+  ls = cfg.local_sgd
+  for key, allowed in (("schedule", TAU_SCHEDULES), ("averaging", LOCAL_AVERAGINGS),
+                       ("opt_state", OPT_STATE_SYNCS)):
+    if ls.get(key) not in allowed:
+      errs.append(f"config.local_sgd.{key}={ls.get(key)!r} is not allowed: use one of "
+                  f"{list(allowed)}")
+  for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0)):
+    if not _is_int(ls.get(key)) or ls.get(key) < lo:
+      errs.append(f"config.local_sgd.{key}={ls.get(key)!r} is not allowed: it must be an "
+                  f"integer >= {lo}")
+  if not _is_num(ls.alpha) or ls.alpha < 0:
+    errs.append(f"config.local_sgd.alpha={ls.alpha!r} is not allowed: it must be a number >= 0")
+  dl = cfg.diloco
+  if not _is_int(dl.inner_steps) or dl.inner_steps < 1:
+    errs.append(f"config.diloco.inner_steps={dl.inner_steps!r} is not allowed: it must be an "
+                "integer >= 1 (H)")
+  if not _is_num(dl.outer_lr) or dl.outer_lr <= 0:
+    errs.append(f"config.diloco.outer_lr={dl.outer_lr!r} is not allowed: it must be a number > 0")
+  if not _is_num(dl.outer_momentum) or not 0 <= dl.outer_momentum < 1:
+    errs.append(f"config.diloco.outer_momentum={dl.outer_momentum!r} is not allowed: it must "
+                "be a number >= 0 and < 1")
+  if not isinstance(dl.outer_nesterov, bool):
+    errs.append(f"config.diloco.outer_nesterov={dl.outer_nesterov!r} is not allowed: use True "
+                "or False")
+  if cfg.get("algorithm") in PERIODIC and cfg.nonblocking.enabled is True:
+    errs.append(f"config.algorithm={cfg.algorithm!r} is not allowed with "
+                "config.nonblocking.enabled=True: not combined yet")
   if cfg.dpsgd.order not in DPSGD_ORDERS:
     errs.append(f"config.dpsgd.order={cfg.dpsgd.order!r} is not allowed: use one of "
                 f"{list(DPSGD_ORDERS)}")

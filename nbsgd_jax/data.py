@@ -462,3 +462,9 @@ def label_histogram(
       )
     rows.append(np.bincount(y[s.astype(np.int64)], minlength=k).astype(np.int64))
   return np.stack(rows) if rows else np.zeros((0, k), np.int64)
+
+
+# Synthetic PL problems with a known optimum F* (least squares, l2-regularised logistic
+# regression) live in nbsgd_jax.problems, with their objective, loss and a runner; the
+# builders are re-exported here, next to the other data sets.
+from nbsgd_jax.problems import least_squares, logistic  # noqa: E402,F401

@@ -23,7 +23,7 @@ def _summary_table(summary: dict) -> str:
   keys = ["algorithm", "num_workers", "backend", "model", "dataset", "step", "sim_time",
           "wall_time",
           "train_loss", "test_loss", "test_accuracy", "worker_test_accuracy",
-          "consensus_distance", "bytes_sent", "samples_per_second"]
+          "consensus_distance", "bytes_sent", "rounds", "samples_per_second"]
   rows = ["| metric | value |", "|---|---|"]
   for k in keys:
     v = summary.get(k)

@@ -120,8 +120,9 @@ class Simulator:
     """Simulated seconds until the slowest worker finished its last step."""
     return float(self.clocks.max())
 
-  def step(self, step: int) -> tuple[dict, CommPattern]:
-    """Advance the clocks over ``step``.
+  def step(self, step: int, communicate: bool = True) -> tuple[dict, CommPattern]:
+    """Advance the clocks over ``step``; with ``communicate=False`` (a local step of local
+    SGD / DiLoCo) nothing is sent and no worker waits for another.
 
     Returns:
       ``(inputs, pattern)``: ``inputs`` a dict of numpy arrays with a leading worker axis,
@@ -129,8 +130,11 @@ class Simulator:
       step's :class:`CommPattern`.
     """
     cl, n = self.cluster, self.cluster.n
-    pat = comm_pattern(self.algorithm, step, n, self.model_bytes, self.topology, self.plan,
-                       self.matcha_seed)
+    if communicate:
+      pat = comm_pattern(self.algorithm, step, n, self.model_bytes, self.topology, self.plan,
+                         self.matcha_seed)
+    else:
+      pat = CommPattern(np.eye(n, dtype=bool), np.zeros(n), np.zeros(n), np.zeros((1,), bool))
     finish = cluster_lib.minibatch_finish_times(cl, step)
     if self.nonblocking:
       group = pat.adjacency if self.deadline_group == "neighbours" else None

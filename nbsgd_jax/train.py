@@ -101,20 +101,34 @@ def data_key(seed: int, worker: jax.Array | int) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed + 1), worker)
 
 
+def worker_batch(data: WorkerData, seed: int, batch_size: int, capacity: int,
+                 step: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """This worker's training batch at ``step`` (inside the worker program, axis ``"workers"``).
+
+  Returns:
+    images float32 ``[B, H, W, C]`` scaled to [0, 1] and int labels ``[B]``, rows drawn by
+    :func:`sample_batch_indices` with the worker's :func:`data_key`.
+  """
+  idx = sample_batch_indices(data_key(seed, lax.axis_index(AXIS)), data.sizes, capacity,
+                             batch_size, step)
+  return data.images[idx].astype(jnp.float32) / 255.0, data.labels[idx]
+
+
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   """Mean softmax cross-entropy (nats) of logits ``[B, C]`` against int labels ``[B]``."""
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
 def make_worker_step(model, algorithm: algos.Algorithm, batch_size: int, capacity: int,
-                     seed: int, num_minibatches: int = 1, nonblocking: bool = False
-                     ) -> Callable:
+                     seed: int, num_minibatches: int = 1, nonblocking: bool = False,
+                     sync: bool = False) -> Callable:
   """The program of one worker for one step (runs on the ``"workers"`` axis).
 
   With ``nonblocking`` the batch is split into ``num_minibatches`` mini-batches and the
   gradient is the mean over the first ``inputs.count`` of them (He & Dube 2022;
   :func:`nbsgd_jax.transforms.minibatch_mean_gradient`); the loss is then the mean over the
-  finished mini-batches (0 if none).
+  finished mini-batches (0 if none). With ``sync`` the step runs the algorithm's
+  ``sync_update`` (the last step of a communication period of local SGD / DiLoCo).
 
   Returns:
     ``(state, data, inputs) -> (state, (loss, bytes_sent))`` on one worker's (unbatched)
@@ -122,21 +136,22 @@ def make_worker_step(model, algorithm: algos.Algorithm, batch_size: int, capacit
     mini-batch loss before the update, ``bytes_sent`` the float32 bytes this worker sent.
   """
   from nbsgd_jax import transforms
+  if sync and algorithm.sync_update is None:
+    raise ValueError(f"algorithm {algorithm.name!r} has no sync_update")
+  algo_update = algorithm.sync_update if sync else algorithm.update
 
   def loss_fn(params, batch):
     x, y = batch
     return cross_entropy(model.apply(params, x), y)
 
   def step_fn(state: TrainState, data: WorkerData, inputs: algos.StepInputs):
-    idx = sample_batch_indices(data_key(seed, lax.axis_index(AXIS)), data.sizes, capacity,
-                               batch_size, state.step)
-    batch = (data.images[idx].astype(jnp.float32) / 255.0, data.labels[idx])
+    batch = worker_batch(data, seed, batch_size, capacity, state.step)
     if nonblocking:
       grads, loss, _ = transforms.minibatch_mean_gradient(
           loss_fn, state.params, batch, num_minibatches, inputs.count, weighting="local")
     else:
       loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
-    params, opt_state, sent = algorithm.update(grads, state.opt_state, state.params, inputs)
+    params, opt_state, sent = algo_update(grads, state.opt_state, state.params, inputs)
     return TrainState(params, opt_state, state.step + 1), (loss, sent)
 
   return step_fn
@@ -209,6 +224,26 @@ def _chunked(images: np.ndarray, labels: np.ndarray, chunk: int):
           mask.reshape(k, chunk))
 
 
+def _loss_acc(model, params, chunks):
+  """Mean cross-entropy and accuracy of one model over ``_chunked`` data."""
+  def one(c):
+    images, labels, mask = c
+    logits = model.apply(params, images.astype(jnp.float32) / 255.0)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    hit = (jnp.argmax(logits, -1) == labels)
+    return jnp.sum(ce * mask), jnp.sum(hit * mask)
+  ce, hit = lax.map(one, chunks)
+  count = jnp.sum(chunks[2])
+  return jnp.sum(ce) / count, jnp.sum(hit) / count
+
+
+def make_train_loss_fn(model) -> Callable:
+  """Jitted ``(params [n, ...], train) -> float32`` training loss of the averaged model (the
+  ``F`` that ADA-LUPA observes at each synchronisation)."""
+  return jax.jit(lambda params, chunks: _loss_acc(model, metrics_lib.average_model(params),
+                                                  chunks)[0])
+
+
 def make_eval_fn(model, decentralized: bool) -> Callable:
   """Jitted ``(params [n, ...], test, train) -> dict`` of float32 scalars.
 
@@ -218,15 +253,7 @@ def make_eval_fn(model, decentralized: bool) -> Callable:
   """
 
   def loss_acc(params, chunks):
-    def one(c):
-      images, labels, mask = c
-      logits = model.apply(params, images.astype(jnp.float32) / 255.0)
-      ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-      hit = (jnp.argmax(logits, -1) == labels)
-      return jnp.sum(ce * mask), jnp.sum(hit * mask)
-    ce, hit = lax.map(one, chunks)
-    count = jnp.sum(chunks[2])
-    return jnp.sum(ce) / count, jnp.sum(hit) / count
+    return _loss_acc(model, params, chunks)
 
   @jax.jit
   def eval_fn(params, test, train):
@@ -268,6 +295,13 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
       optax.sgd(make_schedule(cfg), momentum=cfg.momentum or None, nesterov=cfg.nesterov))
 
 
+def _compressor_options(cfg: ml_collections.ConfigDict) -> dict:
+  if cfg.compression.name == "gaussian_k":
+    return {"rounds": cfg.compression.gaussian_rounds,
+            "correction": cfg.compression.gaussian_correction}
+  return {}
+
+
 def make_algorithm(cfg: ml_collections.ConfigDict, topology: topology_lib.Topology,
                    optimizer: optax.GradientTransformation, plan=None) -> algos.Algorithm:
   """The :class:`Algorithm` named by ``cfg.algorithm`` (``plan``: MATCHA's, for matcha)."""
@@ -275,7 +309,8 @@ def make_algorithm(cfg: ml_collections.ConfigDict, topology: topology_lib.Topolo
   if cfg.algorithm == "allreduce" and cfg.compression.name != "none":
     from nbsgd_jax import compression
     return algos.sparse_allreduce(
-        compression.make_compressor(cfg.compression.name, cfg.compression.density),
+        compression.make_compressor(cfg.compression.name, cfg.compression.density,
+                                    **_compressor_options(cfg)),
         optimizer, cfg.num_workers, error_feedback=cfg.compression.error_feedback,
         flatten=cfg.compression.flatten, seed=cfg.seed)
   if cfg.algorithm == "allreduce":
@@ -290,6 +325,21 @@ def make_algorithm(cfg: ml_collections.ConfigDict, topology: topology_lib.Topolo
   if cfg.algorithm == "matcha":
     mixer = algos.matcha_mixer(plan.matchings, plan.alpha, topology.n)
     return algos.gossip_sgd("matcha", optimizer, mixer, order=cfg.dpsgd.order, nonblocking=nb)
+  if cfg.algorithm == "local_sgd":
+    mixer = None
+    if cfg.local_sgd.averaging == "gossip":
+      if topology.is_time_varying:
+        mixer = algos.time_varying_mixer(
+            [topology.mixing_matrix_at(t) for t in range(topology.period)])
+      else:
+        mixer = algos.static_mixer(topology.mixing_matrix)
+    return algos.local_sgd(optimizer, cfg.num_workers, averaging=cfg.local_sgd.averaging,
+                           opt_state_sync=cfg.local_sgd.opt_state, mixer=mixer)
+  if cfg.algorithm == "diloco":
+    d = cfg.diloco
+    outer = optax.sgd(d.outer_lr, momentum=d.outer_momentum or None,
+                      nesterov=bool(d.outer_momentum) and d.outer_nesterov)
+    return algos.diloco(optimizer, cfg.num_workers, outer=outer)
   raise config_lib.ConfigError(
       [f"config.algorithm={cfg.algorithm!r} is not allowed: use one of "
        f"{list(config_lib.ALGORITHMS)}"])
@@ -366,16 +416,36 @@ def init_state(s: Setup) -> TrainState:
   params = s.model.init(jax.random.key(s.cfg.seed), sample)
   params = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), params)
   opt_state = jax.vmap(s.algorithm.init)(params)
+  # Own buffers for every leaf: a state that starts as a copy of the params (DiLoCo's anchor)
+  # must not alias them, or donating the train state would donate one buffer twice.
+  opt_state = jax.tree.map(lambda x: jnp.array(x, copy=True), opt_state)
   return s.backend.place(TrainState(params, opt_state, jnp.zeros((n,), jnp.int32)))
 
 
 def make_train_step(s: Setup) -> Callable:
-  """Jitted ``(state, data, inputs) -> (state, (loss [n], bytes_sent [n]))`` on the chosen
-  backend (state donated); ``inputs`` from :meth:`Simulator.step` via :func:`step_inputs`."""
-  worker = make_worker_step(s.model, s.algorithm, s.cfg.batch_size,
-                            s.worker_data.labels.shape[1], s.cfg.seed,
-                            s.cfg.nonblocking.num_minibatches, s.cfg.nonblocking.enabled)
-  return jax.jit(s.backend.spmd(worker), donate_argnums=(0,))
+  """Jitted ``(state, data, inputs, sync=True) -> (state, (loss [n], bytes_sent [n]))`` on the
+  chosen backend (state donated); ``inputs`` from :meth:`Simulator.step` via
+  :func:`step_inputs`. ``sync`` matters only for periodic algorithms (local SGD, DiLoCo):
+  False runs the local step, True the step that ends a period (two programs, each compiled
+  on first use)."""
+  def build(sync: bool):
+    worker = make_worker_step(s.model, s.algorithm, s.cfg.batch_size,
+                              s.worker_data.labels.shape[1], s.cfg.seed,
+                              s.cfg.nonblocking.num_minibatches, s.cfg.nonblocking.enabled,
+                              sync=sync)
+    return jax.jit(s.backend.spmd(worker), donate_argnums=(0,))
+
+  if s.algorithm.sync_update is None:
+    plain = build(False)
+    return lambda state, data, inputs, sync=True: plain(state, data, inputs)
+  programs = {}
+
+  def step(state, data, inputs, sync=True):
+    if sync not in programs:
+      programs[sync] = build(bool(sync))
+    return programs[sync](state, data, inputs)
+
+  return step
 
 
 def make_simulator(s: Setup, model_bytes: float):
@@ -387,8 +457,17 @@ def make_simulator(s: Setup, model_bytes: float):
     from nbsgd_jax import compression
     d = model_bytes // 4
     message_bytes = compression.num_selected(d, cfg.compression.density) * 8.0
+  name = cfg.algorithm
+  if cfg.compression.name != "none":
+    name = "sparse_allgather"
+  elif cfg.algorithm in config_lib.PERIODIC:  # charged at the syncs only (Simulator.step)
+    gossip = cfg.algorithm == "local_sgd" and cfg.local_sgd.averaging == "gossip"
+    name = "dpsgd" if gossip else "allreduce"
+    if (cfg.algorithm == "local_sgd" and cfg.local_sgd.opt_state == "average"
+        and cfg.momentum):
+      message_bytes = 2 * model_bytes  # the momentum buffers travel with the model
   return simulation.Simulator(
-      "sparse_allgather" if cfg.compression.name != "none" else cfg.algorithm,
+      name,
       config_lib.make_cluster(cfg), message_bytes,
       nonblocking=cfg.nonblocking.enabled, deadline=cfg.nonblocking.deadline,
       topology=s.topology, plan=s.plan, matcha_seed=cfg.matcha.seed,
@@ -431,19 +510,30 @@ class MetricsWriter:
 # ----------------------------------------------------------------------------- loop
 
 
-def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
+def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
+          hooks: tuple = ()) -> dict:
   """Run one training job.
 
   Writes ``workdir/config.json``, ``workdir/metrics.jsonl`` (one object per evaluation with
   ``step``, ``sim_time`` (s on the simulated cluster, :mod:`nbsgd_jax.simulation`),
   ``wall_time`` s, ``train_loss``, ``train_batch_loss``, ``test_loss``,
-  ``test_accuracy``, ``consensus_distance``, ``bytes_sent`` (bytes per worker, cumulative)
-  and, for decentralized algorithms, ``worker_test_accuracy``) and ``workdir/summary.json``.
-  ``wall_time`` counts the training steps (compilation included) and excludes evaluation.
+  ``test_accuracy``, ``consensus_distance``, ``bytes_sent`` (bytes per worker, cumulative),
+  ``rounds`` (communication rounds so far: every step, or the synchronisations of local SGD /
+  DiLoCo) and, for decentralized algorithms, ``worker_test_accuracy``) and
+  ``workdir/summary.json`` (with ``periods``, the communication periods tau_i, for local SGD
+  and DiLoCo). ``wall_time`` counts the training steps (compilation included) and excludes
+  evaluation and ADA-LUPA's loss measurements.
 
   Args:
     cfg: a config from :func:`nbsgd_jax.config.default_config` (possibly changed).
     workdir: output directory (created), or None to write nothing.
+    hooks: callables ``hook(step, state, setup)`` run on the host before step ``step``
+      (0-based) with the state after ``step`` steps (and once more after the last step,
+      with ``step = num_steps``); for measurements such as
+      ``experiments/reproduce_sparsification.py``'s gradient probes. A hook must not keep
+      ``state`` (its buffers are donated to the next step) and should block on what it
+      computes; its time is not counted in ``wall_time``. On the mesh backend every hook
+      synchronizes the in-flight steps first.
 
   Returns:
     the summary dict (last evaluation plus run facts).
@@ -475,6 +565,12 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
   model_bytes = int(sum(np.prod(x.shape[1:]) * x.dtype.itemsize
                         for x in jax.tree.leaves(state.params)))
   sim = make_simulator(s, model_bytes)
+  planner = None
+  if s.algorithm.sync_update is not None:
+    from nbsgd_jax import local_sgd as local_sgd_lib
+    planner = local_sgd_lib.make_planner(cfg)
+    train_loss_fn = make_train_loss_fn(s.model)
+  rounds = 0
 
   history = []
   wall = 0.0
@@ -496,7 +592,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
     ev = {k: float(v) for k, v in eval_fn(params, test, train_sub).items()}
     rec = {"step": step, "sim_time": sim.sim_time, "wall_time": wall,
            "train_batch_loss": float(losses.mean()) if losses.size else None,
-           **ev, "bytes_sent": bytes_total}
+           **ev, "bytes_sent": bytes_total, "rounds": rounds}
     history.append(rec)
     if writer:
       writer.write(rec)
@@ -506,11 +602,34 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
              unit="step", dynamic_ncols=True, mininterval=1.0)
   try:
     rec = evaluate(0)
+    if planner is not None and planner.needs_loss:
+      planner.observe(rec["train_loss"])
     seg = time.perf_counter()  # stopwatch over training steps; paused during evaluation
+
+    def run_hooks(step: int) -> None:
+      nonlocal seg, wall
+      if hooks:
+        jax.block_until_ready(state)
+        wall += time.perf_counter() - seg
+        for hook in hooks:
+          hook(step, state, s)
+        seg = time.perf_counter()
+
     for step in range(1, cfg.num_steps + 1):
-      inputs, _ = sim.step(step - 1)
-      state, out = step_fn(state, s.worker_data, step_inputs(s, inputs))
+      run_hooks(step - 1)
+      sync = planner.sync_now(step - 1) if planner is not None else True
+      rounds += int(sync)
+      inputs, _ = sim.step(step - 1, communicate=sync)
+      state, out = step_fn(state, s.worker_data, step_inputs(s, inputs), sync)
       pending.append(out)
+      if sync and planner is not None and planner.needs_loss:
+        jax.block_until_ready(state)
+        wall += time.perf_counter() - seg
+        params = state.params
+        if s.backend.mesh is not None:
+          params = jax.device_put(params, NamedSharding(s.backend.mesh, P()))
+        planner.observe(float(train_loss_fn(params, train_sub)))
+        seg = time.perf_counter()
       if step % cfg.eval_every == 0 or step == cfg.num_steps:
         jax.block_until_ready(state)
         wall += time.perf_counter() - seg
@@ -518,6 +637,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
         bar.set_postfix(loss=f"{rec['train_loss']:.4f}", acc=f"{rec['test_accuracy']:.4f}")
         seg = time.perf_counter()
       bar.update(1)
+    run_hooks(cfg.num_steps)
   finally:
     bar.close()
     if writer:
@@ -525,7 +645,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
 
   summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
              "backend": cfg.backend, "model": cfg.model, "dataset": cfg.dataset,
-             "model_params": model_params,
+             "model_params": model_params, "rounds": rounds,
+             **({"periods": planner.periods} if planner is not None else {}),
              "bytes_per_step": bytes_total / cfg.num_steps if cfg.num_steps else 0.0,
              "samples_per_second": (cfg.num_steps * cfg.batch_size * cfg.num_workers / wall
                                     if wall > 0 else None)}

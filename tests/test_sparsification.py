@@ -35,6 +35,10 @@ def test_sparse_bytes_count_values_and_indices():
      "config.compression.density=0.0 is not allowed"),
     ({"compression.name": "top_k", "algorithm": "dpsgd"},
      "sparsification runs on 'allreduce'"),
+    ({"compression.name": "gaussian_k", "compression.gaussian_rounds": -1},
+     "config.compression.gaussian_rounds=-1 is not allowed"),
+    ({"compression.name": "gaussian_k", "compression.gaussian_correction": "newton"},
+     "config.compression.gaussian_correction='newton' is not allowed"),
 ])
 def test_bad_compression_config(override, needle):
   cfg = small_cfg(**override)
@@ -58,3 +62,16 @@ def test_error_feedback_keeps_accuracy_at_density_001():
   assert acc["top_k", True] >= dense - 0.01, acc
   assert acc["gaussian_k", True] >= dense - 0.01, acc
   assert acc["top_k", False] < acc["top_k", True] - 0.01, acc
+
+
+def test_train_hooks_see_every_state():
+  """``train(hooks=...)`` calls each hook before every step and after the last one, with
+  the state after that many steps."""
+  seen = []
+
+  def hook(step, state, s):
+    seen.append((step, int(np.asarray(state.step)[0])))
+
+  cfg = small_cfg(algorithm="allreduce", num_steps=3, eval_every=2)
+  train.train(cfg, hooks=(hook,))
+  assert seen == [(0, 0), (1, 1), (2, 2), (3, 3)]

@@ -9,6 +9,8 @@ from nbsgd_jax.algorithms.allreduce import allreduce, allreduce_ring, sparse_all
 from nbsgd_jax.algorithms.base import AXIS, Algorithm, StepInputs
 from nbsgd_jax.algorithms.dpsgd import (dpsgd, gossip_sgd, matcha_mixer, static_mixer,
                                         time_varying_mixer)
+from nbsgd_jax.algorithms.local_sgd import DiLoCoState, diloco, local_sgd, outer_nesterov
 
-__all__ = ["AXIS", "Algorithm", "StepInputs", "allreduce", "allreduce_ring", "dpsgd", "gossip_sgd",
-           "matcha_mixer", "sparse_allreduce", "static_mixer", "time_varying_mixer"]
+__all__ = ["AXIS", "Algorithm", "DiLoCoState", "StepInputs", "allreduce", "allreduce_ring",
+           "diloco", "dpsgd", "gossip_sgd", "local_sgd", "matcha_mixer", "outer_nesterov",
+           "sparse_allreduce", "static_mixer", "time_varying_mixer"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -55,12 +55,17 @@ class Algorithm(NamedTuple):
       mini-batches ``grads`` is the mean over its ``inputs.count`` finished mini-batches.
       ``bytes_sent`` is a float32 scalar, the bytes this worker sent in this step, from the
       algorithm's communication formula.
+    sync_update: ``None``, or for periodic algorithms (local SGD, DiLoCo) the program of a
+      step that ends a communication period (same signature as ``update``); ``update`` is
+      then the purely local step. The trainer picks one per step on the host
+      (:class:`nbsgd_jax.local_sgd.SyncPlanner`).
   """
 
   name: str
   decentralized: bool
   init: Callable[[Any], Any]
   update: Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]
+  sync_update: Optional[Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]] = None
 
 
 def tree_bytes(tree) -> int:

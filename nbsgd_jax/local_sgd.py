@@ -1,0 +1,144 @@
+"""Communication periods of local SGD: when do the workers synchronise? (No JAX here.)
+
+Host-side schedules of the period ``tau`` for :func:`nbsgd_jax.algorithms.local_sgd` and
+:func:`nbsgd_jax.algorithms.diloco`. Period ``i`` (0-based) starts at step ``s_i`` (``s_0 = 0``)
+and lasts ``tau_i`` steps; the workers synchronise after step ``s_i + tau_i - 1`` and
+``s_{i+1} = s_i + tau_i``.
+
+* ``"fixed"``: ``tau_i = tau`` (LUPA-SGD, Haddadpour et al., NeurIPS 2019, Algorithm 1;
+  ``tau = 1`` is synchronous SGD).
+* ``"ada_lupa"``: ADA-LUPA-SGD (Haddadpour et al. 2019, Sec. 5, adaptive synchronisation),
+  ``tau_i = ceil((F(x_0) / F(x_{s_i}))^(1/3)) * tau_0``, with ``F`` the training loss of the
+  averaged model measured at each synchronisation (:meth:`SyncPlanner.observe`) minus an
+  optional known offset (e.g. ``F*`` of a synthetic problem); the period grows as the loss
+  falls. ``max_tau`` caps it.
+* ``"linear"``: the released code's ramp (mmkamani7/LUPA-SGD),
+  ``tau_i = ceil(tau_0 (1 + alpha i))``.
+* ``"post_local"``: post-local SGD (Lin et al., "Don't Use Large Mini-Batches, Use Local SGD",
+  ICLR 2020): ``tau = 1`` for the periods that start before ``switch_step``, then ``tau``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+SCHEDULES = ("fixed", "ada_lupa", "linear", "post_local")
+AVERAGINGS = ("mean", "gossip")  # of nbsgd_jax.algorithms.local_sgd
+OPT_STATE_SYNCS = ("keep", "average", "reset")
+
+
+class SyncPlanner:
+  """Decides, step by step on the host, which steps end with a synchronisation.
+
+  Args:
+    schedule: one of :data:`SCHEDULES`.
+    tau: ``tau`` (fixed, post_local) or ``tau_0`` (ada_lupa, linear), an int >= 1.
+    alpha: slope of the ``"linear"`` ramp, >= 0.
+    switch_step: first step of the local phase (``"post_local"``), >= 0.
+    max_tau: upper bound on any period (0: none).
+    loss_offset: subtracted from every observed loss in ``"ada_lupa"`` (``F - offset``,
+      clipped at a tiny positive value).
+
+  Attributes:
+    periods: the periods ``tau_i`` started so far.
+    sync_steps: the (0-based) steps that ended with a synchronisation.
+    losses: the losses passed to :meth:`observe`.
+
+  Raises:
+    ValueError: unknown schedule or an argument out of range (named in the message).
+  """
+
+  def __init__(self, schedule: str = "fixed", tau: int = 1, alpha: float = 0.0,
+               switch_step: int = 0, max_tau: int = 0, loss_offset: float = 0.0):
+    if schedule not in SCHEDULES:
+      raise ValueError(f"local_sgd.schedule={schedule!r} is not allowed: use one of "
+                       f"{list(SCHEDULES)}")
+    if not _is_int(tau) or tau < 1:
+      raise ValueError(f"local_sgd.tau={tau!r} is not allowed: it must be an int >= 1")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:
+      raise ValueError(f"local_sgd.alpha={alpha!r} is not allowed: it must be a number >= 0")
+    if not _is_int(switch_step) or switch_step < 0:
+      raise ValueError(f"local_sgd.switch_step={switch_step!r} is not allowed: it must be an "
+                       "int >= 0")
+    if not _is_int(max_tau) or max_tau < 0:
+      raise ValueError(f"local_sgd.max_tau={max_tau!r} is not allowed: it must be an int >= 0 "
+                       "(0: no cap)")
+    self.schedule, self.tau, self.alpha = schedule, int(tau), float(alpha)
+    self.switch_step, self.max_tau, self.loss_offset = switch_step, max_tau, float(loss_offset)
+    self.periods: list[int] = []
+    self.sync_steps: list[int] = []
+    self.losses: list[float] = []
+    self._f0: Optional[float] = None
+    self._next_sync: Optional[int] = None
+    self._start = 0
+
+  @property
+  def needs_loss(self) -> bool:
+    """Whether :meth:`observe` must be called with ``F`` at step 0 and after each sync."""
+    return self.schedule == "ada_lupa"
+
+  @property
+  def rounds(self) -> int:
+    """Synchronisations so far (communication rounds)."""
+    return len(self.sync_steps)
+
+  def observe(self, loss: float) -> None:
+    """Report ``F`` of the averaged model: at step 0 (``F(x_0)``), then after each sync."""
+    loss = float(loss)
+    if not math.isfinite(loss):
+      raise ValueError(f"observed loss {loss!r} is not finite")
+    self.losses.append(loss)
+    if self._f0 is None:
+      self._f0 = loss
+
+  def _period(self, i: int, start: int) -> int:
+    if self.schedule == "fixed":
+      tau = self.tau
+    elif self.schedule == "linear":
+      tau = math.ceil(round(self.tau * (1.0 + self.alpha * i), 9))
+    elif self.schedule == "post_local":
+      tau = 1 if start < self.switch_step else self.tau
+    else:  # ada_lupa
+      if self._f0 is None:
+        raise RuntimeError("ada_lupa needs observe(F(x_0)) before the first step")
+      eps = 1e-12
+      f0 = max(self._f0 - self.loss_offset, eps)
+      fi = max(self.losses[-1] - self.loss_offset, eps)
+      tau = math.ceil(round((f0 / fi) ** (1.0 / 3.0), 9)) * self.tau
+    if self.max_tau:
+      tau = min(tau, self.max_tau)
+    return max(int(tau), 1)
+
+  def sync_now(self, step: int) -> bool:
+    """Whether the workers synchronise after (0-based) ``step``; call once per step, in order.
+
+    Raises:
+      RuntimeError: ``"ada_lupa"`` without the loss of the previous sync (:meth:`observe`).
+    """
+    if self._next_sync is None:
+      if self.needs_loss and len(self.losses) != len(self.sync_steps) + 1:
+        raise RuntimeError("ada_lupa needs observe(F) at step 0 and after every sync")
+      tau = self._period(len(self.periods), self._start)
+      self.periods.append(tau)
+      self._next_sync = self._start + tau - 1
+    if step != self._next_sync:
+      return False
+    self.sync_steps.append(step)
+    self._start = step + 1
+    self._next_sync = None
+    return True
+
+
+def _is_int(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def make_planner(cfg) -> SyncPlanner:
+  """The :class:`SyncPlanner` of a config: ``local_sgd.*`` for ``local_sgd``; for ``diloco``
+  a fixed period of ``diloco.inner_steps``."""
+  if cfg.algorithm == "diloco":
+    return SyncPlanner("fixed", cfg.diloco.inner_steps)
+  c = cfg.local_sgd
+  return SyncPlanner(c.schedule, c.tau, alpha=c.alpha, switch_step=c.switch_step,
+                     max_tau=c.max_tau)
