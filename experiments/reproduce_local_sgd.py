@@ -140,6 +140,10 @@ def communication(a) -> dict:
     v["rounds_to_target_mean"] = (float(np.mean(rt)) if all(x is not None for x in rt)
                                   else None)
     v["total_rounds"] = v["histories"][0][-1]["rounds"]
+  for v in out.values():  # keep seed 0's curve (thinned to ~300 points) in results.json
+    h = v.pop("histories")[0]
+    keep = sorted(set(np.unique(np.geomspace(1, len(h), 300).astype(int) - 1)) | {0})
+    v["history_seed0"] = [h[i] for i in keep]
   fixed = {k: v["rounds_to_target_mean"] for k, v in out.items()
            if (k.startswith("LUPA") or k.startswith("sync")) and v["rounds_to_target_mean"]}
   best_fixed = min(fixed, key=fixed.get) if fixed else None
@@ -230,7 +234,7 @@ def plot_rounds(res, path):
   plt = common.pyplot()
   fig, ax = plt.subplots(figsize=(8, 4.5))
   for i, (name, v) in enumerate(res["runs"].items()):
-    h = v["histories"][0]
+    h = v["history_seed0"]
     ax.plot([x["rounds"] for x in h], [x["gap"] for x in h], color=f"C{i % 10}",
             ls="-" if "ADA" not in name else "--", label=name)
   ax.axhline(res["target_gap"], color="gray", ls=":", label="target")
