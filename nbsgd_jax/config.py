@@ -102,6 +102,17 @@ def default_config() -> ml_collections.ConfigDict:
   c.diloco.outer_lr = 0.7        # outer SGD learning rate
   c.diloco.outer_momentum = 0.9  # outer momentum (0: plain SGD)
   c.diloco.outer_nesterov = True  # Nesterov outer momentum
+  c.consensus = ml_collections.ConfigDict()  # consensus distance (Kong et al. 2021)
+  c.consensus.control = False    # dpsgd / matcha: gossip again while Xi > target
+  c.consensus.target = 0.0       # absolute target Xi (parameter units); 0: use target_ratio
+  c.consensus.target_ratio = 0.0  # target = ratio x reference run's Xi at each step
+  c.consensus.reference_workdir = ""  # the reference run (its steps.jsonl or metrics.jsonl)
+  c.consensus.until_step = 0     # control only steps < until_step (0: always)
+  c.consensus.max_gossip_steps = 5  # K: extra gossip steps per training step at most
+  c.consensus.measure = "exact"  # exact (all-reduce of the model) | sketch (r coordinates)
+  c.consensus.sketch_size = 1024  # r, coordinates of a sketch measurement
+  c.consensus.log_every_step = False  # write workdir/steps.jsonl (Xi of every step)
+  c.consensus.per_layer = False  # add consensus_distance_layers to every evaluation
   c.matcha = ml_collections.ConfigDict()
   c.matcha.budget = 0.5          # communication budget C_b in (0, 1]: expected fraction of
                                  # matchings active per step (1 = D-PSGD with W = I - alpha L)
@@ -261,6 +272,31 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if cfg.get("algorithm") in PERIODIC and cfg.nonblocking.enabled is True:
     errs.append(f"config.algorithm={cfg.algorithm!r} is not allowed with "
                 "config.nonblocking.enabled=True: not combined yet")
+  cs = cfg.consensus
+  for key in ("control", "log_every_step", "per_layer"):
+    if not isinstance(cs.get(key), bool):
+      errs.append(f"config.consensus.{key}={cs.get(key)!r} is not allowed: use True or False")
+  for key, lo in (("max_gossip_steps", 1), ("sketch_size", 1), ("until_step", 0)):
+    if not _is_int(cs.get(key)) or cs.get(key) < lo:
+      errs.append(f"config.consensus.{key}={cs.get(key)!r} is not allowed: it must be an "
+                  f"integer >= {lo}")
+  for key in ("target", "target_ratio"):
+    if not _is_num(cs.get(key)) or cs.get(key) < 0:
+      errs.append(f"config.consensus.{key}={cs.get(key)!r} is not allowed: it must be a "
+                  "number >= 0")
+  if cs.measure not in ("exact", "sketch"):
+    errs.append(f"config.consensus.measure={cs.measure!r} is not allowed: use one of "
+                "['exact', 'sketch']")
+  if cs.control is True:
+    if cfg.get("algorithm") not in ("dpsgd", "matcha"):
+      errs.append(f"config.consensus.control=True is not allowed with config.algorithm="
+                  f"{cfg.get('algorithm')!r}: consensus control runs on 'dpsgd' and 'matcha'")
+    if _is_num(cs.target) and _is_num(cs.target_ratio) and (cs.target > 0) == (cs.target_ratio > 0):
+      errs.append(f"config.consensus.target={cs.target!r} and config.consensus.target_ratio="
+                  f"{cs.target_ratio!r} are not allowed together: set exactly one of them > 0")
+    elif _is_num(cs.target_ratio) and cs.target_ratio > 0 and not cs.reference_workdir:
+      errs.append("config.consensus.target_ratio needs config.consensus.reference_workdir "
+                  "(a finished run's workdir)")
   if cfg.dpsgd.order not in DPSGD_ORDERS:
     errs.append(f"config.dpsgd.order={cfg.dpsgd.order!r} is not allowed: use one of "
                 f"{list(DPSGD_ORDERS)}")

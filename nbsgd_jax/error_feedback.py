@@ -35,6 +35,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from nbsgd_jax import collectives, compression
+from nbsgd_jax.algorithms.base import varying_like as _varying_like
 
 __all__ = [
     "Compressor",
@@ -81,25 +82,6 @@ def _compress(compressor: Compressor, x: jax.Array, key: jax.Array
     raise TypeError(f"the compressor returned indices of dtype {indices.dtype}: expected "
                     "an integer dtype")
   return values.astype(x.dtype), indices.astype(jnp.int32)
-
-
-def _varying_like(x: jax.Array, tree: PyTree) -> jax.Array:
-  """``x`` marked as varying over the manual mesh axes the leaves of ``tree`` vary over.
-
-  Inside ``jax.shard_map`` the per-worker ``sent_count`` an update returns varies over the
-  worker axis; ``init`` gives it the same type so the state can be a ``lax.scan`` carry.
-  Outside ``shard_map`` (plain, ``jit``, ``vmap``) ``x`` is returned unchanged.
-  """
-  axes: set = set()
-  for leaf in jax.tree_util.tree_leaves(tree):
-    aval = jax.typeof(leaf)
-    vma = getattr(aval, "vma", None)  # older JAX
-    if vma is None:
-      vma = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
-    axes |= set(vma or ())
-  if not axes:
-    return x
-  return lax.pcast(x, tuple(sorted(axes)), to="varying")
 
 
 def error_feedback(compressor: Compressor,

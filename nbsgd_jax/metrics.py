@@ -55,3 +55,15 @@ def consensus_distance(params) -> jax.Array:
 def average_model(params):
   """The averaged model ``x_bar``: mean over the leading worker axis of every leaf."""
   return jax.tree.map(lambda x: jnp.mean(x, axis=0), params)
+
+
+def consensus_distance_per_layer(params) -> dict:
+  """Consensus distance of each leaf separately: ``{path: Xi_leaf}`` (float32 scalars), path
+  as ``"/"``-joined keys (e.g. ``"params/Dense_0/kernel"``); sum of squares over leaves gives
+  ``Xi^2``.
+  """
+  out = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    out[name] = consensus_distance({"x": leaf})
+  return out

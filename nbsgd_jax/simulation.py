@@ -149,3 +149,32 @@ class Simulator:
     inputs = {"step": np.full(n, step, np.int32), "count": count.astype(np.int32),
               "active": np.broadcast_to(pat.active, (n,) + pat.active.shape).copy()}
     return inputs, pat
+
+  def extra(self, step: int, gossip_rounds: int, measurements: int,
+            measure_bytes: float) -> None:
+    """Advance the clocks over consensus control after ``step`` (Kong et al. 2021): first a
+    measurement, then ``gossip_rounds`` times one more gossip of this step's pattern (MATCHA:
+    of the base graph) and a measurement. A measurement is an all-reduce (everyone waits for everyone) of
+    ``measure_bytes`` per worker; no computation.
+
+    Raises:
+      ValueError: negative counts.
+    """
+    if gossip_rounds < 0 or measurements < 0:
+      raise ValueError(f"gossip_rounds={gossip_rounds}, measurements={measurements}: counts "
+                       "must be >= 0")
+    cl, n = self.cluster, self.cluster.n
+    zero = np.zeros(n)
+    # MATCHA's extra gossip runs over the base graph (algorithms.gossip_sgd, control_mixer)
+    algo = "dpsgd" if self.algorithm == "matcha" else self.algorithm
+    gossip = comm_pattern(algo, step, n, self.model_bytes, self.topology, self.plan,
+                          self.matcha_seed)
+    msgs = np.full(n, 2.0 * (n - 1) + 2.0 * (n - 1))  # the vector and the scalar all-reduce
+    meas = cluster_lib.comm_time(cl, msgs, np.full(n, float(measure_bytes)))
+    comm = cluster_lib.comm_time(cl, gossip.messages, gossip.num_bytes)
+    rounds = max(gossip_rounds, measurements)
+    for r in range(rounds):
+      if r < measurements:
+        self.clocks = cluster_lib.advance_clocks(self.clocks, zero, meas, None)
+      if r < gossip_rounds:
+        self.clocks = cluster_lib.advance_clocks(self.clocks, zero, comm, gossip.adjacency)

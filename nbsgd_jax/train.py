@@ -131,9 +131,10 @@ def make_worker_step(model, algorithm: algos.Algorithm, batch_size: int, capacit
   ``sync_update`` (the last step of a communication period of local SGD / DiLoCo).
 
   Returns:
-    ``(state, data, inputs) -> (state, (loss, bytes_sent))`` on one worker's (unbatched)
+    ``(state, data, inputs) -> (state, (loss, bytes_sent, aux))`` on one worker's (unbatched)
     state, shard and :class:`~nbsgd_jax.algorithms.base.StepInputs`; ``loss`` is the float32
-    mini-batch loss before the update, ``bytes_sent`` the float32 bytes this worker sent.
+    mini-batch loss before the update, ``bytes_sent`` the float32 bytes this worker sent,
+    ``aux`` the algorithm's extra per-step values (a dict, often empty).
   """
   from nbsgd_jax import transforms
   if sync and algorithm.sync_update is None:
@@ -151,8 +152,10 @@ def make_worker_step(model, algorithm: algos.Algorithm, batch_size: int, capacit
           loss_fn, state.params, batch, num_minibatches, inputs.count, weighting="local")
     else:
       loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
-    params, opt_state, sent = algo_update(grads, state.opt_state, state.params, inputs)
-    return TrainState(params, opt_state, state.step + 1), (loss, sent)
+    out = algo_update(grads, state.opt_state, state.params, inputs)
+    params, opt_state, sent = out[:3]
+    aux = out[3] if len(out) > 3 else {}
+    return TrainState(params, opt_state, state.step + 1), (loss, sent, aux)
 
   return step_fn
 
@@ -317,14 +320,25 @@ def make_algorithm(cfg: ml_collections.ConfigDict, topology: topology_lib.Topolo
     return algos.allreduce(optimizer, cfg.num_workers, nonblocking=nb)
   if cfg.algorithm == "allreduce_ring":
     return algos.allreduce_ring(optimizer, cfg.num_workers, nonblocking=nb)
-  if cfg.algorithm == "dpsgd":
-    phases = ([topology.mixing_matrix_at(t) for t in range(topology.period)]
-              if topology.is_time_varying else [topology.mixing_matrix])
-    return algos.gossip_sgd("dpsgd", optimizer, algos.time_varying_mixer(phases),
-                            order=cfg.dpsgd.order, nonblocking=nb)
-  if cfg.algorithm == "matcha":
-    mixer = algos.matcha_mixer(plan.matchings, plan.alpha, topology.n)
-    return algos.gossip_sgd("matcha", optimizer, mixer, order=cfg.dpsgd.order, nonblocking=nb)
+  if cfg.algorithm in ("dpsgd", "matcha"):
+    if cfg.algorithm == "dpsgd":
+      phases = ([topology.mixing_matrix_at(t) for t in range(topology.period)]
+                if topology.is_time_varying else [topology.mixing_matrix])
+      mixer = algos.time_varying_mixer(phases)
+    else:
+      mixer = algos.matcha_mixer(plan.matchings, plan.alpha, topology.n)
+    control = None
+    if cfg.consensus.control:
+      from nbsgd_jax import consensus
+      control = consensus.Control(cfg.consensus.max_gossip_steps, cfg.consensus.measure,
+                                  cfg.consensus.sketch_size, cfg.seed)
+    control_mixer = None
+    if cfg.algorithm == "matcha":  # extra gossip over the base graph (see gossip_sgd)
+      control_mixer = algos.static_mixer(topology.mixing_matrix)
+    return algos.gossip_sgd(cfg.algorithm, optimizer, mixer, order=cfg.dpsgd.order,
+                            nonblocking=nb, control=control, num_workers=cfg.num_workers,
+                            log_consensus=cfg.consensus.log_every_step,
+                            control_mixer=control_mixer)
   if cfg.algorithm == "local_sgd":
     mixer = None
     if cfg.local_sgd.averaging == "gossip":
@@ -475,9 +489,12 @@ def make_simulator(s: Setup, model_bytes: float):
 
 
 def step_inputs(s: Setup, inputs: dict) -> algos.StepInputs:
-  """Place the simulator's per-step numpy inputs for the backend."""
+  """Place the simulator's per-step numpy inputs for the backend (``inputs["target"]``, the
+  consensus-control target of every worker, when present)."""
+  target = inputs.get("target")
   return s.backend.place(algos.StepInputs(
-      jnp.asarray(inputs["step"]), jnp.asarray(inputs["count"]), jnp.asarray(inputs["active"])))
+      jnp.asarray(inputs["step"]), jnp.asarray(inputs["count"]), jnp.asarray(inputs["active"]),
+      None if target is None else jnp.asarray(target, jnp.float32)))
 
 
 # ----------------------------------------------------------------------------- files
@@ -549,6 +566,18 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     os.makedirs(workdir, exist_ok=True)
     _atomic_write(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
     writer = MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
+  cs = cfg.consensus
+  step_writer = None
+  if workdir and (cs.log_every_step or cs.control):
+    step_writer = MetricsWriter(os.path.join(workdir, "steps.jsonl"))
+  targets = None
+  if cs.control:
+    from nbsgd_jax import consensus as consensus_lib
+    try:
+      targets = consensus_lib.TargetSchedule(cs.target, cs.target_ratio, cs.reference_workdir,
+                                             cs.until_step)
+    except ValueError as e:
+      raise config_lib.ConfigError([f"config.{e}"]) from None
 
   state = init_state(s)
   step_fn = make_train_step(s)
@@ -571,6 +600,11 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     planner = local_sgd_lib.make_planner(cfg)
     train_loss_fn = make_train_loss_fn(s.model)
   rounds = 0
+  extra_gossip = 0  # consensus control's extra gossip steps, all steps
+  if targets is not None:
+    one_measure = consensus_lib.measure_bytes(
+        model_bytes, cfg.num_workers, consensus_lib.Control(cs.max_gossip_steps, cs.measure,
+                                                            cs.sketch_size, cfg.seed))
 
   history = []
   wall = 0.0
@@ -582,9 +616,17 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
 
   def evaluate(step: int) -> dict:
     nonlocal bytes_total
-    losses = np.array([np.asarray(l, np.float64) for l, _ in pending])  # [steps, n]
-    sent = np.array([np.asarray(b, np.float64) for _, b in pending])  # [steps, n]
+    losses = np.array([np.asarray(l, np.float64) for _, (l, _, _) in pending])  # [steps, n]
+    sent = np.array([np.asarray(b, np.float64) for _, (_, b, _) in pending])  # [steps, n]
     bytes_total += float(sent.mean(axis=1).sum()) if pending else 0.0
+    if step_writer is not None:
+      for t, (l, _, aux) in pending:
+        srec = {"step": t, "train_batch_loss": float(np.mean(l))}
+        for k, v in aux.items():
+          srec[k] = float(np.asarray(v)[0])  # the same on every worker
+        if targets is not None:
+          srec["target"] = targets.at(t - 1)
+        step_writer.write(srec)
     pending.clear()
     params = state.params
     if s.backend.mesh is not None:  # evaluation reads whole models: replicate the stack once
@@ -593,6 +635,11 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     rec = {"step": step, "sim_time": sim.sim_time, "wall_time": wall,
            "train_batch_loss": float(losses.mean()) if losses.size else None,
            **ev, "bytes_sent": bytes_total, "rounds": rounds}
+    if cs.control:
+      rec["extra_gossip_steps"] = extra_gossip
+    if cs.per_layer:
+      rec["consensus_distance_layers"] = {
+          k: float(v) for k, v in metrics_lib.consensus_distance_per_layer(params).items()}
     history.append(rec)
     if writer:
       writer.write(rec)
@@ -620,8 +667,15 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
       sync = planner.sync_now(step - 1) if planner is not None else True
       rounds += int(sync)
       inputs, _ = sim.step(step - 1, communicate=sync)
+      if targets is not None:
+        inputs["target"] = np.full(cfg.num_workers, targets.at(step - 1), np.float32)
       state, out = step_fn(state, s.worker_data, step_inputs(s, inputs), sync)
-      pending.append(out)
+      pending.append((step, out))
+      if targets is not None:  # the extra gossip decided on the device enters the clock
+        k = int(np.asarray(out[2]["gossip_steps"])[0])
+        m = int(np.asarray(out[2]["measurements"])[0])
+        extra_gossip += k
+        sim.extra(step - 1, k, m, one_measure)
       if sync and planner is not None and planner.needs_loss:
         jax.block_until_ready(state)
         wall += time.perf_counter() - seg
@@ -640,8 +694,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     run_hooks(cfg.num_steps)
   finally:
     bar.close()
-    if writer:
-      writer.close()
+    for w in (writer, step_writer):
+      if w:
+        w.close()
 
   summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
              "backend": cfg.backend, "model": cfg.model, "dataset": cfg.dataset,

@@ -43,7 +43,7 @@ def run_steps(cfg, steps):
   for t in range(steps):
     sync = planner.sync_now(t) if planner else True
     inputs, _ = sim.step(t, communicate=sync)
-    state, (loss, _) = step(state, s.worker_data, train.step_inputs(s, inputs), sync)
+    state, (loss, _, _) = step(state, s.worker_data, train.step_inputs(s, inputs), sync)
     losses.append(np.asarray(loss))
   return s, state, np.stack(losses)
 

@@ -6,6 +6,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 AXIS = "workers"
 """The named axis every worker program communicates over."""
@@ -22,11 +23,14 @@ class StepInputs(NamedTuple):
       He & Dube 2022); ``M`` for blocking algorithms.
     active: bool ``[K]``, MATCHA's matching activations ``B_j`` of this step (the same on
       every worker); ``K = 1`` and unused for other algorithms.
+    target: float32 scalar, the consensus-control target Xi of this step (``inf``: no
+      control), or None when the run has no consensus control (Kong et al. 2021).
   """
 
   step: jax.Array
   count: jax.Array
   active: jax.Array
+  target: Any = None
 
 
 def masked_update(optimizer, grads, opt_state, params, keep):
@@ -54,7 +58,9 @@ class Algorithm(NamedTuple):
       collectives on it. ``inputs`` is this worker's :class:`StepInputs`; with non-blocking
       mini-batches ``grads`` is the mean over its ``inputs.count`` finished mini-batches.
       ``bytes_sent`` is a float32 scalar, the bytes this worker sent in this step, from the
-      algorithm's communication formula.
+      algorithm's communication formula. An update may return a fourth element, a dict of
+      float/int scalars (``aux``: e.g. consensus control's ``gossip_steps`` and measured
+      ``consensus_distance``), which the trainer logs.
     sync_update: ``None``, or for periodic algorithms (local SGD, DiLoCo) the program of a
       step that ends a communication period (same signature as ``update``); ``update`` is
       then the purely local step. The trainer picks one per step on the host
@@ -71,3 +77,23 @@ class Algorithm(NamedTuple):
 def tree_bytes(tree) -> int:
   """Bytes of one copy of a pytree (one worker's model or gradient), from leaf dtypes."""
   return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def varying_like(x: jax.Array, tree: Any) -> jax.Array:
+  """``x`` marked as varying over the manual mesh axes the leaves of ``tree`` vary over.
+
+  Inside ``jax.shard_map`` a per-worker value an update returns (a count, a byte total)
+  varies over the worker axis; a loop carry or a state that starts as a constant must be
+  given the same type (e.g. ``error_feedback``'s ``sent_count``, consensus control's bytes).
+  Outside ``shard_map`` (plain, ``jit``, ``vmap``) ``x`` is returned unchanged.
+  """
+  axes: set = set()
+  for leaf in jax.tree_util.tree_leaves(tree):
+    aval = jax.typeof(leaf)
+    vma = getattr(aval, "vma", None)  # older JAX
+    if vma is None:
+      vma = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
+    axes |= set(vma or ())
+  if not axes:
+    return x
+  return lax.pcast(x, tuple(sorted(axes)), to="varying")

@@ -104,17 +104,38 @@ def matcha_mixer(matchings: list[list[tuple[int, int]]], alpha: float, n: int,
 
 
 def gossip_sgd(name: str, optimizer: optax.GradientTransformation, mixer: Mixer,
-               order: str = "parallel", nonblocking: bool = False) -> Algorithm:
+               order: str = "parallel", nonblocking: bool = False, control=None,
+               num_workers: int = 0, log_consensus: bool = False,
+               control_mixer: Mixer | None = None, axis_name: str = AXIS) -> Algorithm:
   """Decentralized SGD with any mixer (see module docstring for the orders and the
   non-blocking rule).
 
+  Args:
+    name, optimizer, mixer, order, nonblocking: as above.
+    control: a :class:`nbsgd_jax.consensus.Control` to add consensus control (Kong et al.
+      2021): after the step, gossip again while the measured Xi exceeds ``inputs.target``
+      (at most ``control.max_gossip_steps`` times); needs ``num_workers`` and
+      ``inputs.target``. The update then returns ``aux`` with ``gossip_steps``,
+      ``measurements`` and the measured ``consensus_distance``.
+    num_workers: n (bytes of a measurement), with ``control``.
+    control_mixer: the mixer of the extra gossip steps (default ``mixer``). MATCHA needs the
+      base graph's static W here: one sampled W(t) = I - alpha sum_j B_j L_j is contractive
+      only in expectation, and repeating one realization can diverge.
+    log_consensus: without control, also return the exact Xi after the step in ``aux``
+      (a diagnostic of the simulation, not charged in bytes).
+
   Raises:
-    ValueError: unknown ``order``.
+    ValueError: unknown ``order``, or ``control`` without ``num_workers``.
   """
   if order not in ORDERS:
     raise ValueError(f"dpsgd.order={order!r} is not allowed: use one of {list(ORDERS)}")
+  if control is not None:
+    from nbsgd_jax import consensus
+    consensus.check_control(control)
+    if num_workers < 1:
+      raise ValueError("gossip_sgd with consensus control needs num_workers >= 1")
 
-  def update(grads, opt_state, params, inputs):
+  def step(grads, opt_state, params, inputs):
     if nonblocking:
       updates, opt_state = masked_update(optimizer, grads, opt_state, params, inputs.count > 0)
     else:
@@ -124,6 +145,19 @@ def gossip_sgd(name: str, optimizer: optax.GradientTransformation, mixer: Mixer,
       return optax.apply_updates(mixed, updates), opt_state, sent
     mixed, sent = mixer(optax.apply_updates(params, updates), inputs)
     return mixed, opt_state, sent
+
+  def update(grads, opt_state, params, inputs):
+    params, opt_state, sent = step(grads, opt_state, params, inputs)
+    if control is not None:
+      from nbsgd_jax import consensus
+      params, more, aux = consensus.control(params, control_mixer or mixer, inputs,
+                                            num_workers, control, axis_name)
+      return params, opt_state, sent + more, aux
+    if log_consensus:
+      from nbsgd_jax import consensus
+      xi2 = consensus.measure_sq(params, consensus.Control(), None, axis_name)
+      return params, opt_state, sent, {"consensus_distance": jnp.sqrt(xi2)}
+    return params, opt_state, sent
 
   return Algorithm(name=name, decentralized=True, init=optimizer.init, update=update)
 

@@ -1,0 +1,201 @@
+"""Consensus distance and consensus control: the centralized-decentralized gap.
+
+Kong, Lin, Koloskova, Jaggi and Stich, "Consensus Control for Decentralized Deep Learning"
+(ICML 2021). Claims: decentralized training loses quality against centralized training; the
+consensus distance Xi_t^2 = (1/n) sum_i ||x_i - x_bar||^2 explains the gap; keeping Xi below a
+critical value, mostly in the first phase of training, closes it.
+
+    python experiments/reproduce_consensus.py --out docs/consensus
+
+For every setting (``--workers`` x ``--partitions``: iid and Dirichlet(``--alpha``) over
+labels), the LeNet-style CNN on mnist10k, ring topology, trains: centralized SGD
+(``allreduce``), D-PSGD (``dpsgd``, logging Xi every step: the reference run) and D-PSGD with
+consensus control, target = ratio x the reference run's Xi at each step (``--ratios``), always
+and only in the first phase (``--phase`` of the steps). Every extra gossip and every Xi
+measurement (an all-reduce of the model) is charged in bytes and simulated time.
+
+Outputs in ``OUT``: ``results.json``, ``results.md`` (table: final test accuracy, MB sent,
+simulated time, extra gossip steps, mean Xi over the first phase, share of the
+allreduce-dpsgd gap closed), ``xi_and_accuracy.png`` (Xi_t and accuracy over steps) and
+``accuracy_vs_xi.png`` (final accuracy against mean Xi in the first phase); every run's
+workdir (metrics.jsonl, steps.jsonl) under ``--runs_dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import common  # noqa: E402  (experiments/common.py)
+from nbsgd_jax import config as config_lib  # noqa: E402
+from nbsgd_jax import train  # noqa: E402
+
+
+def make_config(a, n: int, partition: str, algorithm: str, **kw):
+  c = config_lib.default_config()
+  c.algorithm = algorithm
+  c.num_workers = n
+  c.topology = "ring"
+  c.model = "cnn"
+  c.batch_size = a.batch_total // n
+  c.learning_rate = a.lr
+  c.lr_schedule = "cosine"
+  c.momentum = 0.9
+  c.weight_decay = 5e-4
+  c.num_steps = a.steps
+  c.eval_every = a.eval_every
+  c.eval_train_examples = 1000
+  c.partition = partition
+  c.dirichlet_alpha = a.alpha
+  c.seed = a.seed
+  c.progress = False
+  c.consensus.log_every_step = True
+  for k, v in kw.items():
+    sec, key = k.split(".")
+    c[sec][key] = v
+  return c
+
+
+def read_steps(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, "steps.jsonl")) as f:
+    return [json.loads(l) for l in f if l.strip()]
+
+
+def run_setting(a, n: int, partition: str) -> dict:
+  tag = f"n{n}_{partition}"
+  base = os.path.join(a.runs_dir or os.path.join(a.out, "runs"), tag)
+  phase_end = int(a.phase * a.steps)
+  plan = [("allreduce", "allreduce", {}), ("dpsgd", "dpsgd", {})]
+  for r in a.ratios:
+    ctl = {"consensus.control": True, "consensus.target_ratio": r,
+           "consensus.reference_workdir": os.path.join(base, "dpsgd"),
+           "consensus.max_gossip_steps": a.max_gossip_steps}
+    plan.append((f"control {r:g}x (always)", "dpsgd", ctl))
+    plan.append((f"control {r:g}x (first {a.phase:g})", "dpsgd",
+                 {**ctl, "consensus.until_step": phase_end}))
+  runs = {}
+  for name, algo, kw in plan:
+    wd = os.path.join(base, name.replace(" ", "_").replace("(", "").replace(")", ""))
+    t = time.time()
+    s = train.train(make_config(a, n, partition, algo, **kw), wd)
+    steps = read_steps(wd) if algo != "allreduce" else []
+    xi = [r["consensus_distance"] for r in steps]
+    runs[name] = {
+        "workdir": wd, "test_accuracy": s["test_accuracy"], "train_loss": s["train_loss"],
+        "bytes_sent": s["bytes_sent"], "sim_time": s["sim_time"],
+        "extra_gossip_steps": s.get("extra_gossip_steps", 0),
+        "mean_xi_first_phase": float(np.mean(xi[:phase_end])) if xi else 0.0,
+        "xi": xi, "history": s["history"]}
+    print(f"  {tag:12s} {name:26s} acc {s['test_accuracy']:.4f}  "
+          f"{s['bytes_sent'] / 1e6:8.1f} MB  sim {s['sim_time']:7.2f} s  "
+          f"Xi(first phase) {runs[name]['mean_xi_first_phase']:.4f}  "
+          f"({time.time() - t:.0f} s real)", flush=True)
+  gap = runs["allreduce"]["test_accuracy"] - runs["dpsgd"]["test_accuracy"]
+  for v in runs.values():
+    v["gap_closed"] = ((v["test_accuracy"] - runs["dpsgd"]["test_accuracy"]) / gap
+                       if gap > 0 else None)
+  return {"num_workers": n, "partition": partition, "gap_pp": 100 * gap,
+          "phase_end_step": phase_end, "runs": runs}
+
+
+def plot_curves(settings: list, path: str) -> None:
+  plt = common.pyplot()
+  fig, axes = plt.subplots(2, len(settings), figsize=(5.5 * len(settings), 8), squeeze=False)
+  for j, st in enumerate(settings):
+    ax0, ax1 = axes[0][j], axes[1][j]
+    for i, (name, r) in enumerate(st["runs"].items()):
+      if r["xi"]:
+        ax0.plot(np.arange(1, len(r["xi"]) + 1), r["xi"], color=f"C{i}", lw=0.8, label=name)
+      h = r["history"]
+      ax1.plot([x["step"] for x in h], [100 * x["test_accuracy"] for x in h], "o-",
+               color=f"C{i}", ms=3, label=name)
+    ax0.axvline(st["phase_end_step"], color="gray", ls=":", lw=1)
+    ax0.set_yscale("log")
+    ax0.set_title(f"n = {st['num_workers']}, {st['partition']}: consensus distance Xi_t")
+    ax0.set_xlabel("step")
+    ax1.set_title("test accuracy (averaged model)")
+    ax1.set_xlabel("step")
+    ax1.set_ylim(bottom=max(0, min(100 * x["test_accuracy"] for r in st["runs"].values()
+                                   for x in r["history"][1:]) - 2))
+    ax0.legend(fontsize=7)
+    ax1.legend(fontsize=7)
+  fig.tight_layout()
+  common.save_figure(fig, path)
+
+
+def plot_scatter(settings: list, path: str) -> None:
+  plt = common.pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for j, st in enumerate(settings):
+    xs = [r["mean_xi_first_phase"] for k, r in st["runs"].items() if k != "allreduce"]
+    ys = [100 * r["test_accuracy"] for k, r in st["runs"].items() if k != "allreduce"]
+    ax.scatter(xs, ys, color=f"C{j}", label=f"n = {st['num_workers']}, {st['partition']}")
+    ax.axhline(100 * st["runs"]["allreduce"]["test_accuracy"], color=f"C{j}", ls=":", lw=1)
+  ax.set_xlabel("mean Xi over the first phase")
+  ax.set_ylabel("final test accuracy (%)")
+  ax.set_title("accuracy vs consensus distance (dotted: allreduce)")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  common.save_figure(fig, path)
+
+
+def markdown(settings: list, a) -> str:
+  lines = [f"LeNet-style CNN on mnist10k, ring, {a.steps} steps, total batch {a.batch_total} "
+           f"(per worker {a.batch_total} / n), lr {a.lr} cosine, momentum 0.9, weight decay "
+           f"5e-4, seed {a.seed}; control: K = {a.max_gossip_steps} extra gossip steps at most, "
+           f"exact Xi measurement (an all-reduce of the model, charged); first phase = first "
+           f"{a.phase:g} of the steps.", ""]
+  for st in settings:
+    lines += [f"n = {st['num_workers']}, {st['partition']} (allreduce - dpsgd gap "
+              f"{st['gap_pp']:.2f} points):", "",
+              "| run | test acc. | MB / worker | sim time (s) | extra gossip | mean Xi, first "
+              "phase | gap closed |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in st["runs"].items():
+      gc = "-" if r["gap_closed"] is None else f"{100 * r['gap_closed']:.0f}%"
+      lines.append(f"| {name} | {100 * r['test_accuracy']:.2f}% | {r['bytes_sent'] / 1e6:.1f} | "
+                   f"{r['sim_time']:.2f} | {r['extra_gossip_steps']} | "
+                   f"{r['mean_xi_first_phase']:.4f} | {gc} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--workers", type=int, nargs="+", default=[16, 32])
+  ap.add_argument("--partitions", nargs="+", default=["dirichlet", "iid"])
+  ap.add_argument("--alpha", type=float, default=0.1)
+  ap.add_argument("--steps", type=int, default=400)
+  ap.add_argument("--eval_every", type=int, default=50)
+  ap.add_argument("--batch_total", type=int, default=256)
+  ap.add_argument("--lr", type=float, default=0.05)
+  ap.add_argument("--ratios", type=float, nargs="+", default=[0.5])
+  ap.add_argument("--phase", type=float, default=0.25)
+  ap.add_argument("--max_gossip_steps", type=int, default=10)
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--runs_dir", default="runs/consensus",
+                  help="where the runs' workdirs go (default runs/consensus, not versioned)")
+  a = ap.parse_args()
+  os.makedirs(a.out, exist_ok=True)
+  start = time.time()
+  settings = []
+  for n in a.workers:
+    for part in a.partitions:
+      settings.append(run_setting(a, n, part))
+      plot_curves(settings, os.path.join(a.out, "xi_and_accuracy.png"))
+      plot_scatter(settings, os.path.join(a.out, "accuracy_vs_xi.png"))
+      results = {"args": vars(a), "settings": settings, "real_seconds": time.time() - start}
+      common.write_results(a.out, results, markdown(settings, a))
+  print(f"wrote {a.out}/results.json, results.md and plots in {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,214 @@
+"""Consensus distance measurement and consensus control (Kong et al. 2021)."""
+
+import json
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nbsgd_jax import algorithms as algos
+from nbsgd_jax import collectives, consensus, metrics, topology, train
+from nbsgd_jax import config as config_lib
+from nbsgd_jax.algorithms.base import AXIS, StepInputs
+
+from tests.test_train import small_cfg
+
+N = 8
+
+
+def _tree(seed, n=N):
+  rng = np.random.default_rng(seed)
+  return {"a": jnp.asarray(rng.standard_normal((n, 5, 3)), jnp.float32),
+          "b": jnp.asarray(rng.standard_normal((n, 7)), jnp.float32)}
+
+
+def _inputs(target, step=0, n=N):
+  return StepInputs(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
+                    jnp.zeros((n, 1), bool), jnp.full((n,), target, jnp.float32))
+
+
+def test_exact_measure_matches_numpy_and_metrics():
+  p = _tree(0)
+  xi2 = jax.vmap(lambda x: consensus.measure_sq(x, consensus.Control()), axis_name=AXIS)(p)
+  ref = consensus.measure_sq_reference(p)
+  np.testing.assert_allclose(np.asarray(xi2), ref, rtol=1e-5)
+  np.testing.assert_allclose(float(metrics.consensus_distance(p)) ** 2, ref, rtol=1e-5)
+  layers = metrics.consensus_distance_per_layer(p)
+  assert set(layers) == {"a", "b"}
+  np.testing.assert_allclose(sum(float(v) ** 2 for v in layers.values()), ref, rtol=1e-5)
+
+
+def test_sketch_measure_is_unbiased():
+  p = _tree(1)
+  c = consensus.Control(measure="sketch", sketch_size=16)
+  f = jax.jit(jax.vmap(lambda x, k: consensus.measure_sq(x, c, k), axis_name=AXIS,
+                       in_axes=(0, None)))
+  est = np.array([float(f(p, jax.random.key(i))[0]) for i in range(400)])
+  ref = consensus.measure_sq_reference(p)
+  # mean of 400 estimates within 4 standard errors of the exact value
+  assert abs(est.mean() - ref) <= 4 * est.std() / math.sqrt(len(est)), (est.mean(), ref)
+  assert est.std() > 0
+
+
+@pytest.mark.parametrize("target", [0.5, 1.0, 3.0])
+def test_control_gossips_until_target_like_numpy(target):
+  w = np.asarray(topology.make("ring", N).mixing_matrix)
+  mix = algos.static_mixer(w)
+  p = _tree(2)
+  c = consensus.Control(max_gossip_steps=20)
+  out, sent, aux = jax.vmap(lambda x, i: consensus.control(x, mix, i, N, c), axis_name=AXIS)(
+      p, _inputs(target))
+  k = int(aux["gossip_steps"][0])
+  # numpy: apply W until Xi <= target
+  x = {name: np.asarray(v, np.float64) for name, v in p.items()}
+  ref_k = 0
+  while consensus.measure_sq_reference(x) > target ** 2 and ref_k < 20:
+    x = {name: np.tensordot(w, v, axes=1) for name, v in x.items()}
+    ref_k += 1
+  assert k == ref_k
+  for name in p:
+    np.testing.assert_allclose(np.asarray(out[name]), x[name], rtol=1e-4, atol=1e-5)
+  assert float(aux["consensus_distance"][0]) <= target + 1e-6
+  model = 4 * (15 + 7)
+  per_gossip = collectives.gossip_bytes(model, w)
+  expected = k * per_gossip + (k + 1) * consensus.measure_bytes(model, N, c)
+  np.testing.assert_allclose(np.asarray(sent), expected, rtol=1e-6)
+
+
+def test_control_off_at_infinite_target_and_capped_at_k():
+  w = np.asarray(topology.make("ring", N).mixing_matrix)
+  mix = algos.static_mixer(w)
+  p = _tree(3)
+  f = jax.vmap(lambda x, i: consensus.control(x, mix, i, N, consensus.Control(2)),
+               axis_name=AXIS)
+  out, sent, aux = f(p, _inputs(np.inf))
+  chex.assert_trees_all_equal(out, p)
+  assert float(sent[0]) == 0 and int(aux["measurements"][0]) == 0
+  _, _, aux = f(p, _inputs(1e-6))  # unreachable: K = 2 extra steps, 3 measurements
+  assert int(aux["gossip_steps"][0]) == 2 and int(aux["measurements"][0]) == 3
+
+
+def _control_cfg(**kw):
+  base = dict(algorithm="dpsgd", num_workers=N, topology="ring", learning_rate=0.3,
+              momentum=0.0, num_steps=12, eval_every=6, partition="dirichlet",
+              dirichlet_alpha=0.1, batch_size=8)
+  base.update(kw)
+  return small_cfg(**base)
+
+
+def _steps(workdir):
+  return [json.loads(l) for l in (workdir / "steps.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+  """An uncontrolled D-PSGD run logging Xi every step: (workdir, summary)."""
+  wd = tmp_path_factory.mktemp("ref")
+  return wd, train.train(_control_cfg(**{"consensus.log_every_step": True}), str(wd))
+
+
+def test_training_with_control_keeps_xi_below_target(tmp_path, reference_run):
+  ref_dir, ref = reference_run
+  free = _steps(ref_dir)
+  target = 0.5 * max(r["consensus_distance"] for r in free)
+  assert any(r["consensus_distance"] > target for r in free)  # control has work to do
+  out = train.train(_control_cfg(**{"consensus.control": True, "consensus.target": target,
+                                    "consensus.max_gossip_steps": 50}), str(tmp_path / "c"))
+  ctl = _steps(tmp_path / "c")
+  assert [r["step"] for r in ctl] == list(range(1, 13))
+  assert all(r["consensus_distance"] <= target * (1 + 1e-5) for r in ctl), ctl
+  assert sum(r["gossip_steps"] for r in ctl) == out["extra_gossip_steps"] > 0
+  assert out["bytes_sent"] > ref["bytes_sent"]
+  assert out["sim_time"] > ref["sim_time"]
+  # the evaluation's exact Xi (host) agrees with the in-step measurement at step 12
+  assert out["consensus_distance"] == pytest.approx(ctl[-1]["consensus_distance"], rel=1e-3)
+
+
+def test_control_until_step_and_ratio_target(tmp_path, reference_run):
+  ref_dir, _ = reference_run
+  free = {r["step"]: r["consensus_distance"] for r in _steps(ref_dir)}
+  train.train(_control_cfg(**{"consensus.control": True, "consensus.target_ratio": 0.5,
+                              "consensus.reference_workdir": str(ref_dir),
+                              "consensus.until_step": 8, "consensus.max_gossip_steps": 50}),
+              str(tmp_path / "c"))
+  ctl = _steps(tmp_path / "c")
+  for r in ctl:
+    if r["step"] <= 8:
+      assert r["target"] == pytest.approx(0.5 * free[r["step"]], rel=1e-6)
+      assert r["consensus_distance"] <= r["target"] * (1 + 1e-5)
+    else:  # control off: no measurement, no extra gossip
+      assert math.isinf(r["target"]) and r["gossip_steps"] == 0 and r["measurements"] == 0
+
+
+def test_simulate_and_mesh_agree_with_control():
+  kw = {"consensus.control": True, "consensus.target": 1e-3, "consensus.max_gossip_steps": 3,
+        "algorithm": "matcha", "topology": "torus", "num_workers": N}
+  cfg = lambda b: small_cfg(backend=b, **kw)
+  sim_out = run_steps_with_targets(cfg("simulate"), 4)
+  mesh_out = run_steps_with_targets(cfg("mesh"), 4)
+  chex.assert_trees_all_close(sim_out.params, jax.device_get(mesh_out.params),
+                              rtol=1e-4, atol=1e-5)
+
+
+def run_steps_with_targets(cfg, steps):
+  s = train.setup(cfg)
+  state = train.init_state(s)
+  step = train.make_train_step(s)
+  sim = train.make_simulator(s, 4.0)
+  for t in range(steps):
+    inputs, _ = sim.step(t)
+    inputs["target"] = np.full(cfg.num_workers, cfg.consensus.target, np.float32)
+    state, (_, _, aux) = step(state, s.worker_data, train.step_inputs(s, inputs))
+    assert int(np.asarray(aux["gossip_steps"])[0]) == 3  # unreachable target: K steps
+  return state
+
+
+def test_simulator_extra_charges_measurements_and_gossip():
+  cfg = small_cfg(algorithm="dpsgd", num_workers=4, topology="ring")
+  s = train.setup(cfg)
+  sim = train.make_simulator(s, 1000.0)
+  sim.step(0)
+  t0 = sim.sim_time
+  sim.extra(0, gossip_rounds=2, measurements=3, measure_bytes=500.0)
+  lat, bw = cfg.cluster.latency, cfg.cluster.bandwidth
+  meas = lat * 4 * 3 + 500.0 / bw  # vector + scalar ring all-reduce: 2 * 2(n - 1) messages
+  gossip = lat * 2 + 2 * 1000.0 / bw  # two neighbours
+  assert sim.sim_time - t0 == pytest.approx(3 * meas + 2 * gossip, rel=1e-9)
+
+
+@pytest.mark.parametrize("override,needle", [
+    ({"consensus.control": True}, "set exactly one of them > 0"),
+    ({"consensus.control": True, "consensus.target": 1.0, "consensus.target_ratio": 0.5},
+     "set exactly one of them > 0"),
+    ({"consensus.control": True, "consensus.target_ratio": 0.5},
+     "needs config.consensus.reference_workdir"),
+    ({"consensus.control": True, "consensus.target": 1.0, "algorithm": "allreduce"},
+     "consensus control runs on 'dpsgd' and 'matcha'"),
+    ({"consensus.max_gossip_steps": 0}, "config.consensus.max_gossip_steps=0 is not allowed"),
+    ({"consensus.measure": "guess"}, "config.consensus.measure='guess' is not allowed"),
+    ({"consensus.target": -1.0}, "config.consensus.target=-1.0 is not allowed"),
+])
+def test_bad_consensus_config(override, needle):
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(small_cfg(**override))
+  assert any(needle in line for line in e.value.errors), e.value.errors
+
+
+def test_reference_workdir_without_xi(tmp_path):
+  with pytest.raises(ValueError, match="holds no steps.jsonl or metrics.jsonl"):
+    consensus.TargetSchedule(target_ratio=0.5, reference_workdir=str(tmp_path))
+
+
+def test_control_on_nonblocking_matcha(tmp_path):
+  """Consensus control on top of Non-blocking MATCHA (stragglers drop mini-batches)."""
+  cfg = _control_cfg(algorithm="matcha", topology="erdos_renyi", num_steps=6, eval_every=6,
+                     **{"consensus.control": True, "consensus.target": 0.05,
+                        "consensus.max_gossip_steps": 50, "nonblocking.enabled": True,
+                        "nonblocking.num_minibatches": 4, "cluster.scenario": "lognormal"})
+  out = train.train(cfg, str(tmp_path))
+  ctl = _steps(tmp_path)
+  assert all(r["consensus_distance"] <= 0.05 * (1 + 1e-5) for r in ctl), ctl
+  assert out["extra_gossip_steps"] > 0
