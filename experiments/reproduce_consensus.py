@@ -74,13 +74,16 @@ def run_setting(a, n: int, partition: str) -> dict:
   base = os.path.join(a.runs_dir or os.path.join(a.out, "runs"), tag)
   phase_end = int(a.phase * a.steps)
   plan = [("allreduce", "allreduce", {}), ("dpsgd", "dpsgd", {})]
-  for r in a.ratios:
-    ctl = {"consensus.control": True, "consensus.target_ratio": r,
-           "consensus.reference_workdir": os.path.join(base, "dpsgd"),
-           "consensus.max_gossip_steps": a.max_gossip_steps}
-    plan.append((f"control {r:g}x (always)", "dpsgd", ctl))
-    plan.append((f"control {r:g}x (first {a.phase:g})", "dpsgd",
-                 {**ctl, "consensus.until_step": phase_end}))
+  for measure in a.measures:
+    for r in a.ratios:
+      ctl = {"consensus.control": True, "consensus.target_ratio": r,
+             "consensus.reference_workdir": os.path.join(base, "dpsgd"),
+             "consensus.max_gossip_steps": a.max_gossip_steps, "consensus.measure": measure,
+             "consensus.sketch_size": a.sketch_size}
+      tag_m = "" if measure == "exact" else ", sketch"
+      plan.append((f"control {r:g}x (always{tag_m})", "dpsgd", ctl))
+      plan.append((f"control {r:g}x (first {a.phase:g}{tag_m})", "dpsgd",
+                   {**ctl, "consensus.until_step": phase_end}))
   runs = {}
   for name, algo, kw in plan:
     wd = os.path.join(base, name.replace(" ", "_").replace("(", "").replace(")", ""))
@@ -180,6 +183,9 @@ def main():
   ap.add_argument("--ratios", type=float, nargs="+", default=[0.5])
   ap.add_argument("--phase", type=float, default=0.25)
   ap.add_argument("--max_gossip_steps", type=int, default=10)
+  ap.add_argument("--measures", nargs="+", default=["exact"], choices=["exact", "sketch"],
+                  help="Xi measurement of the controlled runs (each adds its runs)")
+  ap.add_argument("--sketch_size", type=int, default=1024)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--runs_dir", default="runs/consensus",
                   help="where the runs' workdirs go (default runs/consensus, not versioned)")
