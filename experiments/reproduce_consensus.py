@@ -115,8 +115,9 @@ def plot_curves(settings: list, path: str) -> None:
   for j, st in enumerate(settings):
     ax0, ax1 = axes[0][j], axes[1][j]
     for i, (name, r) in enumerate(st["runs"].items()):
-      if r["xi"]:
-        ax0.plot(np.arange(1, len(r["xi"]) + 1), r["xi"], color=f"C{i}", lw=0.8, label=name)
+      if r["xi"]:  # zeros: steps where nothing was measured (results of older versions)
+        xi = np.array([np.nan if not v else v for v in r["xi"]], float)
+        ax0.plot(np.arange(1, len(xi) + 1), xi, color=f"C{i}", lw=0.8, label=name)
       h = r["history"]
       ax1.plot([x["step"] for x in h], [100 * x["test_accuracy"] for x in h], "o-",
                color=f"C{i}", ms=3, label=name)
@@ -189,9 +190,20 @@ def main():
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--runs_dir", default="runs/consensus",
                   help="where the runs' workdirs go (default runs/consensus, not versioned)")
+  ap.add_argument("--replot", action="store_true",
+                  help="redraw the plots and tables from OUT/results.json, no training")
   a = ap.parse_args()
   os.makedirs(a.out, exist_ok=True)
   start = time.time()
+  if a.replot:
+    with open(os.path.join(a.out, "results.json")) as f:
+      results = json.load(f)
+    settings = results["settings"]
+    old = argparse.Namespace(**{**results["args"], "out": a.out})
+    plot_curves(settings, os.path.join(a.out, "xi_and_accuracy.png"))
+    plot_scatter(settings, os.path.join(a.out, "accuracy_vs_xi.png"))
+    common.write_results(a.out, results, markdown(settings, old))
+    return
   settings = []
   for n in a.workers:
     for part in a.partitions:

@@ -624,6 +624,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
         srec = {"step": t, "train_batch_loss": float(np.mean(l))}
         for k, v in aux.items():
           srec[k] = float(np.asarray(v)[0])  # the same on every worker
+        if srec.get("measurements") == 0:  # control off at this step: nothing measured
+          srec["measured_consensus_distance"] = None
         if targets is not None:
           srec["target"] = targets.at(t - 1)
         step_writer.write(srec)

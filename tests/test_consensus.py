@@ -119,12 +119,13 @@ def test_training_with_control_keeps_xi_below_target(tmp_path, reference_run):
                                     "consensus.max_gossip_steps": 50}), str(tmp_path / "c"))
   ctl = _steps(tmp_path / "c")
   assert [r["step"] for r in ctl] == list(range(1, 13))
-  assert all(r["consensus_distance"] <= target * (1 + 1e-5) for r in ctl), ctl
+  assert all(r["measured_consensus_distance"] <= target * (1 + 1e-5) for r in ctl), ctl
   assert sum(r["gossip_steps"] for r in ctl) == out["extra_gossip_steps"] > 0
   assert out["bytes_sent"] > ref["bytes_sent"]
   assert out["sim_time"] > ref["sim_time"]
   # the evaluation's exact Xi (host) agrees with the in-step measurement at step 12
-  assert out["consensus_distance"] == pytest.approx(ctl[-1]["consensus_distance"], rel=1e-3)
+  assert out["consensus_distance"] == pytest.approx(ctl[-1]["measured_consensus_distance"],
+                                                    rel=1e-3)
 
 
 def test_control_until_step_and_ratio_target(tmp_path, reference_run):
@@ -132,15 +133,19 @@ def test_control_until_step_and_ratio_target(tmp_path, reference_run):
   free = {r["step"]: r["consensus_distance"] for r in _steps(ref_dir)}
   train.train(_control_cfg(**{"consensus.control": True, "consensus.target_ratio": 0.5,
                               "consensus.reference_workdir": str(ref_dir),
-                              "consensus.until_step": 8, "consensus.max_gossip_steps": 50}),
+                              "consensus.until_step": 8, "consensus.max_gossip_steps": 50,
+                              "consensus.log_every_step": True}),
               str(tmp_path / "c"))
   ctl = _steps(tmp_path / "c")
   for r in ctl:
     if r["step"] <= 8:
       assert r["target"] == pytest.approx(0.5 * free[r["step"]], rel=1e-6)
-      assert r["consensus_distance"] <= r["target"] * (1 + 1e-5)
-    else:  # control off: no measurement, no extra gossip
+      assert r["measured_consensus_distance"] <= r["target"] * (1 + 1e-5)
+      assert r["consensus_distance"] == pytest.approx(r["measured_consensus_distance"],
+                                                      rel=1e-5)
+    else:  # control off: no measurement, no extra gossip; the exact diagnostic still logged
       assert math.isinf(r["target"]) and r["gossip_steps"] == 0 and r["measurements"] == 0
+      assert r["measured_consensus_distance"] is None and r["consensus_distance"] > 0
 
 
 def test_simulate_and_mesh_agree_with_control():
@@ -210,5 +215,5 @@ def test_control_on_nonblocking_matcha(tmp_path):
                         "nonblocking.num_minibatches": 4, "cluster.scenario": "lognormal"})
   out = train.train(cfg, str(tmp_path))
   ctl = _steps(tmp_path)
-  assert all(r["consensus_distance"] <= 0.05 * (1 + 1e-5) for r in ctl), ctl
+  assert all(r["measured_consensus_distance"] <= 0.05 * (1 + 1e-5) for r in ctl), ctl
   assert out["extra_gossip_steps"] > 0

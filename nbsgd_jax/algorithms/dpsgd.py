@@ -116,13 +116,14 @@ def gossip_sgd(name: str, optimizer: optax.GradientTransformation, mixer: Mixer,
       2021): after the step, gossip again while the measured Xi exceeds ``inputs.target``
       (at most ``control.max_gossip_steps`` times); needs ``num_workers`` and
       ``inputs.target``. The update then returns ``aux`` with ``gossip_steps``,
-      ``measurements`` and the measured ``consensus_distance``.
+      ``measurements`` and ``measured_consensus_distance`` (the last measured Xi; 0 where
+      control is off).
     num_workers: n (bytes of a measurement), with ``control``.
     control_mixer: the mixer of the extra gossip steps (default ``mixer``). MATCHA needs the
       base graph's static W here: one sampled W(t) = I - alpha sum_j B_j L_j is contractive
       only in expectation, and repeating one realization can diverge.
-    log_consensus: without control, also return the exact Xi after the step in ``aux``
-      (a diagnostic of the simulation, not charged in bytes).
+    log_consensus: also return the exact Xi after every step in ``aux``
+      (``consensus_distance``, a diagnostic of the simulation, not charged in bytes).
 
   Raises:
     ValueError: unknown ``order``, or ``control`` without ``num_workers``.
@@ -152,6 +153,10 @@ def gossip_sgd(name: str, optimizer: optax.GradientTransformation, mixer: Mixer,
       from nbsgd_jax import consensus
       params, more, aux = consensus.control(params, control_mixer or mixer, inputs,
                                             num_workers, control, axis_name)
+      aux["measured_consensus_distance"] = aux.pop("consensus_distance")
+      if log_consensus:  # exact, every step (also where control is off), not charged
+        aux["consensus_distance"] = jnp.sqrt(
+            consensus.measure_sq(params, consensus.Control(), None, axis_name))
       return params, opt_state, sent + more, aux
     if log_consensus:
       from nbsgd_jax import consensus
