@@ -58,10 +58,7 @@ def make_config(a, n: int, partition: str, algorithm: str, **kw):
   c.seed = a.seed
   c.progress = False
   c.consensus.log_every_step = True
-  for k, v in kw.items():
-    sec, key = k.split(".")
-    c[sec][key] = v
-  return c
+  return config_lib.override(c, kw)
 
 
 def read_steps(workdir: str) -> list[dict]:

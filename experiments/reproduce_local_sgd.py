@@ -168,13 +168,7 @@ def mnist_config(a, algorithm, **kw):
   c.eval_train_examples = 1000
   c.seed = a.seed
   c.progress = False
-  for k, v in kw.items():
-    sec, key = k.split(".") if "." in k else (None, k)
-    if sec:
-      c[sec][key] = v
-    else:
-      c[key] = v
-  return c
+  return config_lib.override(c, kw)
 
 
 def mnist(a) -> dict:

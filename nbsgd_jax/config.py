@@ -120,6 +120,24 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
+def override(cfg: ml_collections.ConfigDict, overrides: dict) -> ml_collections.ConfigDict:
+  """Set ``cfg`` keys in place from ``{"key": value, "section.key": value}`` (the CLI's
+  ``--config.section.key`` spelling, for scripts and tests); returns ``cfg``.
+
+  Raises:
+    ConfigError: a key that ``default_config()`` does not have (named in the message).
+  """
+  for name, value in overrides.items():
+    *sections, key = name.split(".")
+    node = cfg
+    for sec in sections:
+      node = node.get(sec) if isinstance(node, ml_collections.ConfigDict) else None
+    if not isinstance(node, ml_collections.ConfigDict) or key not in node:
+      raise ConfigError([f"config.{name} is not a configuration key"])
+    node[key] = value
+  return cfg
+
+
 class ConfigError(ValueError):
   """Bad configuration; ``.errors`` holds one line per problem."""
 

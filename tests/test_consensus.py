@@ -217,3 +217,11 @@ def test_control_on_nonblocking_matcha(tmp_path):
   ctl = _steps(tmp_path)
   assert all(r["measured_consensus_distance"] <= 0.05 * (1 + 1e-5) for r in ctl), ctl
   assert out["extra_gossip_steps"] > 0
+
+
+def test_config_override_names_unknown_keys():
+  c = config_lib.override(config_lib.default_config(), {"num_workers": 3, "consensus.target": 0.1})
+  assert c.num_workers == 3 and c.consensus.target == 0.1
+  for bad in ("consensus.targt", "nosection.key", "num_worker"):
+    with pytest.raises(config_lib.ConfigError, match=f"config.{bad} is not a configuration key"):
+      config_lib.override(config_lib.default_config(), {bad: 1})

@@ -21,13 +21,7 @@ def small_cfg(**overrides):
   c.eval_train_examples = 64
   c.progress = False
   c.lr_schedule = "constant"
-  for k, v in overrides.items():
-    if "." in k:
-      sec, key = k.split(".")
-      c[sec][key] = v
-    else:
-      c[k] = v
-  return c
+  return config_lib.override(c, overrides)
 
 
 def run_steps(cfg, steps):
