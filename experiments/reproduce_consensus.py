@@ -10,8 +10,10 @@ critical value, mostly in the first phase of training, closes it.
 For every setting (``--workers`` x ``--partitions``: iid and Dirichlet(``--alpha``) over
 labels), the LeNet-style CNN on mnist10k, ring topology, trains: centralized SGD
 (``allreduce``), D-PSGD (``dpsgd``, logging Xi every step: the reference run) and D-PSGD with
-consensus control, target = ratio x the reference run's Xi at each step (``--ratios``), always
-and only in the first phase (``--phase`` of the steps). Every extra gossip and every Xi
+consensus control, target = ratio x the reference run's Xi at each step (``--ratios``) or
+c x the critical consensus distance Gamma_t estimated on the fly (``--critical_scales``,
+:class:`nbsgd_jax.consensus.CriticalTarget`), always and only in the first phase (``--phase``
+of the steps). Every extra gossip and every Xi
 measurement (an all-reduce of the model) is charged in bytes and simulated time.
 
 Outputs in ``OUT``: ``results.json``, ``results.md`` (table: final test accuracy, MB sent,
@@ -66,6 +68,21 @@ def read_steps(workdir: str) -> list[dict]:
     return [json.loads(l) for l in f if l.strip()]
 
 
+def finished_run(workdir: str, cfg) -> dict | None:
+  """The summary (with ``history``) of a finished run in ``workdir`` with exactly this
+  config, or None."""
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      same = json.load(f) == json.loads(cfg.to_json_best_effort())
+    with open(os.path.join(workdir, "summary.json")) as f:
+      summary = json.load(f)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      summary["history"] = [json.loads(l) for l in f if l.strip()]
+  except (OSError, ValueError):
+    return None
+  return summary if same else None
+
+
 def run_setting(a, n: int, partition: str) -> dict:
   tag = f"n{n}_{partition}"
   base = os.path.join(a.runs_dir or os.path.join(a.out, "runs"), tag)
@@ -81,18 +98,30 @@ def run_setting(a, n: int, partition: str) -> dict:
       plan.append((f"control {r:g}x (always{tag_m})", "dpsgd", ctl))
       plan.append((f"control {r:g}x (first {a.phase:g}{tag_m})", "dpsgd",
                    {**ctl, "consensus.until_step": phase_end}))
+    for c in a.critical_scales:
+      ctl = {"consensus.control": True, "consensus.critical": True,
+             "consensus.critical_scale": c, "consensus.max_gossip_steps": a.max_gossip_steps,
+             "consensus.measure": measure, "consensus.sketch_size": a.sketch_size}
+      tag_m = "" if measure == "exact" else ", sketch"
+      plan.append((f"control {c:g} Gamma (always{tag_m})", "dpsgd", ctl))
+      plan.append((f"control {c:g} Gamma (first {a.phase:g}{tag_m})", "dpsgd",
+                   {**ctl, "consensus.until_step": phase_end}))
   runs = {}
   for name, algo, kw in plan:
     wd = os.path.join(base, name.replace(" ", "_").replace("(", "").replace(")", ""))
     t = time.time()
-    s = train.train(make_config(a, n, partition, algo, **kw), wd)
+    s = finished_run(wd, make_config(a, n, partition, algo, **kw)) if a.reuse else None
+    if s is None:
+      s = train.train(make_config(a, n, partition, algo, **kw), wd)
     steps = read_steps(wd) if algo != "allreduce" else []
     xi = [r["consensus_distance"] for r in steps]
+    targets = [r["target"] for r in steps[:phase_end] if r.get("target") is not None]
     runs[name] = {
         "workdir": wd, "test_accuracy": s["test_accuracy"], "train_loss": s["train_loss"],
         "bytes_sent": s["bytes_sent"], "sim_time": s["sim_time"],
         "extra_gossip_steps": s.get("extra_gossip_steps", 0),
         "mean_xi_first_phase": float(np.mean(xi[:phase_end])) if xi else 0.0,
+        "mean_target_first_phase": float(np.mean(targets)) if targets else None,
         "xi": xi, "history": s["history"]}
     print(f"  {tag:12s} {name:26s} acc {s['test_accuracy']:.4f}  "
           f"{s['bytes_sent'] / 1e6:8.1f} MB  sim {s['sim_time']:7.2f} s  "
@@ -153,7 +182,15 @@ def markdown(settings: list, a) -> str:
            f"(per worker {a.batch_total} / n), lr {a.lr} cosine, momentum 0.9, weight decay "
            f"5e-4, seed {a.seed}; control: K = {a.max_gossip_steps} extra gossip steps at most, "
            f"exact Xi measurement (an all-reduce of the model, charged); first phase = first "
-           f"{a.phase:g} of the steps.", ""]
+           f"{a.phase:g} of the steps."]
+  if getattr(a, "critical_scales", None):
+    lines += ["", "`control c Gamma`: target c x Gamma_t, the critical consensus distance "
+              "Gamma_t^2 = ||grad f||^2 / (2 L^2) + eta sigma^2 / (L n) (nbsgd_jax.consensus), "
+              f"with ||grad f||^2 and sigma^2 from a sketch all-reduce of the gradients "
+              f"(r = {a.sketch_size} coordinates, charged) of the previous step and L from 20 "
+              "Hessian-vector power iterations on the averaged model every 100 steps (host "
+              "compute, not charged)."]
+  lines.append("")
   for st in settings:
     lines += [f"n = {st['num_workers']}, {st['partition']} (allreduce - dpsgd gap "
               f"{st['gap_pp']:.2f} points):", "",
@@ -164,6 +201,11 @@ def markdown(settings: list, a) -> str:
       lines.append(f"| {name} | {100 * r['test_accuracy']:.2f}% | {r['bytes_sent'] / 1e6:.1f} | "
                    f"{r['sim_time']:.2f} | {r['extra_gossip_steps']} | "
                    f"{r['mean_xi_first_phase']:.4f} | {gc} |")
+    crit = [(k, r["mean_target_first_phase"]) for k, r in st["runs"].items()
+            if "Gamma" in k and r.get("mean_target_first_phase") is not None]
+    if crit:
+      lines += ["", "Mean target over the first phase (estimated c x Gamma_t): " + ", ".join(
+          f"{k}: {v:.4f}" for k, v in crit) + "."]
     lines.append("")
   return "\n".join(lines)
 
@@ -179,6 +221,8 @@ def main():
   ap.add_argument("--batch_total", type=int, default=256)
   ap.add_argument("--lr", type=float, default=0.05)
   ap.add_argument("--ratios", type=float, nargs="+", default=[0.5])
+  ap.add_argument("--critical_scales", type=float, nargs="*", default=[],
+                  help="c of the runs with target c x Gamma_t (critical consensus distance)")
   ap.add_argument("--phase", type=float, default=0.25)
   ap.add_argument("--max_gossip_steps", type=int, default=10)
   ap.add_argument("--measures", nargs="+", default=["exact"], choices=["exact", "sketch"],
@@ -187,6 +231,8 @@ def main():
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--runs_dir", default="runs/consensus",
                   help="where the runs' workdirs go (default runs/consensus, not versioned)")
+  ap.add_argument("--reuse", action="store_true",
+                  help="take a run whose workdir holds a finished run of the same config")
   ap.add_argument("--replot", action="store_true",
                   help="redraw the plots and tables from OUT/results.json, no training")
   a = ap.parse_args()

@@ -463,3 +463,47 @@ def check_deadline(cluster: Cluster, rule: DeadlineRule) -> DeadlineRule:
   elif parsed.startswith("kth:") and int(parsed[4:]) > cluster.n:
     raise _err("nonblocking.deadline", rule, f"K must be <= num_workers={cluster.n}")
   return parsed
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+class Failure(NamedTuple):
+  """Worker ``worker`` is down for the (0-based) steps ``start .. start + duration - 1``."""
+
+  worker: int
+  start: int
+  duration: int
+
+
+def parse_failures(spec: str, n: int) -> list[Failure]:
+  """``"W:S:D,W:S:D,..."`` (worker, first step, number of steps) as :class:`Failure` s.
+
+  Raises:
+    ValueError: a malformed entry, a worker outside ``[0, n)``, ``S < 0`` or ``D < 1``
+      (the message names ``cluster.failures``).
+  """
+  out = []
+  for item in (spec or "").replace(" ", "").split(","):
+    if not item:
+      continue
+    parts = item.split(":")
+    try:
+      w, s, d = (int(p) for p in parts)
+    except ValueError:
+      raise _err("cluster.failures", spec, "write worker:start:duration entries separated "
+                 "by commas, e.g. '3:100:50,5:200:20'") from None
+    if not 0 <= w < n or s < 0 or d < 1:
+      raise _err("cluster.failures", spec, f"entry {item!r} needs 0 <= worker < {n}, "
+                 "start >= 0 and duration >= 1")
+    out.append(Failure(w, s, d))
+  return out
+
+
+def alive_mask(failures: list[Failure], step: int, n: int) -> np.ndarray:
+  """bool ``[n]``: the workers up at (0-based) ``step``."""
+  alive = np.ones(n, bool)
+  for f in failures:
+    if f.start <= step < f.start + f.duration:
+      alive[f.worker] = False
+  return alive

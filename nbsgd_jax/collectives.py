@@ -5,9 +5,15 @@ that binds the named axis ``axis_name`` (default ``"workers"``):
 
 * simulate backend: ``jax.vmap(f, axis_name="workers")`` over a leading worker axis;
 * mesh backend: ``jax.shard_map(f, mesh=..., ...)`` over a 1-D mesh whose axis is
-  ``"workers"``, one worker per device.
+  ``"workers"``, one worker per device;
+* mesh backend with k workers per device: ``shard_map`` over the mesh axis ``"devices"``
+  around ``vmap(f, axis_name="workers")``; the worker axis is then the pair
+  ``("devices", "workers")`` (worker ``d k + l`` is local slot l of device d). ``psum``,
+  ``pmean`` and ``axis_index`` take the pair as it is; :func:`permute`, :func:`all_gather` and
+  :func:`axis_size` here handle it (``lax.ppermute`` and ``lax.all_gather`` do not accept a
+  vmap axis together with a mesh axis).
 
-Both give the same numbers. Every communication round is a FULL permutation
+All give the same numbers. Every communication round is a FULL permutation
 (``lax.ppermute`` under ``vmap`` rejects partial ones).
 
 Sources:
@@ -35,6 +41,59 @@ PyTree = Any
 MatrixLike = Union[np.ndarray, Any]  # a numpy [n, n] array or an object with ``.mixing_matrix``
 
 DEFAULT_AXIS = "workers"
+AxisName = Union[str, tuple]
+
+
+def axis_size(axis_name: AxisName) -> int:
+  """Number of workers on ``axis_name`` (a name, or a ``(device, local)`` pair)."""
+  if isinstance(axis_name, tuple):
+    return int(np.prod([lax.axis_size(a) for a in axis_name]))
+  return lax.axis_size(axis_name)
+
+
+def permute(x: PyTree, axis_name: AxisName, perm: list) -> PyTree:
+  """``lax.ppermute`` of ``x`` by ``perm`` (pairs ``(source, destination)`` of a full
+  permutation of the workers), also over a ``(device, local)`` axis pair.
+
+  On a pair, worker ``w = d k + l``: for every device shift delta used by ``perm`` one
+  ``ppermute`` over the device axis (each local slot to the same slot delta devices on) and one
+  ``all_gather`` over the local axis (k values, on the device); a worker keeps the slot of its
+  source. Memory: k model copies per worker in flight (k^2 per device).
+  """
+  if not isinstance(axis_name, tuple):
+    return lax.ppermute(x, axis_name, perm)
+  dev_axis, loc_axis = axis_name
+  d_size, k = lax.axis_size(dev_axis), lax.axis_size(loc_axis)
+  n = d_size * k
+  src_of = np.empty(n, np.int32)
+  for src, dst in perm:
+    src_of[dst] = src
+  w = lax.axis_index(axis_name)
+  src = jnp.asarray(src_of)[w]
+  dev = w // k
+  shifts = sorted({(dst // k - src_ // k) % d_size for src_, dst in perm})
+
+  def one(leaf):
+    out = jnp.zeros_like(leaf)
+    for delta in shifts:
+      y = leaf if delta == 0 else lax.ppermute(
+          leaf, dev_axis, [(j, (j + delta) % d_size) for j in range(d_size)])
+      slots = lax.all_gather(y, loc_axis)  # [k, ...]: the slots of device dev - delta
+      take = (src // k) == (dev - delta) % d_size
+      out = jnp.where(take, slots[src % k], out)
+    return out
+
+  return jax.tree_util.tree_map(one, x)
+
+
+def all_gather(x: jax.Array, axis_name: AxisName) -> jax.Array:
+  """``lax.all_gather`` (``[n, ...]`` in worker order), also over a ``(device, local)``
+  axis pair."""
+  if not isinstance(axis_name, tuple):
+    return lax.all_gather(x, axis_name)
+  dev_axis, loc_axis = axis_name
+  g = lax.all_gather(lax.all_gather(x, loc_axis), dev_axis)  # [devices, k, ...]
+  return g.reshape((-1,) + x.shape)
 
 
 # ---------------------------------------------------------------------------------------
@@ -65,7 +124,7 @@ def _ring_all_reduce_flat(flat: jax.Array, axis_name: str, n: int) -> jax.Array:
   acc = lax.dynamic_index_in_dim(chunks, label(0), 0, keepdims=False)
   for s in range(1, n):
     own = lax.dynamic_index_in_dim(chunks, label(s), 0, keepdims=False)
-    acc = lax.ppermute(acc, axis_name, right) + own
+    acc = permute(acc, axis_name, right) + own
   # Now worker i holds the full sum of chunk (n - 1 - i) mod n.
 
   # All-gather: n - 1 rounds; at round s (1-based) worker i receives from i - 1 the full
@@ -74,7 +133,7 @@ def _ring_all_reduce_flat(flat: jax.Array, axis_name: str, n: int) -> jax.Array:
   out = lax.dynamic_update_index_in_dim(chunks, acc, label(n - 1), 0)
   piece = acc
   for s in range(1, n):
-    piece = lax.ppermute(piece, axis_name, right)
+    piece = permute(piece, axis_name, right)
     out = lax.dynamic_update_index_in_dim(out, piece, label(n - 1 + s), 0)
   return out.reshape(n * m)[:length]
 
@@ -101,7 +160,7 @@ def ring_all_reduce(x: PyTree, axis_name: str = DEFAULT_AXIS) -> PyTree:
   Raises:
     NameError: ``axis_name`` is not bound (raised by JAX).
   """
-  n = lax.axis_size(axis_name)
+  n = axis_size(axis_name)
   if n == 1:
     return x
   if isinstance(x, (jax.Array, np.ndarray)) or np.isscalar(x):
@@ -159,7 +218,7 @@ def _as_matrix(topology_or_matrix: MatrixLike) -> np.ndarray:
 
 
 def _check_axis(w: np.ndarray, axis_name: str) -> int:
-  n = lax.axis_size(axis_name)
+  n = axis_size(axis_name)
   if w.shape != (n, n):
     raise ValueError(f"mixing matrix has shape {w.shape} but axis {axis_name!r} has {n} "
                      f"workers: expected shape ({n}, {n})")
@@ -239,7 +298,8 @@ def _check_leaves(x: PyTree) -> None:
       raise TypeError(f"gossip needs floating-point leaves, got dtype {jnp.result_type(leaf)}")
 
 
-def gossip(x: PyTree, mixing_matrix: MatrixLike, axis_name: str = DEFAULT_AXIS) -> PyTree:
+def gossip(x: PyTree, mixing_matrix: MatrixLike, axis_name: str = DEFAULT_AXIS,
+           alive: jax.Array | None = None) -> PyTree:
   """One gossip (mixing) step ``x_i <- sum_j W[i, j] x_j`` by neighbour exchange.
 
   D-PSGD's averaging step (Lian et al., NeurIPS 2017, Eq. (2)). ``W`` is decomposed into
@@ -254,6 +314,10 @@ def gossip(x: PyTree, mixing_matrix: MatrixLike, axis_name: str = DEFAULT_AXIS) 
     mixing_matrix: numpy ``[n, n]`` host constant (or a ``Topology``, whose
       ``.mixing_matrix`` is used), ``n`` = size of ``axis_name``.
     axis_name: the named worker axis (bound by ``vmap`` or ``shard_map``).
+    alive: optional bool ``[n]`` (the same on every worker), the workers that are up
+      (simulated failures): weights are renormalised over live neighbours,
+      ``W'_ij = W_ij`` for live i != j, ``W'_ii = 1 - sum_{j live, j != i} W_ij`` (the weight of
+      a failed neighbour goes to the worker itself); a failed worker keeps its model.
 
   Returns:
     The mixed model, same structure, shapes and dtypes as ``x`` (weights are cast to each
@@ -268,10 +332,20 @@ def gossip(x: PyTree, mixing_matrix: MatrixLike, axis_name: str = DEFAULT_AXIS) 
   _check_leaves(x)
   i = lax.axis_index(axis_name)
   self_w = jnp.asarray(np.diag(w))[i]
-  out = jax.tree_util.tree_map(lambda leaf: _weighted(self_w, leaf), x)
+  rounds = []
   for perm, weights in gossip_rounds(w):
     ws = jnp.asarray(weights)[i]
-    recv = lax.ppermute(x, axis_name, [(j, perm[j]) for j in range(n)])
+    if alive is not None:
+      src = np.empty(n, np.int32)
+      src[np.asarray(perm)] = np.arange(n)  # worker perm[j] receives from j
+      up = alive[i] & alive[jnp.asarray(src)[i]]
+      kept = jnp.where(up, ws, jnp.zeros_like(ws))
+      self_w = self_w + (ws - kept)
+      ws = kept
+    rounds.append((perm, ws))
+  out = jax.tree_util.tree_map(lambda leaf: _weighted(self_w, leaf), x)
+  for perm, ws in rounds:
+    recv = permute(x, axis_name, [(j, perm[j]) for j in range(n)])
     out = jax.tree_util.tree_map(lambda o, r, ws=ws: o + _weighted(ws, r), out, recv)
   return out
 
@@ -291,7 +365,7 @@ def gossip_dense(x: PyTree, mixing_matrix: MatrixLike, axis_name: str = DEFAULT_
   row = jnp.asarray(w)[i]  # [n]
 
   def mix(leaf: jax.Array) -> jax.Array:
-    allx = lax.all_gather(leaf, axis_name)  # [n, ...]
+    allx = all_gather(leaf, axis_name)  # [n, ...]
     return jnp.einsum("j,j...->...", row.astype(leaf.dtype), allx)
 
   return jax.tree_util.tree_map(mix, x)
@@ -365,7 +439,7 @@ def sparse_all_gather(values: jax.Array, indices: jax.Array, d: int,
                      "of the same length [cap]")
   if isinstance(d, bool) or int(d) != d or d < 0:
     raise ValueError(f"d={d!r} is not allowed: it must be an integer >= 0")
-  all_values = lax.all_gather(values, axis_name).reshape(-1)  # [n * cap]
-  all_indices = lax.all_gather(indices.astype(jnp.int32), axis_name).reshape(-1)
+  all_values = all_gather(values, axis_name).reshape(-1)  # [n * cap]
+  all_indices = all_gather(indices.astype(jnp.int32), axis_name).reshape(-1)
   from nbsgd_jax import compression  # densify drops padding and negative indices
   return compression.densify(all_values, all_indices, int(d))

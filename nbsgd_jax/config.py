@@ -41,7 +41,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.topology_seed = 0            # erdos_renyi graph seed
   c.topology_rows = 0            # torus rows (0: most square rows x cols = num_workers)
   c.topology_cols = 0            # torus cols (0: num_workers / rows)
-  c.backend = "simulate"         # simulate (jax.vmap) | mesh (jax.shard_map, 1 worker/device)
+  c.backend = "simulate"         # simulate (jax.vmap) | mesh (jax.shard_map over devices)
+  c.workers_per_device = 0       # mesh: k workers per device (vmap inside shard_map); 0: the
+                                 # smallest k with num_workers / k <= devices
   c.model = "cnn"                # logreg | mlp | cnn
   c.mlp_hidden = (256,)          # hidden sizes of the MLP
   c.cnn_channels = (6, 16)       # conv widths of the CNN
@@ -61,6 +63,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval_train_examples = 2000   # training examples used for train_loss (averaged model)
   c.seed = 0                     # init, data order and partition seed
   c.progress = True              # tqdm progress bar
+  c.checkpoint_every = 0         # steps between orbax checkpoints in workdir/checkpoints (a
+                                 # multiple of eval_every; 0: none); a run started again in
+                                 # the same workdir resumes from the newest one
   c.dpsgd = ml_collections.ConfigDict()
   c.dpsgd.order = "parallel"     # parallel (Lian et al.: gossip x while computing g(x)) | atc
   c.cluster = ml_collections.ConfigDict()  # simulated cluster behind sim_time (He & Dube)
@@ -76,6 +81,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.cluster.latency = 1e-4       # s per message (alpha of the alpha-beta model)
   c.cluster.bandwidth = 1e9      # bytes/s (1 / beta)
   c.cluster.seed = 0             # seed of the delays and of lognormal speeds
+  c.cluster.failures = ""        # simulated failures "worker:start:duration,...": the worker
+                                 # is down for those steps (allreduce*, dpsgd, matcha)
   c.nonblocking = ml_collections.ConfigDict()  # Non-blocking SGD (He & Dube 2022)
   c.nonblocking.enabled = False  # accumulate only the mini-batches finished by the deadline
   c.nonblocking.num_minibatches = 4  # M: mini-batches per worker batch (divides batch_size)
@@ -107,6 +114,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.consensus.target = 0.0       # absolute target Xi (parameter units); 0: use target_ratio
   c.consensus.target_ratio = 0.0  # target = ratio x reference run's Xi at each step
   c.consensus.reference_workdir = ""  # the reference run (its steps.jsonl or metrics.jsonl)
+  c.consensus.critical = False   # target = critical_scale x the critical consensus distance
+                                 # Gamma_t, estimated on the fly (nbsgd_jax.consensus.CriticalTarget)
+  c.consensus.critical_scale = 1.0  # c in target = c Gamma_t
+  c.consensus.smoothness = 0.0   # L of Gamma_t; 0: estimated (Hessian power iteration)
+  c.consensus.smoothness_every = 100  # re-estimate L every this many steps
+  c.consensus.smoothness_iters = 20  # power iterations (Hessian-vector products) per estimate
   c.consensus.until_step = 0     # control only steps < until_step (0: always)
   c.consensus.max_gossip_steps = 5  # K: extra gossip steps per training step at most
   c.consensus.measure = "exact"  # exact (all-reduce of the model) | sketch (r coordinates)
@@ -291,17 +304,21 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     errs.append(f"config.algorithm={cfg.algorithm!r} is not allowed with "
                 "config.nonblocking.enabled=True: not combined yet")
   cs = cfg.consensus
-  for key in ("control", "log_every_step", "per_layer"):
+  for key in ("control", "log_every_step", "per_layer", "critical"):
     if not isinstance(cs.get(key), bool):
       errs.append(f"config.consensus.{key}={cs.get(key)!r} is not allowed: use True or False")
-  for key, lo in (("max_gossip_steps", 1), ("sketch_size", 1), ("until_step", 0)):
+  for key, lo in (("max_gossip_steps", 1), ("sketch_size", 1), ("until_step", 0),
+                  ("smoothness_every", 1), ("smoothness_iters", 1)):
     if not _is_int(cs.get(key)) or cs.get(key) < lo:
       errs.append(f"config.consensus.{key}={cs.get(key)!r} is not allowed: it must be an "
                   f"integer >= {lo}")
-  for key in ("target", "target_ratio"):
+  for key in ("target", "target_ratio", "smoothness"):
     if not _is_num(cs.get(key)) or cs.get(key) < 0:
       errs.append(f"config.consensus.{key}={cs.get(key)!r} is not allowed: it must be a "
                   "number >= 0")
+  if not _is_num(cs.get("critical_scale")) or cs.get("critical_scale") <= 0:
+    errs.append(f"config.consensus.critical_scale={cs.get('critical_scale')!r} is not allowed: "
+                "it must be a number > 0")
   if cs.measure not in ("exact", "sketch"):
     errs.append(f"config.consensus.measure={cs.measure!r} is not allowed: use one of "
                 "['exact', 'sketch']")
@@ -309,9 +326,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if cfg.get("algorithm") not in ("dpsgd", "matcha"):
       errs.append(f"config.consensus.control=True is not allowed with config.algorithm="
                   f"{cfg.get('algorithm')!r}: consensus control runs on 'dpsgd' and 'matcha'")
-    if _is_num(cs.target) and _is_num(cs.target_ratio) and (cs.target > 0) == (cs.target_ratio > 0):
-      errs.append(f"config.consensus.target={cs.target!r} and config.consensus.target_ratio="
-                  f"{cs.target_ratio!r} are not allowed together: set exactly one of them > 0")
+    given = [_is_num(cs.target) and cs.target > 0,
+             _is_num(cs.target_ratio) and cs.target_ratio > 0, cs.critical is True]
+    if sum(given) != 1:
+      errs.append(f"config.consensus.target={cs.target!r}, config.consensus.target_ratio="
+                  f"{cs.target_ratio!r} and config.consensus.critical={cs.critical!r} are not "
+                  "allowed: give exactly one target (target > 0, target_ratio > 0 or "
+                  "critical=True)")
     elif _is_num(cs.target_ratio) and cs.target_ratio > 0 and not cs.reference_workdir:
       errs.append("config.consensus.target_ratio needs config.consensus.reference_workdir "
                   "(a finished run's workdir)")
@@ -322,13 +343,33 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if not isinstance(ds, str) or not (ds == "mnist10k" or (ds.startswith("tfds:") and len(ds) > 5)):
     errs.append(f"config.dataset={ds!r} is not allowed: use 'mnist10k' or 'tfds:<name>' "
                 "(e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10')")
-  if cfg.get("backend") == "mesh" and _is_int(cfg.get("num_workers")):
+  fails = cfg.cluster.get("failures")
+  if not isinstance(fails, str):
+    errs.append(f"config.cluster.failures={fails!r} is not allowed: write a string "
+                "'worker:start:duration,...' ('' for none)")
+  elif fails.strip():
+    from nbsgd_jax import cluster as cluster_lib
+    try:
+      cluster_lib.parse_failures(fails, cfg.num_workers if _is_int(cfg.get("num_workers")) else 0)
+    except ValueError as e:
+      errs.append(f"config.{e}")
+    if cfg.get("algorithm") not in ("allreduce", "allreduce_ring", "dpsgd", "matcha") or (
+        cfg.compression.name != "none"):
+      errs.append(f"config.cluster.failures={fails!r} is not allowed with config.algorithm="
+                  f"{cfg.get('algorithm')!r} and config.compression.name="
+                  f"{cfg.compression.name!r}: simulated failures run on 'allreduce', "
+                  "'allreduce_ring', 'dpsgd' and 'matcha' without compression")
+  k = cfg.get("workers_per_device")
+  if not _is_int(k) or k < 0:
+    errs.append(f"config.workers_per_device={k!r} is not allowed: it must be an integer >= 0 "
+                "(0: chosen from the device count)")
+  elif cfg.get("backend") == "mesh" and _is_int(cfg.get("num_workers")) and cfg.num_workers > 0:
     import jax  # deferred: validation of the rest needs no devices
-    nd = jax.device_count()
-    if cfg.num_workers > nd:
-      errs.append(f"config.num_workers={cfg.num_workers} is not allowed with backend='mesh': "
-                  f"only {nd} devices (on CPU set XLA_FLAGS=--xla_force_host_platform_device_count"
-                  f"={cfg.num_workers} before starting, or use backend='simulate')")
+    nd, n = jax.device_count(), cfg.num_workers
+    if k and (n % k or n // k > nd):
+      errs.append(f"config.workers_per_device={k} is not allowed with num_workers={n} on {nd} "
+                  f"devices: it must divide num_workers with num_workers / workers_per_device "
+                  f"<= {nd}")
   if errs:
     raise ConfigError(errs)
 

@@ -16,7 +16,28 @@ Two programs live here:
   :func:`control` (the loop above, a ``lax.while_loop`` whose predicate is the same on every
   worker because Xi comes from an all-reduce);
 * on the host: :class:`TargetSchedule`, the per-step target (absolute, a ratio of a
-  reference run's Xi curve, only before ``until_step``, or off = ``inf``).
+  reference run's Xi curve, only before ``until_step``, or off = ``inf``), and
+  :class:`CriticalTarget`, the critical consensus distance ``Gamma_t`` estimated from measured
+  quantities (gradient norm and noise from a sketch all-reduce of the gradients,
+  :func:`gradient_stats`; smoothness L from Hessian power iteration,
+  :func:`smoothness_estimate`).
+
+The critical consensus distance (Kong et al. 2021, Sec. 3, Prop. 3.1: below it D-SGD
+converges like centralized mini-batch SGD). With ``x_bar`` the mean model, ``g_bar`` the mean
+stochastic gradient, L-smooth ``f`` and per-worker gradient noise ``sigma^2``, the descent
+lemma for ``x_bar_{t+1} = x_bar_t - eta g_bar_t`` (eta <= 1/L) gives
+
+    E f(x_bar_{t+1}) <= f(x_bar_t) - eta/2 ||grad f(x_bar_t)||^2 + L eta^2 sigma^2 / (2n)
+                        + eta L^2 / 2 Xi_t^2,
+
+the centralized bound plus the consensus term. That term costs at most half the progress term
+plus the noise term, i.e. D-SGD keeps the centralized rate up to a factor 2, when
+
+    Xi_t^2 <= Gamma_t^2 = ||grad f(x_bar_t)||^2 / (2 L^2) + eta sigma^2 / (L n).
+
+This is the form of Kong et al.'s critical value (gradient-norm term over L^2 plus a noise term
+eta sigma^2 / (L n)); the constants are from the derivation above. ``eta`` is the effective step
+``lr_t / (1 - momentum)``.
 
 Every extra gossip and every measurement is counted in the bytes the step reports and in the
 simulated clock (:meth:`nbsgd_jax.simulation.Simulator.extra`).
@@ -51,12 +72,16 @@ class Control(NamedTuple):
       same on every worker, scaled by d / r).
     sketch_size: r, coordinates of a sketch.
     seed: seed of the sketch coordinates.
+    gradient_stats: also estimate the gradient norm and noise of every controlled step
+      (:func:`gradient_stats`, one sketch all-reduce of the gradients) for
+      :class:`CriticalTarget`.
   """
 
   max_gossip_steps: int = 5
   measure: str = "exact"
   sketch_size: int = 1024
   seed: int = 0
+  gradient_stats: bool = False
 
 
 def check_control(c: Control) -> Control:
@@ -112,6 +137,87 @@ def measure_sq_reference(params: Any) -> float:
             for x in jax.tree.leaves(params)]
   x = np.concatenate(leaves, axis=1)
   return float(np.mean(np.sum((x - x.mean(axis=0)) ** 2, axis=1)))
+
+
+def gradient_stats_bytes(num_workers: int, c: Control) -> float:
+  """Bytes one worker sends for :func:`gradient_stats`: a ring all-reduce of the r float32
+  sketch coordinates and one of a scalar."""
+  return (collectives.ring_all_reduce_bytes(4 * c.sketch_size, num_workers)
+          + collectives.ring_all_reduce_bytes(4, num_workers))
+
+
+def gradient_stats(grads: Any, c: Control, key: jax.Array, num_workers: int,
+                   axis_name: str = AXIS) -> tuple[jax.Array, jax.Array]:
+  """Estimates of ``||grad f(x_bar)||^2`` and the gradient noise ``sigma^2``, in the worker
+  program, from a sketch of r = ``c.sketch_size`` coordinates (the same on every worker).
+
+  With ``s_i`` = worker i's gradient at r coordinates drawn uniformly with replacement, scaled
+  by ``sqrt(d / r)`` (so ``E ||s||^2 = ||g||^2``), ``m = pmean(s_i)``:
+
+  * ``noise = n / (n - 1) pmean(||s_i - m||^2)``: unbiased for the spread
+    ``1/(n-1) sum_i ||g_i - g_bar||^2`` = sigma^2 plus the data heterogeneity (an upper
+    estimate of sigma^2 on non-iid data);
+  * ``grad_sq = max(||m||^2 - noise / n, 0)``: ``||g_bar||^2`` less its noise.
+
+  Args:
+    grads: this worker's stochastic gradient (pytree).
+    c: the :class:`Control` (``sketch_size``).
+    key: PRNG key of the coordinates (the same on every worker).
+    num_workers: n (>= 2 for the noise; n = 1 gives noise 0).
+    axis_name: the worker axis.
+
+  Returns:
+    ``(grad_sq, noise)``, float32 scalars, the same on every worker. Cost:
+    :func:`gradient_stats_bytes`.
+  """
+  flat, _ = ravel_pytree(grads)
+  flat = flat.astype(jnp.float32)
+  d = flat.shape[0]
+  idx = jax.random.randint(key, (c.sketch_size,), 0, d)
+  s = flat[idx] * jnp.float32(math.sqrt(d / c.sketch_size))
+  m = lax.pmean(s, axis_name)
+  spread = lax.pmean(jnp.sum(jnp.square(s - m)), axis_name)
+  noise = spread * (num_workers / (num_workers - 1)) if num_workers > 1 else jnp.float32(0.0)
+  grad_sq = jnp.maximum(jnp.sum(jnp.square(m)) - noise / num_workers, 0.0)
+  return grad_sq, noise
+
+
+def smoothness_estimate(loss_fn: Callable[[Any], jax.Array], params: Any, iters: int = 20,
+                        seed: int = 0) -> jax.Array:
+  """Estimate of the smoothness L = |lambda_max| of the Hessian of ``loss_fn`` at ``params``
+  by power iteration with Hessian-vector products (forward-over-reverse).
+
+  Args:
+    loss_fn: ``params -> float32 scalar`` (e.g. the mean loss on a fixed batch).
+    params: one model (pytree).
+    iters: power iterations (>= 1); cost: ``iters`` Hessian-vector products, about
+      2 x iters gradient evaluations.
+    seed: of the start vector.
+
+  Returns:
+    float32 scalar ``||H v||`` for the last unit iterate v (-> |lambda|_max).
+
+  Raises:
+    ValueError: iters < 1.
+  """
+  if iters < 1:
+    raise ValueError(f"consensus.smoothness_iters={iters!r} is not allowed: it must be >= 1")
+  flat, unravel = ravel_pytree(params)
+
+  def hvp(v):
+    return ravel_pytree(jax.jvp(jax.grad(loss_fn), (params,), (unravel(v),))[1])[0]
+
+  v = jax.random.normal(jax.random.PRNGKey(seed), flat.shape, flat.dtype)
+  v = v / jnp.linalg.norm(v)
+
+  def body(_, carry):
+    v, _ = carry
+    hv = hvp(v)
+    norm = jnp.linalg.norm(hv)
+    return hv / jnp.maximum(norm, 1e-30), norm
+
+  _, norm = lax.fori_loop(0, iters, body, (v, jnp.zeros((), flat.dtype)))
+  return norm
 
 
 def control(params: Any, mix: Callable, inputs: Any, num_workers: int, c: Control,
@@ -232,3 +338,83 @@ class TargetSchedule:
       return self.target
     steps, xi = self._curve
     return self.ratio * float(np.interp(step + 1, steps, xi))
+
+
+def critical_distance_sq(grad_sq: float, noise: float, step_size: float, smoothness: float,
+                         num_workers: int) -> float:
+  """``Gamma^2 = ||grad f||^2 / (2 L^2) + eta sigma^2 / (L n)`` (module docstring; the form
+  of Kong et al. 2021, Prop. 3.1), in squared parameter units.
+
+  Raises:
+    ValueError: smoothness <= 0 or num_workers < 1.
+  """
+  if not smoothness > 0:
+    raise ValueError(f"smoothness={smoothness!r} is not allowed: it must be > 0")
+  if num_workers < 1:
+    raise ValueError(f"num_workers={num_workers!r} is not allowed: it must be >= 1")
+  return (grad_sq / (2.0 * smoothness ** 2)
+          + step_size * noise / (smoothness * num_workers))
+
+
+# The target while no gradient statistics exist yet (the first controlled step): finite, so
+# the step measures Xi and the gradients, but never binding.
+NO_CONSTRAINT = float(np.finfo(np.float32).max)
+
+
+class CriticalTarget:
+  """Target ``c Gamma_t`` from measured quantities, on the host.
+
+  Step t's target uses the gradient statistics of step t - 1 (:func:`gradient_stats`, read
+  back from the step's ``aux``), the step size of step t and the latest smoothness estimate;
+  the first controlled step has target :data:`NO_CONSTRAINT` (it only measures).
+
+  Args:
+    num_workers: n.
+    scale: c > 0.
+    smoothness: L > 0, or 0 to take :meth:`set_smoothness` values (estimates).
+    until_step: control only the steps < until_step (0: always).
+
+  Raises:
+    ValueError: bad values (the message names the field).
+  """
+
+  def __init__(self, num_workers: int, scale: float = 1.0, smoothness: float = 0.0,
+               until_step: int = 0):
+    if not scale > 0:
+      raise ValueError(f"consensus.critical_scale={scale!r} is not allowed: it must be > 0")
+    if smoothness < 0:
+      raise ValueError(f"consensus.smoothness={smoothness!r} is not allowed: it must be >= 0")
+    if until_step < 0:
+      raise ValueError(f"consensus.until_step={until_step!r} is not allowed: it must be >= 0")
+    self.n, self.scale, self.until_step = num_workers, float(scale), until_step
+    self.smoothness = float(smoothness) if smoothness > 0 else None
+    self._given = smoothness > 0
+    self._stats = None
+
+  def set_smoothness(self, value: float) -> None:
+    """A new estimate of L (ignored when L was given)."""
+    if not self._given:
+      self.smoothness = float(value)
+
+  def state_dict(self) -> dict:
+    """JSON-serialisable state (checkpoints)."""
+    return {"smoothness": self.smoothness, "stats": self._stats}
+
+  def load_state_dict(self, d: dict) -> None:
+    """Continue from :meth:`state_dict`'s output."""
+    self.smoothness = d["smoothness"]
+    self._stats = None if d["stats"] is None else tuple(d["stats"])
+
+  def observe(self, grad_sq: float, noise: float) -> None:
+    """The gradient statistics of the step just taken."""
+    self._stats = (float(grad_sq), float(noise))
+
+  def at(self, step: int, step_size: float) -> float:
+    """Target Xi of (0-based) ``step`` with effective step size ``step_size``; ``inf`` where
+    control is off, :data:`NO_CONSTRAINT` before any statistics or smoothness exist."""
+    if self.until_step and step >= self.until_step:
+      return math.inf
+    if self._stats is None or self.smoothness is None:
+      return NO_CONSTRAINT
+    return self.scale * math.sqrt(critical_distance_sq(*self._stats, step_size,
+                                                       self.smoothness, self.n))

@@ -140,7 +140,7 @@ def error_feedback(compressor: Compressor,
     if axis_name is None:
       update = local
     else:
-      n = lax.axis_size(axis_name)
+      n = collectives.axis_size(axis_name)
       update = collectives.sparse_all_gather(values, indices, d, axis_name) / n
     return update.astype(x.dtype), residual, sent
 

@@ -110,6 +110,18 @@ class SyncPlanner:
       tau = min(tau, self.max_tau)
     return max(int(tau), 1)
 
+  def state_dict(self) -> dict:
+    """The planner's progress as a JSON-serialisable dict (checkpoints)."""
+    return {"periods": list(self.periods), "sync_steps": list(self.sync_steps),
+            "losses": list(self.losses), "f0": self._f0, "next_sync": self._next_sync,
+            "start": self._start}
+
+  def load_state_dict(self, d: dict) -> None:
+    """Continue from :meth:`state_dict`'s output."""
+    self.periods, self.sync_steps = list(d["periods"]), list(d["sync_steps"])
+    self.losses, self._f0 = list(d["losses"]), d["f0"]
+    self._next_sync, self._start = d["next_sync"], d["start"]
+
   def sync_now(self, step: int) -> bool:
     """Whether the workers synchronise after (0-based) ``step``; call once per step, in order.
 

@@ -100,11 +100,12 @@ class Simulator:
       all finishes its M mini-batches); ``"neighbours"``: each worker's deadline over itself
       and the workers it communicates with this step.
     topology, plan, matcha_seed: as for :func:`comm_pattern`.
+    failures: :class:`nbsgd_jax.cluster.Failure` s (simulated worker failures).
   """
 
   def __init__(self, algorithm: str, cluster: cluster_lib.Cluster, model_bytes: float,
                nonblocking: bool = False, deadline="fastest", topology=None, plan=None,
-               matcha_seed: int = 0, deadline_group: str = "all"):
+               matcha_seed: int = 0, deadline_group: str = "all", failures=()):
     self.algorithm, self.cluster, self.model_bytes = algorithm, cluster, float(model_bytes)
     self.nonblocking = nonblocking
     self.rule = cluster_lib.check_deadline(cluster, cluster_lib.parse_deadline(deadline))
@@ -113,6 +114,7 @@ class Simulator:
       raise ValueError(f"nonblocking.deadline_group={deadline_group!r} is not allowed: use "
                        "one of ['all', 'neighbours']")
     self.deadline_group = deadline_group
+    self.failures = list(failures)
     self.clocks = np.zeros(cluster.n)
 
   @property
@@ -126,8 +128,10 @@ class Simulator:
 
     Returns:
       ``(inputs, pattern)``: ``inputs`` a dict of numpy arrays with a leading worker axis,
-      ``step`` int32 ``[n]``, ``count`` int32 ``[n]``, ``active`` bool ``[n, K]``; the
-      step's :class:`CommPattern`.
+      ``step`` int32 ``[n]``, ``count`` int32 ``[n]``, ``active`` bool ``[n, K]`` and, with
+      ``failures``, ``alive`` bool ``[n, n]`` (row i: which workers are up, the same for
+      every i; a failed worker has count 0, no compute time and sends nothing); the step's
+      :class:`CommPattern`.
     """
     cl, n = self.cluster, self.cluster.n
     if communicate:
@@ -144,10 +148,22 @@ class Simulator:
     else:
       count = np.full(n, cl.num_minibatches, np.int32)
       compute = cluster_lib.compute_time(finish)
+    alive = None
+    if self.failures:  # a failed worker: no mini-batch, no compute, nothing sent
+      alive = cluster_lib.alive_mask(self.failures, step, n)
+      count = np.where(alive, count, 0)
+      compute = np.where(alive, compute, 0.0)
+      messages, num_bytes = pat.messages * alive, pat.num_bytes * alive
+      base = pat.adjacency if pat.adjacency is not None else np.ones((n, n), bool)
+      adjacency = base & alive[:, None] & alive[None, :]
+      np.fill_diagonal(adjacency, True)
+      pat = pat._replace(messages=messages, num_bytes=num_bytes, adjacency=adjacency)
     comm = cluster_lib.comm_time(cl, pat.messages, pat.num_bytes)
     self.clocks = cluster_lib.advance_clocks(self.clocks, compute, comm, pat.adjacency)
     inputs = {"step": np.full(n, step, np.int32), "count": count.astype(np.int32),
               "active": np.broadcast_to(pat.active, (n,) + pat.active.shape).copy()}
+    if alive is not None:
+      inputs["alive"] = np.broadcast_to(alive, (n, n)).copy()
     return inputs, pat
 
   def extra(self, step: int, gossip_rounds: int, measurements: int,

@@ -102,14 +102,14 @@ def data_key(seed: int, worker: jax.Array | int) -> jax.Array:
 
 
 def worker_batch(data: WorkerData, seed: int, batch_size: int, capacity: int,
-                 step: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """This worker's training batch at ``step`` (inside the worker program, axis ``"workers"``).
+                 step: jax.Array, axis_name=AXIS) -> tuple[jax.Array, jax.Array]:
+  """This worker's training batch at ``step`` (inside the worker program on ``axis_name``).
 
   Returns:
     images float32 ``[B, H, W, C]`` scaled to [0, 1] and int labels ``[B]``, rows drawn by
     :func:`sample_batch_indices` with the worker's :func:`data_key`.
   """
-  idx = sample_batch_indices(data_key(seed, lax.axis_index(AXIS)), data.sizes, capacity,
+  idx = sample_batch_indices(data_key(seed, lax.axis_index(axis_name)), data.sizes, capacity,
                              batch_size, step)
   return data.images[idx].astype(jnp.float32) / 255.0, data.labels[idx]
 
@@ -121,7 +121,7 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 def make_worker_step(model, algorithm: algos.Algorithm, batch_size: int, capacity: int,
                      seed: int, num_minibatches: int = 1, nonblocking: bool = False,
-                     sync: bool = False) -> Callable:
+                     sync: bool = False, axis_name=AXIS) -> Callable:
   """The program of one worker for one step (runs on the ``"workers"`` axis).
 
   With ``nonblocking`` the batch is split into ``num_minibatches`` mini-batches and the
@@ -146,7 +146,7 @@ def make_worker_step(model, algorithm: algos.Algorithm, batch_size: int, capacit
     return cross_entropy(model.apply(params, x), y)
 
   def step_fn(state: TrainState, data: WorkerData, inputs: algos.StepInputs):
-    batch = worker_batch(data, seed, batch_size, capacity, state.step)
+    batch = worker_batch(data, seed, batch_size, capacity, state.step, axis_name)
     if nonblocking:
       grads, loss, _ = transforms.minibatch_mean_gradient(
           loss_fn, state.params, batch, num_minibatches, inputs.count, weighting="local")
@@ -170,6 +170,8 @@ class Backend(NamedTuple):
     name: ``"simulate"`` or ``"mesh"``.
     num_workers: n.
     mesh: the device mesh (mesh backend) or None.
+    axis_name: the worker axis of the worker program: ``"workers"``, or
+      ``("devices", "workers")`` with several workers per device.
     spmd: ``worker_fn -> fn`` running a per-worker function on arrays with a leading
       worker axis (not jitted).
     place: ``pytree -> pytree`` putting arrays with a leading worker axis where the
@@ -181,23 +183,61 @@ class Backend(NamedTuple):
   mesh: Any
   spmd: Callable[[Callable], Callable]
   place: Callable[[Any], Any]
+  axis_name: Any = AXIS
 
 
-def make_backend(name: str, num_workers: int) -> Backend:
-  """``"simulate"``: ``jax.vmap(..., axis_name="workers")`` on one device; ``"mesh"``:
-  ``jax.shard_map`` over a 1-D mesh of the first ``num_workers`` devices, one worker each.
+DEVICE_AXIS = "devices"
+
+
+def workers_per_device(num_workers: int, num_devices: int, requested: int = 0) -> int:
+  """k, workers per device of the mesh backend: ``requested`` if > 0, else the smallest k
+  dividing n with n / k <= devices.
 
   Raises:
-    ValueError: unknown backend, or more workers than devices for ``"mesh"``.
+    ValueError: k does not divide n, or n / k devices are more than there are.
+  """
+  if requested:
+    k = requested
+  else:
+    k = next(k for k in range(1, num_workers + 1)
+             if num_workers % k == 0 and num_workers // k <= num_devices)
+  if num_workers % k or num_workers // k > num_devices:
+    raise ValueError(f"workers_per_device={k} is not allowed with num_workers={num_workers} "
+                     f"on {num_devices} devices: it must divide num_workers and leave at most "
+                     f"{num_devices} devices")
+  return k
+
+
+def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
+  """``"simulate"``: ``jax.vmap(..., axis_name="workers")`` on one device; ``"mesh"``:
+  ``jax.shard_map`` over a 1-D mesh of the first n / k devices, k workers each
+  (:func:`workers_per_device`; ``per_device`` = 0 picks k). With k = 1 the mesh axis is
+  ``"workers"``; with k > 1 it is ``"devices"`` and each device runs
+  ``vmap(..., axis_name="workers")`` over its k workers: the worker program's axis is the pair
+  ``("devices", "workers")`` (:mod:`nbsgd_jax.collectives`).
+
+  Raises:
+    ValueError: unknown backend, or workers that do not fit the devices for ``"mesh"``.
   """
   if name == "simulate":
     return Backend(name, num_workers, None, lambda f: jax.vmap(f, axis_name=AXIS),
                    lambda tree: tree)
   if name == "mesh":
     devices = jax.devices()
-    if num_workers > len(devices):
-      raise ValueError(f"num_workers={num_workers} is not allowed with backend='mesh': only "
-                       f"{len(devices)} devices")
+    k = workers_per_device(num_workers, len(devices), per_device)
+    if k > 1:
+      mesh = jax.make_mesh((num_workers // k,), (DEVICE_AXIS,),
+                           devices=devices[:num_workers // k])
+      sharding = NamedSharding(mesh, P(DEVICE_AXIS))
+
+      def spmd_k(f):
+        # check_vma=False: the worker values vary over the vmap axis too, which the
+        # varying-axes type system does not track through psum over the axis pair
+        return jax.shard_map(jax.vmap(f, axis_name=AXIS), mesh=mesh, in_specs=P(DEVICE_AXIS),
+                             out_specs=P(DEVICE_AXIS), check_vma=False)
+
+      return Backend(name, num_workers, mesh, spmd_k,
+                     lambda tree: jax.device_put(tree, sharding), (DEVICE_AXIS, AXIS))
     mesh = jax.make_mesh((num_workers,), (AXIS,), devices=devices[:num_workers])
     sharding = NamedSharding(mesh, P(AXIS))
 
@@ -306,54 +346,59 @@ def _compressor_options(cfg: ml_collections.ConfigDict) -> dict:
 
 
 def make_algorithm(cfg: ml_collections.ConfigDict, topology: topology_lib.Topology,
-                   optimizer: optax.GradientTransformation, plan=None) -> algos.Algorithm:
-  """The :class:`Algorithm` named by ``cfg.algorithm`` (``plan``: MATCHA's, for matcha)."""
-  nb = cfg.nonblocking.enabled
+                   optimizer: optax.GradientTransformation, plan=None,
+                   axis_name=AXIS) -> algos.Algorithm:
+  """The :class:`Algorithm` named by ``cfg.algorithm`` (``plan``: MATCHA's, for matcha) on
+  the worker axis ``axis_name`` (:attr:`Backend.axis_name`)."""
+  ax = axis_name
+  # a failed worker finished no mini-batch: the non-blocking (count-weighted) path
+  nb = cfg.nonblocking.enabled or bool(cfg.cluster.failures)
   if cfg.algorithm == "allreduce" and cfg.compression.name != "none":
     from nbsgd_jax import compression
     return algos.sparse_allreduce(
         compression.make_compressor(cfg.compression.name, cfg.compression.density,
                                     **_compressor_options(cfg)),
         optimizer, cfg.num_workers, error_feedback=cfg.compression.error_feedback,
-        flatten=cfg.compression.flatten, seed=cfg.seed)
+        flatten=cfg.compression.flatten, seed=cfg.seed, axis_name=ax)
   if cfg.algorithm == "allreduce":
-    return algos.allreduce(optimizer, cfg.num_workers, nonblocking=nb)
+    return algos.allreduce(optimizer, cfg.num_workers, nonblocking=nb, axis_name=ax)
   if cfg.algorithm == "allreduce_ring":
-    return algos.allreduce_ring(optimizer, cfg.num_workers, nonblocking=nb)
+    return algos.allreduce_ring(optimizer, cfg.num_workers, nonblocking=nb, axis_name=ax)
   if cfg.algorithm in ("dpsgd", "matcha"):
     if cfg.algorithm == "dpsgd":
       phases = ([topology.mixing_matrix_at(t) for t in range(topology.period)]
                 if topology.is_time_varying else [topology.mixing_matrix])
-      mixer = algos.time_varying_mixer(phases)
+      mixer = algos.time_varying_mixer(phases, ax)
     else:
-      mixer = algos.matcha_mixer(plan.matchings, plan.alpha, topology.n)
+      mixer = algos.matcha_mixer(plan.matchings, plan.alpha, topology.n, ax)
     control = None
     if cfg.consensus.control:
       from nbsgd_jax import consensus
       control = consensus.Control(cfg.consensus.max_gossip_steps, cfg.consensus.measure,
-                                  cfg.consensus.sketch_size, cfg.seed)
+                                  cfg.consensus.sketch_size, cfg.seed,
+                                  gradient_stats=cfg.consensus.critical)
     control_mixer = None
     if cfg.algorithm == "matcha":  # extra gossip over the base graph (see gossip_sgd)
-      control_mixer = algos.static_mixer(topology.mixing_matrix)
+      control_mixer = algos.static_mixer(topology.mixing_matrix, ax)
     return algos.gossip_sgd(cfg.algorithm, optimizer, mixer, order=cfg.dpsgd.order,
                             nonblocking=nb, control=control, num_workers=cfg.num_workers,
                             log_consensus=cfg.consensus.log_every_step,
-                            control_mixer=control_mixer)
+                            control_mixer=control_mixer, axis_name=ax)
   if cfg.algorithm == "local_sgd":
     mixer = None
     if cfg.local_sgd.averaging == "gossip":
       if topology.is_time_varying:
         mixer = algos.time_varying_mixer(
-            [topology.mixing_matrix_at(t) for t in range(topology.period)])
+            [topology.mixing_matrix_at(t) for t in range(topology.period)], ax)
       else:
-        mixer = algos.static_mixer(topology.mixing_matrix)
+        mixer = algos.static_mixer(topology.mixing_matrix, ax)
     return algos.local_sgd(optimizer, cfg.num_workers, averaging=cfg.local_sgd.averaging,
-                           opt_state_sync=cfg.local_sgd.opt_state, mixer=mixer)
+                           opt_state_sync=cfg.local_sgd.opt_state, mixer=mixer, axis_name=ax)
   if cfg.algorithm == "diloco":
     d = cfg.diloco
     outer = optax.sgd(d.outer_lr, momentum=d.outer_momentum or None,
                       nesterov=bool(d.outer_momentum) and d.outer_nesterov)
-    return algos.diloco(optimizer, cfg.num_workers, outer=outer)
+    return algos.diloco(optimizer, cfg.num_workers, outer=outer, axis_name=ax)
   raise config_lib.ConfigError(
       [f"config.algorithm={cfg.algorithm!r} is not allowed: use one of "
        f"{list(config_lib.ALGORITHMS)}"])
@@ -416,8 +461,11 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
   if cfg.algorithm == "matcha":
     from nbsgd_jax import matcha as matcha_lib
     plan = matcha_lib.plan(topo.n, topo.edges, cfg.matcha.budget)
-  algorithm = make_algorithm(cfg, topo, make_optimizer(cfg), plan)
-  backend = make_backend(cfg.backend, n)
+  try:
+    backend = make_backend(cfg.backend, n, cfg.workers_per_device)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.{e}"]) from None
+  algorithm = make_algorithm(cfg, topo, make_optimizer(cfg), plan, backend.axis_name)
   worker_data = WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),
                                            jnp.asarray(sizes))))
   return Setup(cfg, dataset, worker_data, model, topo, algorithm, backend, plan)
@@ -445,8 +493,9 @@ def make_train_step(s: Setup) -> Callable:
   def build(sync: bool):
     worker = make_worker_step(s.model, s.algorithm, s.cfg.batch_size,
                               s.worker_data.labels.shape[1], s.cfg.seed,
-                              s.cfg.nonblocking.num_minibatches, s.cfg.nonblocking.enabled,
-                              sync=sync)
+                              s.cfg.nonblocking.num_minibatches,
+                              s.cfg.nonblocking.enabled or bool(s.cfg.cluster.failures),
+                              sync=sync, axis_name=s.backend.axis_name)
     return jax.jit(s.backend.spmd(worker), donate_argnums=(0,))
 
   if s.algorithm.sync_update is None:
@@ -464,6 +513,7 @@ def make_train_step(s: Setup) -> Callable:
 
 def make_simulator(s: Setup, model_bytes: float):
   """The host schedule and simulated clock of the run (:class:`Simulator`)."""
+  from nbsgd_jax import cluster as cluster_lib
   from nbsgd_jax import simulation
   cfg = s.cfg
   message_bytes = model_bytes
@@ -485,16 +535,18 @@ def make_simulator(s: Setup, model_bytes: float):
       config_lib.make_cluster(cfg), message_bytes,
       nonblocking=cfg.nonblocking.enabled, deadline=cfg.nonblocking.deadline,
       topology=s.topology, plan=s.plan, matcha_seed=cfg.matcha.seed,
-      deadline_group=cfg.nonblocking.deadline_group)
+      deadline_group=cfg.nonblocking.deadline_group,
+      failures=cluster_lib.parse_failures(cfg.cluster.failures, cfg.num_workers))
 
 
 def step_inputs(s: Setup, inputs: dict) -> algos.StepInputs:
   """Place the simulator's per-step numpy inputs for the backend (``inputs["target"]``, the
   consensus-control target of every worker, when present)."""
-  target = inputs.get("target")
+  target, alive = inputs.get("target"), inputs.get("alive")
   return s.backend.place(algos.StepInputs(
       jnp.asarray(inputs["step"]), jnp.asarray(inputs["count"]), jnp.asarray(inputs["active"]),
-      None if target is None else jnp.asarray(target, jnp.float32)))
+      None if target is None else jnp.asarray(target, jnp.float32),
+      None if alive is None else jnp.asarray(alive)))
 
 
 # ----------------------------------------------------------------------------- files
@@ -510,10 +562,11 @@ def _atomic_write(path: str, text: str) -> None:
 
 
 class MetricsWriter:
-  """Appends one JSON object per line to ``metrics.jsonl``, flushed and fsynced each line."""
+  """Writes one JSON object per line (``metrics.jsonl``), flushed and fsynced each line;
+  ``append=True`` continues an existing file (resume)."""
 
-  def __init__(self, path: str):
-    self._f = open(path, "w")
+  def __init__(self, path: str, append: bool = False):
+    self._f = open(path, "a" if append else "w")
 
   def write(self, record: dict) -> None:
     self._f.write(json.dumps(record) + "\n")
@@ -525,6 +578,56 @@ class MetricsWriter:
 
 
 # ----------------------------------------------------------------------------- loop
+
+
+class TrainingDiverged(RuntimeError):
+  """A non-finite loss or model: training stops (the last good checkpoint is kept).
+
+  Attributes:
+    step: the step (1-based) whose loss, or the model after which, is not finite.
+    workers: the workers concerned.
+    what: ``"loss"`` or ``"model"``.
+  """
+
+  def __init__(self, step: int, workers: list, what: str):
+    self.step, self.workers, self.what = int(step), list(workers), what
+    shown = self.workers[:16] + (["..."] if len(self.workers) > 16 else [])
+    super().__init__(
+        f"training diverged: non-finite {what} at step {self.step} on worker(s) {shown}; "
+        "lower config.learning_rate, add config.warmup_steps or resume from the last good "
+        "checkpoint (config.checkpoint_every)")
+
+
+def _check_same_run(cfg: ml_collections.ConfigDict, workdir: str) -> None:
+  """Resuming needs the config of the checkpointed run (``workdir/config.json``).
+
+  Raises:
+    ConfigError: naming the keys that differ.
+  """
+  path = os.path.join(workdir, "config.json")
+  try:
+    with open(path) as f:
+      old = json.load(f)
+  except (OSError, ValueError):
+    return  # no readable record of the old config: trust the checkpoint
+  new = json.loads(cfg.to_json_best_effort())
+
+  def flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+      if isinstance(v, dict):
+        out.update(flat(v, f"{prefix}{k}."))
+      else:
+        out[f"{prefix}{k}"] = v
+    return out
+
+  a, b = flat(old), flat(new)
+  diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k != "progress")
+  if diff:
+    raise config_lib.ConfigError([
+        f"config.{k}={b.get(k)!r} is not allowed: workdir {workdir!r} holds checkpoints of a "
+        f"run with {k}={a.get(k)!r}; use a new workdir to start another run"
+        for k in diff])
 
 
 def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
@@ -561,27 +664,47 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   from tqdm.auto import tqdm
 
   s = setup(cfg)
+  ckpt, resume_step = None, None
+  if workdir and cfg.checkpoint_every:
+    from nbsgd_jax import checkpoint as checkpoint_lib
+    ckpt = checkpoint_lib.Checkpointer(workdir)
+    resume_step = ckpt.latest_step()
+    if resume_step is not None:
+      _check_same_run(cfg, workdir)
   writer = None
+  resumed_history: list = []
   if workdir:
     os.makedirs(workdir, exist_ok=True)
     _atomic_write(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
-    writer = MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
+    path = os.path.join(workdir, "metrics.jsonl")
+    if resume_step is not None:  # drop the records after the checkpoint (and a torn line)
+      resumed_history = checkpoint_lib.truncate_records(path, resume_step)
+      checkpoint_lib.truncate_records(os.path.join(workdir, "steps.jsonl"), resume_step)
+    writer = MetricsWriter(path, append=resume_step is not None)
   cs = cfg.consensus
   step_writer = None
   if workdir and (cs.log_every_step or cs.control):
-    step_writer = MetricsWriter(os.path.join(workdir, "steps.jsonl"))
-  targets = None
+    step_writer = MetricsWriter(os.path.join(workdir, "steps.jsonl"),
+                                append=resume_step is not None)
+  targets = critical = None
   if cs.control:
     from nbsgd_jax import consensus as consensus_lib
     try:
-      targets = consensus_lib.TargetSchedule(cs.target, cs.target_ratio, cs.reference_workdir,
-                                             cs.until_step)
+      if cs.critical:
+        critical = consensus_lib.CriticalTarget(cfg.num_workers, cs.critical_scale,
+                                                cs.smoothness, cs.until_step)
+      else:
+        targets = consensus_lib.TargetSchedule(cs.target, cs.target_ratio,
+                                               cs.reference_workdir, cs.until_step)
     except ValueError as e:
       raise config_lib.ConfigError([f"config.{e}"]) from None
 
   state = init_state(s)
   step_fn = make_train_step(s)
   eval_fn = make_eval_fn(s.model, s.algorithm.decentralized)
+  finite_fn = jax.jit(lambda params: jnp.all(jnp.stack([
+      jnp.all(jnp.isfinite(x.reshape(x.shape[0], -1)), axis=1)
+      for x in jax.tree.leaves(params)]), axis=0))
   ds = s.dataset
   test = _chunked(ds.test_images, ds.test_labels, 500)
   sub = np.random.default_rng(cfg.seed).permutation(len(ds.train_labels))
@@ -601,12 +724,26 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     train_loss_fn = make_train_loss_fn(s.model)
   rounds = 0
   extra_gossip = 0  # consensus control's extra gossip steps, all steps
-  if targets is not None:
-    one_measure = consensus_lib.measure_bytes(
-        model_bytes, cfg.num_workers, consensus_lib.Control(cs.max_gossip_steps, cs.measure,
-                                                            cs.sketch_size, cfg.seed))
+  smoothness_fn = None
+  if cs.control:
+    control = consensus_lib.Control(cs.max_gossip_steps, cs.measure, cs.sketch_size, cfg.seed)
+    one_measure = consensus_lib.measure_bytes(model_bytes, cfg.num_workers, control)
+  if critical is not None:
+    stats_bytes = consensus_lib.gradient_stats_bytes(cfg.num_workers, control)
+    schedule = make_schedule(cfg)
+    if not cs.smoothness:  # L of the averaged model on the fixed training examples
+      smoothness_fn = jax.jit(lambda params, chunks: consensus_lib.smoothness_estimate(
+          lambda p: _loss_acc(s.model, p, chunks)[0], metrics_lib.average_model(params),
+          cs.smoothness_iters, cfg.seed) + cfg.weight_decay)
+
+  def target_at(step: int) -> float:
+    """The target Xi of (0-based) ``step`` (inf: control off at that step)."""
+    if critical is not None:
+      return critical.at(step, float(schedule(step)) / (1.0 - cfg.momentum))
+    return targets.at(step)
 
   history = []
+  step_targets, step_smoothness = {}, {}  # per step, until written to steps.jsonl
   wall = 0.0
   bytes_total = 0.0  # float64 on the host
   # Per-step outputs stay on the device until the next evaluation. They are not reduced
@@ -617,6 +754,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   def evaluate(step: int) -> dict:
     nonlocal bytes_total
     losses = np.array([np.asarray(l, np.float64) for _, (l, _, _) in pending])  # [steps, n]
+    if losses.size and not np.all(np.isfinite(losses)):
+      t, _ = np.argwhere(~np.isfinite(losses))[0]
+      bad = np.flatnonzero(~np.isfinite(losses[t])).tolist()
+      raise TrainingDiverged(pending[t][0], bad, "loss")
     sent = np.array([np.asarray(b, np.float64) for _, (_, b, _) in pending])  # [steps, n]
     bytes_total += float(sent.mean(axis=1).sum()) if pending else 0.0
     if step_writer is not None:
@@ -626,13 +767,24 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
           srec[k] = float(np.asarray(v)[0])  # the same on every worker
         if srec.get("measurements") == 0:  # control off at this step: nothing measured
           srec["measured_consensus_distance"] = None
-        if targets is not None:
-          srec["target"] = targets.at(t - 1)
+          for k in ("grad_sq", "grad_noise"):
+            if k in srec:
+              srec[k] = None
+        if cs.control:  # None: no binding target (control off, or no estimate yet)
+          target = step_targets.pop(t)
+          srec["target"] = target if target < consensus_lib.NO_CONSTRAINT else None
+        if critical is not None:
+          srec["smoothness"] = step_smoothness.pop(t)
         step_writer.write(srec)
     pending.clear()
+    step_targets.clear()
+    step_smoothness.clear()
     params = state.params
     if s.backend.mesh is not None:  # evaluation reads whole models: replicate the stack once
       params = jax.device_put(params, NamedSharding(s.backend.mesh, P()))
+    finite = np.asarray(finite_fn(params))
+    if not finite.all():
+      raise TrainingDiverged(step, np.flatnonzero(~finite).tolist(), "model")
     ev = {k: float(v) for k, v in eval_fn(params, test, train_sub).items()}
     rec = {"step": step, "sim_time": sim.sim_time, "wall_time": wall,
            "train_batch_loss": float(losses.mean()) if losses.size else None,
@@ -647,12 +799,34 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
       writer.write(rec)
     return rec
 
-  bar = tqdm(total=cfg.num_steps, disable=not cfg.progress, desc=cfg.algorithm,
+  def host_state() -> dict:
+    return {"clocks": sim.clocks.tolist(), "bytes_total": bytes_total, "wall": wall,
+            "rounds": rounds, "extra_gossip": extra_gossip,
+            "planner": planner.state_dict() if planner is not None else None,
+            "critical": critical.state_dict() if critical is not None else None}
+
+  start = 0
+  if resume_step is not None:
+    state, host = ckpt.restore(resume_step, state)
+    sim.clocks = np.asarray(host["clocks"], np.float64)
+    bytes_total, wall = host["bytes_total"], host["wall"]
+    rounds, extra_gossip = host["rounds"], host["extra_gossip"]
+    if planner is not None:
+      planner.load_state_dict(host["planner"])
+    if critical is not None:
+      critical.load_state_dict(host["critical"])
+    history.extend(resumed_history)
+    start = resume_step
+
+  bar = tqdm(total=cfg.num_steps, initial=start, disable=not cfg.progress, desc=cfg.algorithm,
              unit="step", dynamic_ncols=True, mininterval=1.0)
   try:
-    rec = evaluate(0)
-    if planner is not None and planner.needs_loss:
-      planner.observe(rec["train_loss"])
+    if resume_step is None:
+      rec = evaluate(0)
+      if planner is not None and planner.needs_loss:
+        planner.observe(rec["train_loss"])
+    else:
+      rec = history[-1]
     seg = time.perf_counter()  # stopwatch over training steps; paused during evaluation
 
     def run_hooks(step: int) -> None:
@@ -664,20 +838,36 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
           hook(step, state, s)
         seg = time.perf_counter()
 
-    for step in range(1, cfg.num_steps + 1):
+    for step in range(start + 1, cfg.num_steps + 1):
       run_hooks(step - 1)
       sync = planner.sync_now(step - 1) if planner is not None else True
       rounds += int(sync)
       inputs, _ = sim.step(step - 1, communicate=sync)
-      if targets is not None:
-        inputs["target"] = np.full(cfg.num_workers, targets.at(step - 1), np.float32)
+      if smoothness_fn is not None and (step - 1) % cs.smoothness_every == 0:
+        jax.block_until_ready(state)
+        wall += time.perf_counter() - seg
+        params = state.params
+        if s.backend.mesh is not None:
+          params = jax.device_put(params, NamedSharding(s.backend.mesh, P()))
+        critical.set_smoothness(float(smoothness_fn(params, train_sub)))
+        seg = time.perf_counter()
+      if cs.control:
+        target = target_at(step - 1)
+        step_targets[step] = target
+        if critical is not None:
+          step_smoothness[step] = critical.smoothness
+        inputs["target"] = np.full(cfg.num_workers, target, np.float32)
       state, out = step_fn(state, s.worker_data, step_inputs(s, inputs), sync)
       pending.append((step, out))
-      if targets is not None:  # the extra gossip decided on the device enters the clock
+      if cs.control:  # the extra gossip decided on the device enters the clock
         k = int(np.asarray(out[2]["gossip_steps"])[0])
         m = int(np.asarray(out[2]["measurements"])[0])
         extra_gossip += k
         sim.extra(step - 1, k, m, one_measure)
+        if critical is not None and m > 0:  # the gradient sketch all-reduce
+          critical.observe(float(np.asarray(out[2]["grad_sq"])[0]),
+                           float(np.asarray(out[2]["grad_noise"])[0]))
+          sim.extra(step - 1, 0, 1, stats_bytes)
       if sync and planner is not None and planner.needs_loss:
         jax.block_until_ready(state)
         wall += time.perf_counter() - seg
@@ -691,6 +881,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
         wall += time.perf_counter() - seg
         rec = evaluate(step)
         bar.set_postfix(loss=f"{rec['train_loss']:.4f}", acc=f"{rec['test_accuracy']:.4f}")
+        if ckpt is not None and step % cfg.checkpoint_every == 0 and step < cfg.num_steps:
+          ckpt.save(step, state, host_state())
         seg = time.perf_counter()
       bar.update(1)
     run_hooks(cfg.num_steps)
@@ -699,6 +891,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     for w in (writer, step_writer):
       if w:
         w.close()
+    if ckpt is not None:
+      ckpt.close()
 
   summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
              "backend": cfg.backend, "model": cfg.model, "dataset": cfg.dataset,

@@ -24,6 +24,8 @@ def _centralized(name: str, reduce_sum, optimizer: optax.GradientTransformation,
       updates, opt_state = optimizer.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state, jnp.float32(sent)
     # He & Dube 2022, all-reduce form: g = sum_i sum_{j<m_i} g_ij / sum_i m_i.
+    if getattr(inputs, "alive", None) is not None:  # a failed worker sends nothing
+      sent = sent * inputs.alive[lax.axis_index(axis_name)].astype(jnp.float32)
     count = inputs.count.astype(jnp.float32)
     total = lax.psum(count, axis_name)
     summed = reduce_sum(jax.tree.map(lambda g: g * count.astype(g.dtype), grads))

@@ -25,12 +25,15 @@ class StepInputs(NamedTuple):
       every worker); ``K = 1`` and unused for other algorithms.
     target: float32 scalar, the consensus-control target Xi of this step (``inf``: no
       control), or None when the run has no consensus control (Kong et al. 2021).
+    alive: bool ``[n]``, the workers up at this step (the same on every worker), or None
+      when the run simulates no failures (``cluster.failures``).
   """
 
   step: jax.Array
   count: jax.Array
   active: jax.Array
   target: Any = None
+  alive: Any = None
 
 
 def masked_update(optimizer, grads, opt_state, params, keep):

@@ -44,9 +44,14 @@ def static_mixer(mixing_matrix: np.ndarray, axis_name: str = AXIS) -> Mixer:
   w = np.asarray(mixing_matrix, dtype=np.float64)
 
   def mix(params, inputs):
-    del inputs
-    return (collectives.gossip(params, w, axis_name),
-            jnp.float32(collectives.gossip_bytes(tree_bytes(params), w)))
+    alive = getattr(inputs, "alive", None)
+    sent = jnp.float32(collectives.gossip_bytes(tree_bytes(params), w))
+    if alive is not None:  # simulated failures: a live worker sends to its live neighbours
+      i = lax.axis_index(axis_name)
+      nbrs = jnp.asarray((w != 0) & ~np.eye(len(w), dtype=bool))[i]
+      sent = jnp.float32(tree_bytes(params)) * jnp.sum(nbrs & alive).astype(jnp.float32)
+      sent = jnp.where(alive[i], sent, 0.0)
+    return collectives.gossip(params, w, axis_name, alive), sent
 
   return mix
 
@@ -59,10 +64,14 @@ def time_varying_mixer(phases: list[np.ndarray], axis_name: str = AXIS) -> Mixer
 
   def mix(params, inputs):
     phase = inputs.step % len(ws)
-    mixed = lax.switch(phase, [lambda p, w=w: collectives.gossip(p, w, axis_name) for w in ws],
-                       params)
+    alive = getattr(inputs, "alive", None)
+    mixed = lax.switch(phase, [lambda p, w=w: collectives.gossip(p, w, axis_name, alive)
+                               for w in ws], params)
     per_phase = [collectives.gossip_bytes(tree_bytes(params), w) for w in ws]
-    return mixed, jnp.asarray(per_phase, jnp.float32)[phase]
+    sent = jnp.asarray(per_phase, jnp.float32)[phase]
+    if alive is not None:  # a failed worker sends nothing
+      sent = sent * alive[lax.axis_index(axis_name)].astype(jnp.float32)
+    return mixed, sent
 
   return mix
 
@@ -86,18 +95,25 @@ def matcha_mixer(matchings: list[list[tuple[int, int]]], alpha: float, n: int,
     if not perms:
       return params, jnp.float32(0.0)
     active = inputs.active
+    alive = getattr(inputs, "alive", None)
     i = lax.axis_index(axis_name)
     out = params
+    pair_up = []
     for j, perm in enumerate(perms):
       pairs = [(a, perm[a]) for a in range(n)]
 
       def exchange(p, pairs=pairs):
-        recv = lax.ppermute(p, axis_name, pairs)
+        recv = collectives.permute(p, axis_name, pairs)
         return jax.tree.map(lambda a, r: a - r, p, recv)
 
       diff = lax.cond(active[j], exchange, lambda p: jax.tree.map(jnp.zeros_like, p), params)
-      out = jax.tree.map(lambda o, d: o - jnp.asarray(alpha, d.dtype) * d, out, diff)
-    sent = tree_bytes(params) * jnp.sum(active.astype(jnp.float32) * jnp.asarray(matched)[:, i])
+      up = jnp.float32(1.0)
+      if alive is not None:  # a pair with a failed worker does not mix
+        up = (alive[i] & alive[jnp.asarray(perm)[i]]).astype(jnp.float32)
+      pair_up.append(up)
+      out = jax.tree.map(lambda o, d, up=up: o - jnp.asarray(alpha, d.dtype) * up * d, out, diff)
+    sent = tree_bytes(params) * jnp.sum(active.astype(jnp.float32) * jnp.asarray(matched)[:, i]
+                                        * jnp.stack(pair_up))
     return out, sent.astype(jnp.float32)
 
   return mix
@@ -117,7 +133,9 @@ def gossip_sgd(name: str, optimizer: optax.GradientTransformation, mixer: Mixer,
       (at most ``control.max_gossip_steps`` times); needs ``num_workers`` and
       ``inputs.target``. The update then returns ``aux`` with ``gossip_steps``,
       ``measurements`` and ``measured_consensus_distance`` (the last measured Xi; 0 where
-      control is off).
+      control is off); with ``control.gradient_stats`` also ``grad_sq`` and ``grad_noise``
+      (:func:`nbsgd_jax.consensus.gradient_stats`, charged in bytes) for the critical
+      target.
     num_workers: n (bytes of a measurement), with ``control``.
     control_mixer: the mixer of the extra gossip steps (default ``mixer``). MATCHA needs the
       base graph's static W here: one sampled W(t) = I - alpha sum_j B_j L_j is contractive
@@ -147,13 +165,36 @@ def gossip_sgd(name: str, optimizer: optax.GradientTransformation, mixer: Mixer,
     mixed, sent = mixer(optax.apply_updates(params, updates), inputs)
     return mixed, opt_state, sent
 
+  def grad_stats(grads, inputs):
+    """(grad_sq, noise, bytes) of this step for the critical target; zeros where control is
+    off (``inputs.target`` = inf)."""
+    from nbsgd_jax import consensus
+    key = jax.random.fold_in(jax.random.PRNGKey(control.seed + 1), inputs.step)
+    cost = consensus.gradient_stats_bytes(num_workers, control)
+
+    def on(g):
+      gs, noise = consensus.gradient_stats(g, control, key, num_workers, axis_name)
+      return gs, noise, jnp.float32(cost)
+
+    def off(g):
+      del g
+      return jnp.float32(0.0), jnp.float32(0.0), jnp.float32(0.0)
+
+    return lax.cond(jnp.isfinite(inputs.target), on, off, grads)
+
   def update(grads, opt_state, params, inputs):
+    stats = None
+    if control is not None and control.gradient_stats:
+      stats = grad_stats(grads, inputs)
     params, opt_state, sent = step(grads, opt_state, params, inputs)
     if control is not None:
       from nbsgd_jax import consensus
       params, more, aux = consensus.control(params, control_mixer or mixer, inputs,
                                             num_workers, control, axis_name)
       aux["measured_consensus_distance"] = aux.pop("consensus_distance")
+      if stats is not None:
+        aux["grad_sq"], aux["grad_noise"] = stats[0], stats[1]
+        more = more + stats[2]
       if log_consensus:  # exact, every step (also where control is off), not charged
         aux["consensus_distance"] = jnp.sqrt(
             consensus.measure_sq(params, consensus.Control(), None, axis_name))

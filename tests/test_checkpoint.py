@@ -1,0 +1,184 @@
+"""Checkpoint and resume: a run stopped at any moment and started again ends with exactly the
+metrics of an uninterrupted run (wall time aside)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nbsgd_jax import checkpoint as checkpoint_lib
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import train
+
+from tests.test_train import small_cfg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CASES = {
+    # error-feedback residuals and their PRNG keys in the optimizer state
+    "sparse_allreduce": {"algorithm": "allreduce", "compression.name": "random_k",
+                         "compression.density": 0.1},
+    # the adaptive period planner (host state) and the sync/local programs
+    "ada_lupa": {"algorithm": "local_sgd", "local_sgd.schedule": "ada_lupa",
+                 "local_sgd.tau": 2},
+    # simulated clocks with random straggler delays, non-blocking counts, consensus control
+    # with the critical target (estimator state)
+    "nonblocking_control": {
+        "algorithm": "dpsgd", "nonblocking.enabled": True, "nonblocking.num_minibatches": 2,
+        "cluster.scenario": "lognormal", "cluster.delay": "bernoulli_exponential",
+        "consensus.control": True, "consensus.critical": True,
+        "consensus.smoothness_every": 7, "consensus.smoothness_iters": 3},
+}
+
+
+def _cfg(case, **kw):
+  return small_cfg(num_steps=24, eval_every=4, checkpoint_every=8, **CASES[case], **kw)
+
+
+def _records(path):
+  with open(path) as f:
+    return [json.loads(l) for l in f]
+
+
+def _without_wall(recs):
+  return [{k: v for k, v in r.items() if k not in ("wall_time", "samples_per_second")}
+          for r in recs]
+
+
+class Crash(Exception):
+  pass
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_crash_and_resume_equals_uninterrupted(tmp_path, case):
+  full = train.train(_cfg(case), str(tmp_path / "full"))
+
+  def crash(step, state, setup):
+    del state, setup
+    if step == 13:  # after the checkpoint of step 8 and the evaluation of step 12
+      with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 13, "train_lo')  # a torn line, as a kill mid-write leaves
+      raise Crash()
+
+  with pytest.raises(Crash):
+    train.train(_cfg(case), str(tmp_path / "run"), hooks=(crash,))
+  assert checkpoint_lib.Checkpointer(str(tmp_path / "run")).latest_step() == 8
+  seen = []
+  resumed = train.train(_cfg(case), str(tmp_path / "run"),
+                        hooks=(lambda step, state, setup: seen.append(step),))
+  assert seen[0] == 8  # it did resume, from the checkpoint
+  a = _records(tmp_path / "full" / "metrics.jsonl")
+  b = _records(tmp_path / "run" / "metrics.jsonl")
+  assert [r["step"] for r in b] == list(range(0, 25, 4))  # no duplicate, no torn line
+  assert _without_wall(b) == _without_wall(a)
+  if os.path.exists(tmp_path / "full" / "steps.jsonl"):
+    assert (_records(tmp_path / "run" / "steps.jsonl")
+            == _records(tmp_path / "full" / "steps.jsonl"))
+  drop = ("history", "wall_time", "samples_per_second")
+  assert ({k: v for k, v in resumed.items() if k not in drop}
+          == {k: v for k, v in full.items() if k not in drop})
+
+
+def test_sigkill_and_resume_from_the_command_line(tmp_path):
+  """A real SIGKILL of the CLI mid-run, then the same command again."""
+  overrides = ["--config.model=mlp", "--config.num_workers=4", "--config.batch_size=8",
+               "--config.num_steps=40", "--config.eval_every=5", "--config.checkpoint_every=10",
+               "--config.eval_train_examples=64", "--config.progress=False",
+               "--config.algorithm=dpsgd"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+  def cmd(wd):
+    return [sys.executable, "-m", "nbsgd_jax.main", "--config=experiments/configs/mnist.py",
+            f"--workdir={wd}", *overrides]
+
+  # the uninterrupted reference, in-process (same config as the CLI builds)
+  ref = _records(_cli_reference(tmp_path / "full", overrides) / "metrics.jsonl")
+  wd = tmp_path / "run"
+  proc = subprocess.Popen(cmd(wd), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+  ckpt = wd / "checkpoints" / "20" / "commit_success.txt"
+  import time
+  deadline = time.time() + 120
+  while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL
+  before = _records(wd / "metrics.jsonl")
+  done = subprocess.run(cmd(wd), cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  got = _records(wd / "metrics.jsonl")
+  assert [r["step"] for r in got] == list(range(0, 41, 5))
+  assert _without_wall(got) == _without_wall(ref)
+  # the records up to the checkpoint are the first process's (wall times included): resumed
+  assert got[:5] == [r for r in before if r["step"] <= 20]
+
+
+def _cli_reference(wd, overrides):
+  from ml_collections import config_flags  # noqa: F401  (the CLI's config file)
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("mnist_cfg",
+                                                os.path.join(ROOT, "experiments/configs/mnist.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  cfg = mod.get_config()
+  kv = {}
+  for o in overrides:
+    k, v = o[len("--config."):].split("=", 1)
+    kv[k] = {"True": True, "False": False}.get(v, int(v) if v.isdigit() else v)
+  config_lib.override(cfg, kv)
+  train.train(cfg, str(wd))
+  return wd
+
+
+def test_resume_refuses_another_config(tmp_path):
+  cfg = small_cfg(num_steps=8, eval_every=4, checkpoint_every=4)
+
+  def crash(step, state, setup):
+    if step == 6:
+      raise Crash()
+
+  with pytest.raises(Crash):
+    train.train(cfg, str(tmp_path), hooks=(crash,))
+  with pytest.raises(config_lib.ConfigError, match="config.learning_rate=0.5 is not allowed"):
+    train.train(small_cfg(num_steps=8, eval_every=4, checkpoint_every=4, learning_rate=0.5),
+                str(tmp_path))
+
+
+def test_truncate_records_drops_later_and_torn_lines(tmp_path):
+  p = tmp_path / "m.jsonl"
+  p.write_text('{"step": 0}\n{"step": 5}\n{"step": 10}\n{"step": 15, "x"')
+  assert checkpoint_lib.truncate_records(str(p), 5) == [{"step": 0}, {"step": 5}]
+  assert p.read_text() == '{"step": 0}\n{"step": 5}\n'
+  p.write_text('{"step": 0}\n{"step": 5}')  # complete JSON but no newline: torn
+  assert checkpoint_lib.truncate_records(str(p), 10) == [{"step": 0}]
+
+
+def test_divergence_stops_with_step_and_workers_and_keeps_last_good_checkpoint(tmp_path):
+  """A NaN injected into worker 2's model after step 9: the next evaluation (step 10) names
+  the step and the worker; the checkpoint of step 8 stays the newest."""
+  import jax.numpy as jnp
+
+  def poison(step, state, setup):
+    del setup
+    if step == 9:
+      layer = state.params["params"]["Dense_0"]
+      layer["kernel"] = layer["kernel"].at[2, 0, 0].set(jnp.nan)  # the host's dict: mutable
+
+  cfg = small_cfg(algorithm="local_sgd", num_steps=16, eval_every=2, checkpoint_every=4,
+                  **{"local_sgd.tau": 4})
+  with pytest.raises(train.TrainingDiverged) as e:
+    train.train(cfg, str(tmp_path), hooks=(poison,))
+  assert (e.value.step, e.value.workers) in ((10, [2]),), str(e.value)
+  assert "non-finite" in str(e.value) and "step 10" in str(e.value)
+  assert checkpoint_lib.Checkpointer(str(tmp_path)).latest_step() == 8
+  # a huge learning rate: the loss itself becomes non-finite, on every worker
+  with pytest.raises(train.TrainingDiverged, match="non-finite loss at step"):
+    train.train(small_cfg(algorithm="allreduce", learning_rate=1e30, num_steps=20,
+                          eval_every=20), None)
