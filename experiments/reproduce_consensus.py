@@ -228,7 +228,7 @@ def main():
   ap.add_argument("--measures", nargs="+", default=["exact"], choices=["exact", "sketch"],
                   help="Xi measurement of the controlled runs (each adds its runs)")
   ap.add_argument("--sketch_size", type=int, default=1024)
-  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--seed", type=int, default=0, help="init, data order, partition and delays")
   ap.add_argument("--runs_dir", default="runs/consensus",
                   help="where the runs' workdirs go (default runs/consensus, not versioned)")
   ap.add_argument("--reuse", action="store_true",

@@ -239,12 +239,14 @@ def parse_deadline(value) -> DeadlineRule:
         raise _err(field, value, why)
       return f"kth:{k}"
     try:
-      value = float(v)
+      seconds = float(v)
     except ValueError:
       raise _err(field, value, why) from None
-  if not _is_real(value) or not math.isfinite(float(value)) or float(value) <= 0:
-    raise _err(field, value, why)
-  return float(value)
+  else:
+    seconds = value
+  if not _is_real(seconds) or not math.isfinite(float(seconds)) or float(seconds) <= 0:
+    raise _err(field, value, why)  # the value as given
+  return float(seconds)
 
 
 def _check_finish(finish) -> np.ndarray:

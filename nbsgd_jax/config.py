@@ -8,6 +8,7 @@ per problem, each naming the key, the value and what is allowed.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -22,7 +23,7 @@ from nbsgd_jax.local_sgd import SCHEDULES as TAU_SCHEDULES  # noqa: E402
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete", "star",
               "erdos_renyi")
 MIXING_WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
-BACKENDS = ("simulate", "mesh")
+BACKENDS = ("simulate", "mesh", "multihost")
 MODELS = ("logreg", "mlp", "cnn")
 PARTITIONS = ("iid", "dirichlet")
 DPSGD_ORDERS = ("parallel", "atc")
@@ -41,7 +42,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.topology_seed = 0            # erdos_renyi graph seed
   c.topology_rows = 0            # torus rows (0: most square rows x cols = num_workers)
   c.topology_cols = 0            # torus cols (0: num_workers / rows)
-  c.backend = "simulate"         # simulate (jax.vmap) | mesh (jax.shard_map over devices)
+  c.backend = "simulate"         # simulate (jax.vmap) | mesh (jax.shard_map over devices) |
+                                 # multihost (mesh over the devices of every process)
   c.workers_per_device = 0       # mesh: k workers per device (vmap inside shard_map); 0: the
                                  # smallest k with num_workers / k <= devices
   c.model = "cnn"                # logreg | mlp | cnn
@@ -55,7 +57,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.learning_rate = 0.05         # SGD step size (peak value of the schedule)
   c.lr_schedule = "constant"     # constant | cosine (decay to 0 at num_steps)
   c.warmup_steps = 0             # linear warm-up from 0 over this many steps
-  c.momentum = 0.9               # heavy-ball momentum (0 = plain SGD)
+  c.momentum = 0.9               # heavy-ball momentum in [0, 1) (0 = plain SGD)
   c.nesterov = False             # Nesterov momentum
   c.weight_decay = 0.0           # L2 coefficient added to the gradient
   c.num_steps = 1000             # training steps (iterations)
@@ -63,6 +65,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval_train_examples = 2000   # training examples used for train_loss (averaged model)
   c.seed = 0                     # init, data order and partition seed
   c.progress = True              # tqdm progress bar
+  c.tensorboard = False          # also write workdir/tensorboard event files (tensorboardX):
+                                 # the same scalars as metrics.jsonl
   c.checkpoint_every = 0         # steps between orbax checkpoints in workdir/checkpoints (a
                                  # multiple of eval_every; 0: none); a run started again in
                                  # the same workdir resumes from the newest one
@@ -147,8 +151,17 @@ def override(cfg: ml_collections.ConfigDict, overrides: dict) -> ml_collections.
       node = node.get(sec) if isinstance(node, ml_collections.ConfigDict) else None
     if not isinstance(node, ml_collections.ConfigDict) or key not in node:
       raise ConfigError([f"config.{name} is not a configuration key"])
-    node[key] = value
+    try:
+      node[key] = value
+    except TypeError:  # ConfigDict is type-safe: the default's type (int -> float allowed)
+      t = type(node[key])
+      raise ConfigError([f"config.{name}={value!r} is not allowed: it must be "
+                         f"{_TYPE_NAMES.get(t, 'of type ' + t.__name__)}"]) from None
   return cfg
+
+
+_TYPE_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string",
+               tuple: "a tuple"}
 
 
 class ConfigError(ValueError):
@@ -185,11 +198,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if not _is_int(v) or v < lo:
       errs.append(f"config.{key}={v!r} is not allowed: it must be an integer >= {lo}")
 
-  def number(key, lo, lo_open=False, hi=None):
+  def number(key, lo, lo_open=False, hi=None, hi_open=False):
     v = cfg.get(key)
-    bad = not _is_num(v) or v < lo or (lo_open and v == lo) or (hi is not None and v > hi)
+    bad = not _is_num(v) or v < lo or (lo_open and v == lo) or (hi is not None and (
+        v > hi or (hi_open and v == hi)))
     if bad:
-      rng = f"{'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
+      rng = f"{'>' if lo_open else '>='} {lo}" + (
+          f" and {'<' if hi_open else '<='} {hi}" if hi is not None else "")
       errs.append(f"config.{key}={v!r} is not allowed: it must be a number {rng}")
 
   choice("algorithm", ALGORITHMS)
@@ -204,7 +219,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   number("learning_rate", 0, lo_open=True)
   choice("lr_schedule", LR_SCHEDULES)
   integer("warmup_steps", 0)
-  number("momentum", 0, hi=1)
+  number("momentum", 0, hi=1, hi_open=True)  # 1: no decay, eta / (1 - momentum) infinite
   number("weight_decay", 0)
   integer("num_steps", 0)
   integer("eval_every", 1)
@@ -224,6 +239,49 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     elif (r or c) and cfg.num_workers % (r or c):
       errs.append(f"config.topology_{'rows' if r else 'cols'}={r or c} is not allowed: it must "
                   f"divide config.num_workers={cfg.num_workers}")
+  def boolean(key):
+    v = cfg.get(key)
+    if not isinstance(v, bool):
+      errs.append(f"config.{key}={v!r} is not allowed: use True or False")
+
+  def string(key):
+    v = cfg.get(key)
+    if not isinstance(v, str):
+      errs.append(f"config.{key}={v!r} is not allowed: it must be a string")
+
+  for key in ("nesterov", "progress", "tensorboard", "compression.error_feedback",
+              "compression.flatten"):
+    boolean(key)
+  for key in ("data_dir", "consensus.reference_workdir"):
+    string(key)
+  for key, length in (("mlp_hidden", 0), ("cnn_channels", 2)):
+    v = cfg.get(key)
+    if (not isinstance(v, (tuple, list)) or not all(_is_int(x) and x >= 1 for x in v)
+        or (length and len(v) != length)):
+      errs.append(f"config.{key}={v!r} is not allowed: it must be a tuple of "
+                  f"{'two ' if length else ''}integers >= 1, e.g. {default_config()[key]!r}")
+  ce, ee = cfg.get("checkpoint_every"), cfg.get("eval_every")
+  if not _is_int(ce) or ce < 0:
+    errs.append(f"config.checkpoint_every={ce!r} is not allowed: it must be an integer >= 0 "
+                "(0: no checkpoints)")
+  elif ce and _is_int(ee) and ee >= 1 and ce % ee:
+    errs.append(f"config.checkpoint_every={ce} is not allowed with config.eval_every={ee}: "
+                "checkpoints are taken at evaluations, it must be a multiple of eval_every")
+  from nbsgd_jax import cluster as cluster_lib  # numpy only
+  n_cluster_errs = len(errs)
+  choice("cluster.scenario", cluster_lib.SCENARIOS)
+  choice("cluster.delay", cluster_lib.DELAYS)
+  for key in ("base_time", "slow_factor", "bandwidth"):
+    number(f"cluster.{key}", 0, lo_open=True)
+  for key in ("spread", "delay_mean", "delay_shift", "latency"):
+    number(f"cluster.{key}", 0)
+  number("cluster.delay_prob", 0, hi=1)
+  integer("cluster.seed", 0)
+  v = cfg.cluster.get("slowdown")
+  if not isinstance(v, (tuple, list)) or not all(_is_num(x) and x > 0 for x in v):
+    errs.append(f"config.cluster.slowdown={v!r} is not allowed: it must be a tuple of "
+                "numbers > 0, one per worker (() for none)")
+  cluster_ok = len(errs) == n_cluster_errs
   v = cfg.matcha.budget
   if not _is_num(v) or not 0 < v <= 1:
     errs.append(f"config.matcha.budget={v!r} is not allowed: it must be a number > 0 and <= 1")
@@ -247,11 +305,17 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if not isinstance(cfg.nonblocking.enabled, bool):
     errs.append(f"config.nonblocking.enabled={cfg.nonblocking.enabled!r} is not allowed: use "
                 "True or False")
-  if not errs:
-    from nbsgd_jax import cluster as cluster_lib  # its own checks name cluster.* fields
+  try:
+    rule = cluster_lib.parse_deadline(cfg.nonblocking.deadline)
+  except ValueError as e:
+    errs.append(f"config.{e}")
+    rule = None
+  if (cluster_ok and _is_int(cfg.get("num_workers")) and cfg.num_workers >= 1 and _is_int(m)
+      and m >= 1):  # the cluster's own checks (finite values, slowdown per worker), deadline
     try:
       cl = make_cluster(cfg)
-      cluster_lib.check_deadline(cl, cluster_lib.parse_deadline(cfg.nonblocking.deadline))
+      if rule is not None:
+        cluster_lib.check_deadline(cl, rule)
     except ValueError as e:
       errs.append(f"config.{e}")
   comp = cfg.compression
@@ -334,8 +398,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                   "allowed: give exactly one target (target > 0, target_ratio > 0 or "
                   "critical=True)")
     elif _is_num(cs.target_ratio) and cs.target_ratio > 0 and not cs.reference_workdir:
-      errs.append("config.consensus.target_ratio needs config.consensus.reference_workdir "
-                  "(a finished run's workdir)")
+      errs.append(f"config.consensus.target_ratio={cs.target_ratio!r} is not allowed with "
+                  f"config.consensus.reference_workdir={cs.reference_workdir!r}: it needs "
+                  "config.consensus.reference_workdir (a finished run's workdir)")
   if cfg.dpsgd.order not in DPSGD_ORDERS:
     errs.append(f"config.dpsgd.order={cfg.dpsgd.order!r} is not allowed: use one of "
                 f"{list(DPSGD_ORDERS)}")
@@ -370,6 +435,29 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       errs.append(f"config.workers_per_device={k} is not allowed with num_workers={n} on {nd} "
                   f"devices: it must divide num_workers with num_workers / workers_per_device "
                   f"<= {nd}")
+  elif (cfg.get("backend") == "multihost" and _is_int(cfg.get("num_workers"))
+        and cfg.num_workers > 0):
+    import jax  # after jax.distributed.initialize (nbsgd_jax.multihost): all processes' devices
+    nd, n, procs = jax.device_count(), cfg.num_workers, jax.process_count()
+    if n % nd:
+      errs.append(f"config.num_workers={n} is not allowed with config.backend='multihost' on "
+                  f"{procs} process(es) with {nd} devices in all: the workers must divide "
+                  f"evenly across processes and devices (a multiple of {nd})")
+    elif k and k * nd != n:
+      errs.append(f"config.workers_per_device={k} is not allowed with config.backend="
+                  f"'multihost': num_workers={n} on {nd} devices puts {n // nd} on each "
+                  "(0 picks it)")
+
+  def leaves(node, prefix=""):  # non-finite floats anywhere: nan passes the range checks
+    for k, v in node.items():
+      if isinstance(v, ml_collections.ConfigDict):
+        yield from leaves(v, f"{prefix}{k}.")
+      else:
+        yield prefix + k, v
+  for key, v in leaves(cfg):
+    if (isinstance(v, float) and not math.isfinite(v)
+        and not any(e.startswith(f"config.{key}=") for e in errs)):
+      errs.append(f"config.{key}={v!r} is not allowed: it must be a finite number")
   if errs:
     raise ConfigError(errs)
 

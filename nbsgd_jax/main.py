@@ -3,10 +3,17 @@
 Any key can be overridden with ``--config.KEY=VALUE`` (``ml_collections.config_flags``), e.g.
 ``--config.algorithm=allreduce --config.num_workers=16``. A bad configuration stops before
 training with one line per problem and exit status 2.
+
+Exit status: 0 the run finished; 2 bad configuration or command line (an unknown
+``--config.KEY``, a value of the wrong type, an unreadable config file, a value that
+``nbsgd_jax.config.validate`` rejects), one ``error:`` line per problem; 3 training diverged
+(a non-finite loss or model, ``nbsgd_jax.train.TrainingDiverged``), one ``error:`` line.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 import sys
 
 from absl import app, flags
@@ -17,6 +24,15 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for config.json, metrics.jsonl, "
                                "summary.json.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "backend=multihost: host:port of process 0 (default: "
+    "$JAX_COORDINATOR_ADDRESS, else JAX's cluster detection).")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "backend=multihost: number of processes (default: "
+    "$JAX_NUM_PROCESSES).")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "backend=multihost: this process's id in [0, num_processes) (default: "
+    "$JAX_PROCESS_ID).")
 
 
 def _summary_table(summary: dict) -> str:
@@ -35,6 +51,71 @@ def _summary_table(summary: dict) -> str:
   return "\n".join(rows)
 
 
+_TYPE_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
+
+
+def _config_keys() -> list[str]:
+  """Every dotted key of ``default_config()`` (sections included)."""
+  from nbsgd_jax import config as config_lib
+
+  def walk(node, prefix):
+    for k, v in node.items():
+      yield prefix + k
+      if hasattr(v, "items"):
+        yield from walk(v, f"{prefix}{k}.")
+  return list(walk(config_lib.default_config(), ""))
+
+
+def _flag_errors(message: str) -> list[str]:
+  """absl's ``flag --config.KEY=VALUE: why`` (a value of the wrong type) in the style of
+  ``nbsgd_jax.config.validate``; other flag errors as they are."""
+  m = re.match(r"flag --config\.([\w.]+)=(.*?): ", message, re.S)
+  if not m:
+    return [" ".join(message.split())]
+  key, value = m.groups()
+  try:
+    allowed = _TYPE_NAMES.get(type(flags.FLAGS["config"].value[key]))
+  except Exception:  # pylint: disable=broad-except
+    allowed = None
+  why = f"it must be {allowed}" if allowed else " ".join(message[m.end():].split())
+  return [f"config.{key}={value!r} is not allowed: {why}"]
+
+
+def _unknown_keys(argv: list[str]) -> list[str]:
+  known = _config_keys()
+  errors = []
+  for arg in argv[1:]:
+    m = re.match(r"--?(?:no)?config\.([^=]+)", arg)
+    if m and m.group(1) not in known:
+      close = difflib.get_close_matches(m.group(1), known, n=1)
+      errors.append(f"config.{m.group(1)} is not a configuration key"
+                    + (f" (did you mean config.{close[0]}?)" if close else ""))
+  return errors
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a bad command line as ``error:`` lines and exit status 2
+  (absl alone exits with 1 on a value of the wrong type; ml_collections raises, with a
+  traceback, on an unknown ``--config.KEY`` or a config file that cannot be read)."""
+  try:
+    rest = flags.FLAGS(argv)
+    cfg = flags.FLAGS["config"].value
+    if cfg is not None:
+      cfg.get("algorithm")  # a config file that failed to load raises here
+    return rest
+  except flags.Error as e:  # a value of the wrong type, an unknown --flag
+    errors = _flag_errors(str(e))
+  except (AttributeError, KeyError) as e:  # an unknown --config.KEY
+    errors = _unknown_keys(argv) or [" ".join(f"--config: {e}".split())]
+  except OSError as e:  # the config file
+    path = next((a.split("=", 1)[1] for a in argv if re.match(r"--?config=", a)), "")
+    reason = [l.strip() for l in str(e).splitlines() if l.strip()][-1]
+    errors = [f"--config={path} could not be loaded: {reason}"]
+  for line in errors:
+    print(f"error: {line}", file=sys.stderr)
+  sys.exit(2)
+
+
 def main(argv):
   del argv
   from nbsgd_jax import config as config_lib
@@ -47,15 +128,27 @@ def main(argv):
   if not _WORKDIR.value:
     print("error: --workdir is required (the run's output directory)", file=sys.stderr)
     sys.exit(2)
+  if _CONFIG.value.get("backend") == "multihost":  # join before JAX starts its backend
+    from nbsgd_jax import multihost
+    try:
+      multihost.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
   try:
     summary = train_lib.train(_CONFIG.value, _WORKDIR.value)
   except config_lib.ConfigError as e:
     for line in e.errors:
       print(f"error: {line}", file=sys.stderr)
     sys.exit(2)
-  print(_summary_table(summary))
-  print(f"wrote {_WORKDIR.value}/config.json, metrics.jsonl, summary.json")
+  except train_lib.TrainingDiverged as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(3)
+  import jax
+  if jax.process_index() == 0:  # multihost: process 0 reports (and wrote the files)
+    print(_summary_table(summary))
+    print(f"wrote {_WORKDIR.value}/config.json, metrics.jsonl, summary.json")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

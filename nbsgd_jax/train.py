@@ -12,7 +12,9 @@ Python loop over workers.
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -176,6 +178,11 @@ class Backend(NamedTuple):
       worker axis (not jitted).
     place: ``pytree -> pytree`` putting arrays with a leading worker axis where the
       backend wants them.
+    axis_name: the worker program's axis (above).
+    replicate: ``pytree -> pytree`` putting arrays whole on every device of the backend
+      (evaluation data, the stacked models for evaluation).
+    fetch: ``array -> np.ndarray``, the whole value on the host (an all-gather across
+      processes for ``"multihost"``: every process must call it at the same point).
   """
 
   name: str
@@ -184,6 +191,8 @@ class Backend(NamedTuple):
   spmd: Callable[[Callable], Callable]
   place: Callable[[Any], Any]
   axis_name: Any = AXIS
+  replicate: Callable[[Any], Any] = jax.device_put
+  fetch: Callable[[Any], np.ndarray] = np.asarray
 
 
 DEVICE_AXIS = "devices"
@@ -214,42 +223,55 @@ def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
   (:func:`workers_per_device`; ``per_device`` = 0 picks k). With k = 1 the mesh axis is
   ``"workers"``; with k > 1 it is ``"devices"`` and each device runs
   ``vmap(..., axis_name="workers")`` over its k workers: the worker program's axis is the pair
-  ``("devices", "workers")`` (:mod:`nbsgd_jax.collectives`).
+  ``("devices", "workers")`` (:mod:`nbsgd_jax.collectives`). ``"multihost"``: the mesh
+  backend over every device of every process (``jax.distributed``, :mod:`nbsgd_jax.multihost`),
+  n / devices workers per device; each process holds the workers of its own devices.
 
   Raises:
-    ValueError: unknown backend, or workers that do not fit the devices for ``"mesh"``.
+    ValueError: unknown backend, or workers that do not fit the devices.
   """
   if name == "simulate":
     return Backend(name, num_workers, None, lambda f: jax.vmap(f, axis_name=AXIS),
                    lambda tree: tree)
-  if name == "mesh":
-    devices = jax.devices()
-    k = workers_per_device(num_workers, len(devices), per_device)
-    if k > 1:
-      mesh = jax.make_mesh((num_workers // k,), (DEVICE_AXIS,),
-                           devices=devices[:num_workers // k])
-      sharding = NamedSharding(mesh, P(DEVICE_AXIS))
+  if name not in ("mesh", "multihost"):
+    raise ValueError(f"backend={name!r} is not allowed: use one of {list(config_lib.BACKENDS)}")
+  devices = jax.devices()
+  if name == "multihost":
+    nd = len(devices)
+    if num_workers % nd or (per_device and per_device * nd != num_workers):
+      raise ValueError(
+          f"num_workers={num_workers} is not allowed with backend='multihost' on {nd} devices "
+          f"({jax.process_count()} processes): every device must hold the same number of "
+          f"workers (num_workers a multiple of {nd}"
+          + (f", workers_per_device = num_workers / {nd}" if per_device else "") + ")")
+    per_device = num_workers // nd
+  k = workers_per_device(num_workers, len(devices), per_device)
+  axis = DEVICE_AXIS if k > 1 else AXIS
+  mesh = jax.make_mesh((num_workers // k,), (axis,), devices=devices[:num_workers // k])
+  sharding = NamedSharding(mesh, P(axis))
+  replicated = NamedSharding(mesh, P())
+  extra = dict(replicate=lambda tree: jax.device_put(tree, replicated))
+  if name == "multihost":
+    from nbsgd_jax import multihost
+    extra["fetch"] = multihost.fetch
+  if k > 1:
+    def spmd_k(f):
+      # check_vma=False: the worker values vary over the vmap axis too, which the
+      # varying-axes type system does not track through psum over the axis pair
+      return jax.shard_map(jax.vmap(f, axis_name=AXIS), mesh=mesh, in_specs=P(DEVICE_AXIS),
+                           out_specs=P(DEVICE_AXIS), check_vma=False)
 
-      def spmd_k(f):
-        # check_vma=False: the worker values vary over the vmap axis too, which the
-        # varying-axes type system does not track through psum over the axis pair
-        return jax.shard_map(jax.vmap(f, axis_name=AXIS), mesh=mesh, in_specs=P(DEVICE_AXIS),
-                             out_specs=P(DEVICE_AXIS), check_vma=False)
+    return Backend(name, num_workers, mesh, spmd_k,
+                   lambda tree: jax.device_put(tree, sharding), (DEVICE_AXIS, AXIS), **extra)
 
-      return Backend(name, num_workers, mesh, spmd_k,
-                     lambda tree: jax.device_put(tree, sharding), (DEVICE_AXIS, AXIS))
-    mesh = jax.make_mesh((num_workers,), (AXIS,), devices=devices[:num_workers])
-    sharding = NamedSharding(mesh, P(AXIS))
+  def spmd(f):
+    def local(*args):
+      out = f(*jax.tree.map(lambda a: a[0], args))
+      return jax.tree.map(lambda a: a[None], out)
+    return jax.shard_map(local, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
 
-    def spmd(f):
-      def local(*args):
-        out = f(*jax.tree.map(lambda a: a[0], args))
-        return jax.tree.map(lambda a: a[None], out)
-      return jax.shard_map(local, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
-
-    return Backend(name, num_workers, mesh, spmd,
-                   lambda tree: jax.device_put(tree, sharding))
-  raise ValueError(f"backend={name!r} is not allowed: use one of {list(config_lib.BACKENDS)}")
+  return Backend(name, num_workers, mesh, spmd, lambda tree: jax.device_put(tree, sharding),
+                 **extra)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -423,6 +445,12 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
   Raises:
     ConfigError: any bad key, including a ``batch_size`` larger than some worker's shard.
   """
+  if cfg.get("backend") == "multihost":  # before anything initializes a JAX backend
+    from nbsgd_jax import multihost
+    try:
+      multihost.initialize()
+    except ValueError as e:
+      raise config_lib.ConfigError([f"backend='multihost': {e}"]) from None
   config_lib.validate(cfg)
   try:
     dataset = data_lib.load_dataset(cfg.dataset, data_dir=cfg.data_dir or None)
@@ -447,8 +475,6 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
         [f"config.batch_size={cfg.batch_size} is not allowed: the smallest worker shard has "
          f"{smallest} examples ({len(dataset.train_labels)} examples over {n} workers); use "
          f"batch_size <= {smallest}"])
-  images, labels, sizes = data_lib.stack_shards(dataset.train_images, dataset.train_labels,
-                                                shards)
   model = models_lib.make_model(cfg.model, dataset.num_classes, mlp_hidden=cfg.mlp_hidden,
                                 cnn_channels=cfg.cnn_channels)
   try:
@@ -466,9 +492,37 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
   except ValueError as e:
     raise config_lib.ConfigError([f"config.{e}"]) from None
   algorithm = make_algorithm(cfg, topo, make_optimizer(cfg), plan, backend.axis_name)
-  worker_data = WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),
-                                           jnp.asarray(sizes))))
+  if backend.name == "multihost":
+    worker_data = _process_local_data(dataset, shards, backend)
+  else:
+    images, labels, sizes = data_lib.stack_shards(dataset.train_images, dataset.train_labels,
+                                                  shards)
+    worker_data = WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),
+                                             jnp.asarray(sizes))))
   return Setup(cfg, dataset, worker_data, model, topo, algorithm, backend, plan)
+
+
+def _process_local_data(dataset: data_lib.Dataset, shards: list, backend: Backend) -> WorkerData:
+  """The stacked worker data of the multihost backend as global arrays, each process
+  gathering only the shards of the workers on its own devices."""
+  sharding = NamedSharding(backend.mesh, P(backend.mesh.axis_names[0]))
+  n, cap = len(shards), max(len(sh) for sh in shards)
+  local: dict = {}
+
+  def rows(index) -> tuple:
+    key = index[0].indices(n)
+    if key not in local:
+      images, labels, sizes = data_lib.stack_shards(
+          dataset.train_images, dataset.train_labels, shards[index[0]])
+      pad = cap - images.shape[1]  # to the global capacity
+      local[key] = (np.pad(images, [(0, 0), (0, pad)] + [(0, 0)] * (images.ndim - 2), "edge"),
+                    np.pad(labels, [(0, 0), (0, pad)], "edge"), sizes)
+    return local[key]
+
+  shapes = ((n, cap) + dataset.train_images.shape[1:], (n, cap), (n,))
+  return WorkerData(*(jax.make_array_from_callback(shape, sharding,
+                                                   lambda idx, i=i: rows(idx)[i])
+                      for i, shape in enumerate(shapes)))
 
 
 def init_state(s: Setup) -> TrainState:
@@ -586,14 +640,17 @@ class TrainingDiverged(RuntimeError):
   Attributes:
     step: the step (1-based) whose loss, or the model after which, is not finite.
     workers: the workers concerned.
-    what: ``"loss"`` or ``"model"``.
+    what: ``"loss"`` (a step's training loss), ``"model"`` (the parameters), or
+      ``"train_loss"`` / ``"test_loss"`` of the averaged model at an evaluation (``workers``
+      empty).
   """
 
   def __init__(self, step: int, workers: list, what: str):
     self.step, self.workers, self.what = int(step), list(workers), what
     shown = self.workers[:16] + (["..."] if len(self.workers) > 16 else [])
+    where = f"on worker(s) {shown}" if self.workers else "of the averaged model"
     super().__init__(
-        f"training diverged: non-finite {what} at step {self.step} on worker(s) {shown}; "
+        f"training diverged: non-finite {what} at step {self.step} {where}; "
         "lower config.learning_rate, add config.warmup_steps or resume from the last good "
         "checkpoint (config.checkpoint_every)")
 
@@ -622,7 +679,8 @@ def _check_same_run(cfg: ml_collections.ConfigDict, workdir: str) -> None:
     return out
 
   a, b = flat(old), flat(new)
-  diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k != "progress")
+  diff = sorted(k for k in set(a) | set(b)
+                if a.get(k) != b.get(k) and k not in ("progress", "tensorboard"))  # outputs only
   if diff:
     raise config_lib.ConfigError([
         f"config.{k}={b.get(k)!r} is not allowed: workdir {workdir!r} holds checkpoints of a "
@@ -667,12 +725,21 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   ckpt, resume_step = None, None
   if workdir and cfg.checkpoint_every:
     from nbsgd_jax import checkpoint as checkpoint_lib
-    ckpt = checkpoint_lib.Checkpointer(workdir)
+    ckpt = checkpoint_lib.Checkpointer(workdir)  # every process takes part
     resume_step = ckpt.latest_step()
     if resume_step is not None:
       _check_same_run(cfg, workdir)
-  writer = None
+      if jax.process_index() == 0:
+        print(f"resuming from the checkpoint of step {resume_step} in {ckpt.directory}",
+              file=sys.stderr, flush=True)
+  checkpoint_dir = workdir
+  if jax.process_index() != 0:  # multihost: process 0 writes the run's files
+    workdir = None
+  writer = tb = None
   resumed_history: list = []
+  if resume_step is not None and not workdir:  # the history of the records on disk
+    resumed_history = checkpoint_lib.read_records(
+        os.path.join(checkpoint_dir, "metrics.jsonl"), resume_step)
   if workdir:
     os.makedirs(workdir, exist_ok=True)
     _atomic_write(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
@@ -681,6 +748,11 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
       resumed_history = checkpoint_lib.truncate_records(path, resume_step)
       checkpoint_lib.truncate_records(os.path.join(workdir, "steps.jsonl"), resume_step)
     writer = MetricsWriter(path, append=resume_step is not None)
+    if cfg.tensorboard:  # the same scalars as TensorBoard event files
+      from nbsgd_jax import tensorboard as tensorboard_lib
+      tb = tensorboard_lib.TensorBoardWriter(
+          os.path.join(workdir, "tensorboard"),
+          purge_step=None if resume_step is None else resume_step + 1)
   cs = cfg.consensus
   step_writer = None
   if workdir and (cs.log_every_step or cs.control):
@@ -710,7 +782,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   sub = np.random.default_rng(cfg.seed).permutation(len(ds.train_labels))
   sub = sub[:min(cfg.eval_train_examples, len(sub))]
   train_sub = _chunked(ds.train_images[sub], ds.train_labels[sub], 500)
-  test, train_sub = jax.device_put(test), jax.device_put(train_sub)
+  test, train_sub = s.backend.replicate(test), s.backend.replicate(train_sub)
 
   # from shapes: indexing a worker out of a mesh-sharded array would need a gather
   model_params = int(sum(np.prod(x.shape[1:]) for x in jax.tree.leaves(state.params)))
@@ -753,18 +825,19 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
 
   def evaluate(step: int) -> dict:
     nonlocal bytes_total
-    losses = np.array([np.asarray(l, np.float64) for _, (l, _, _) in pending])  # [steps, n]
+    fetch = s.backend.fetch
+    losses = np.array([fetch(l).astype(np.float64) for _, (l, _, _) in pending])  # [steps, n]
     if losses.size and not np.all(np.isfinite(losses)):
       t, _ = np.argwhere(~np.isfinite(losses))[0]
       bad = np.flatnonzero(~np.isfinite(losses[t])).tolist()
       raise TrainingDiverged(pending[t][0], bad, "loss")
-    sent = np.array([np.asarray(b, np.float64) for _, (_, b, _) in pending])  # [steps, n]
+    sent = np.array([fetch(b).astype(np.float64) for _, (_, b, _) in pending])  # [steps, n]
     bytes_total += float(sent.mean(axis=1).sum()) if pending else 0.0
     if step_writer is not None:
       for t, (l, _, aux) in pending:
         srec = {"step": t, "train_batch_loss": float(np.mean(l))}
         for k, v in aux.items():
-          srec[k] = float(np.asarray(v)[0])  # the same on every worker
+          srec[k] = float(fetch(v)[0])  # the same on every worker
         if srec.get("measurements") == 0:  # control off at this step: nothing measured
           srec["measured_consensus_distance"] = None
           for k in ("grad_sq", "grad_noise"):
@@ -781,11 +854,14 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     step_smoothness.clear()
     params = state.params
     if s.backend.mesh is not None:  # evaluation reads whole models: replicate the stack once
-      params = jax.device_put(params, NamedSharding(s.backend.mesh, P()))
+      params = s.backend.replicate(params)
     finite = np.asarray(finite_fn(params))
     if not finite.all():
       raise TrainingDiverged(step, np.flatnonzero(~finite).tolist(), "model")
     ev = {k: float(v) for k, v in eval_fn(params, test, train_sub).items()}
+    bad = [k for k in ("train_loss", "test_loss") if not math.isfinite(ev.get(k, 0.0))]
+    if bad:  # finite workers whose average overflows the loss
+      raise TrainingDiverged(step, [], bad[0])
     rec = {"step": step, "sim_time": sim.sim_time, "wall_time": wall,
            "train_batch_loss": float(losses.mean()) if losses.size else None,
            **ev, "bytes_sent": bytes_total, "rounds": rounds}
@@ -797,6 +873,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     history.append(rec)
     if writer:
       writer.write(rec)
+      if tb:
+        tb.write(rec)
     return rec
 
   def host_state() -> dict:
@@ -818,7 +896,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     history.extend(resumed_history)
     start = resume_step
 
-  bar = tqdm(total=cfg.num_steps, initial=start, disable=not cfg.progress, desc=cfg.algorithm,
+  bar = tqdm(total=cfg.num_steps, initial=start, disable=not cfg.progress or jax.process_index() != 0, desc=cfg.algorithm,
              unit="step", dynamic_ncols=True, mininterval=1.0)
   try:
     if resume_step is None:
@@ -848,7 +926,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
         wall += time.perf_counter() - seg
         params = state.params
         if s.backend.mesh is not None:
-          params = jax.device_put(params, NamedSharding(s.backend.mesh, P()))
+          params = s.backend.replicate(params)
         critical.set_smoothness(float(smoothness_fn(params, train_sub)))
         seg = time.perf_counter()
       if cs.control:
@@ -860,20 +938,20 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
       state, out = step_fn(state, s.worker_data, step_inputs(s, inputs), sync)
       pending.append((step, out))
       if cs.control:  # the extra gossip decided on the device enters the clock
-        k = int(np.asarray(out[2]["gossip_steps"])[0])
-        m = int(np.asarray(out[2]["measurements"])[0])
+        k = int(s.backend.fetch(out[2]["gossip_steps"])[0])
+        m = int(s.backend.fetch(out[2]["measurements"])[0])
         extra_gossip += k
         sim.extra(step - 1, k, m, one_measure)
         if critical is not None and m > 0:  # the gradient sketch all-reduce
-          critical.observe(float(np.asarray(out[2]["grad_sq"])[0]),
-                           float(np.asarray(out[2]["grad_noise"])[0]))
+          critical.observe(float(s.backend.fetch(out[2]["grad_sq"])[0]),
+                           float(s.backend.fetch(out[2]["grad_noise"])[0]))
           sim.extra(step - 1, 0, 1, stats_bytes)
       if sync and planner is not None and planner.needs_loss:
         jax.block_until_ready(state)
         wall += time.perf_counter() - seg
         params = state.params
         if s.backend.mesh is not None:
-          params = jax.device_put(params, NamedSharding(s.backend.mesh, P()))
+          params = s.backend.replicate(params)
         planner.observe(float(train_loss_fn(params, train_sub)))
         seg = time.perf_counter()
       if step % cfg.eval_every == 0 or step == cfg.num_steps:
@@ -888,7 +966,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     run_hooks(cfg.num_steps)
   finally:
     bar.close()
-    for w in (writer, step_writer):
+    for w in (writer, step_writer, tb):
       if w:
         w.close()
     if ckpt is not None:

@@ -182,3 +182,23 @@ def test_divergence_stops_with_step_and_workers_and_keeps_last_good_checkpoint(t
   with pytest.raises(train.TrainingDiverged, match="non-finite loss at step"):
     train.train(small_cfg(algorithm="allreduce", learning_rate=1e30, num_steps=20,
                           eval_every=20), None)
+
+
+def test_divergence_of_the_averaged_model_writes_no_bad_record(tmp_path):
+  """Finite workers whose averaged model's loss overflows (lr 1e8, 2 workers: train_loss is
+  NaN at step 4 while every step loss and model is still finite): the evaluation stops the
+  run instead of writing a NaN record."""
+  import math
+  cfg = small_cfg(algorithm="dpsgd", learning_rate=1e8, num_steps=12, eval_every=1,
+                  num_workers=2)
+  with pytest.raises(train.TrainingDiverged) as e:
+    train.train(cfg, str(tmp_path))
+  assert (e.value.step, e.value.what, e.value.workers) == (4, "train_loss", [])
+  with open(tmp_path / "metrics.jsonl") as f:
+    recs = [json.loads(l) for l in f]
+  assert recs and recs[-1]["step"] < e.value.step
+  for r in recs:
+    for k in ("train_loss", "test_loss", "train_batch_loss"):
+      assert r[k] is None or math.isfinite(r[k]), (k, r)
+  err = train.TrainingDiverged(7, [], "test_loss")
+  assert "non-finite test_loss at step 7 of the averaged model" in str(err)

@@ -59,3 +59,20 @@ def test_main_job_on_mesh_backend(tmp_path):
   lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   assert [l["step"] for l in lines] == [0, 4, 8, 12]
   assert lines[-1]["train_loss"] < lines[0]["train_loss"]
+
+
+def test_divergence_exits_3_without_traceback(tmp_path):
+  """A learning rate far too large: the loss overflows within a few steps; main stops with one
+  ``error:`` line (TrainingDiverged) and exit status 3, keeping the evaluations made so far."""
+  r = run_main(tmp_path, "--config.model=mlp", "--config.mlp_hidden=(32,)",
+               "--config.num_workers=2", "--config.learning_rate=1e6",
+               "--config.num_steps=20", "--config.eval_every=2",
+               "--config.eval_train_examples=100")
+  assert r.returncode == 3, r.stderr[-3000:]
+  assert "Traceback" not in r.stderr
+  errors = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
+  assert len(errors) == 1 and "diverged" in errors[0] and "non-finite" in errors[0], r.stderr
+  steps = [json.loads(l)["step"] for l in
+           (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert steps[0] == 0 and steps[-1] < 20
+  assert not (tmp_path / "run" / "summary.json").exists()

@@ -1,0 +1,149 @@
+"""backend="multihost": 2 processes x 2 host devices on loopback (gloo) give the losses of the
+single-process mesh run of the same config, resume from their checkpoints, and the launcher
+stops every process when one fails."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import launch
+from nbsgd_jax import multihost
+from nbsgd_jax import train
+
+from tests.test_train import small_cfg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# 8 workers on 2 x 2 devices: 2 workers per device (vmap inside shard_map), ring gossip
+# crossing device and process boundaries; random straggler delays and non-blocking counts
+OVERRIDES = {"algorithm": "dpsgd", "num_workers": 8, "topology": "ring", "num_steps": 12,
+             "eval_every": 4, "nonblocking.enabled": True, "nonblocking.num_minibatches": 2,
+             "cluster.scenario": "lognormal", "cluster.delay": "bernoulli_exponential",
+             "cluster.delay_prob": 0.3, "cluster.delay_mean": 0.01}
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(l) for l in f]
+
+
+def _launch(tmp_path, workdir, extra=()):
+  cfg_file = tmp_path / "mh_config.py"
+  cfg_file.write_text(textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {ROOT!r})
+      from tests.test_train import small_cfg
+      def get_config():
+        return small_cfg(**{OVERRIDES!r}, checkpoint_every=4)
+      """))
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  return subprocess.run(
+      [sys.executable, "-m", "nbsgd_jax.launch", "--num_processes=2",
+       "--devices_per_process=2", "--timeout=400", "--", f"--config={cfg_file}",
+       f"--workdir={workdir}", *extra],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=450)
+
+
+def _same(a, b):
+  assert [r["step"] for r in a] == [r["step"] for r in b]
+  for ra, rb in zip(a, b):
+    for k in ("train_loss", "test_loss", "test_accuracy", "consensus_distance", "bytes_sent",
+              "sim_time", "train_batch_loss"):
+      if ra.get(k) is None:
+        assert rb.get(k) is None, k
+        continue
+      np.testing.assert_allclose(ra[k], rb[k], rtol=2e-5, atol=1e-6, err_msg=f"{k} step "
+                                 f"{ra['step']}")
+
+
+def test_two_processes_match_single_process_mesh_and_resume(tmp_path):
+  workdir = tmp_path / "mh"
+  r = _launch(tmp_path, workdir)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  assert "[p0] | backend | multihost |" in r.stdout  # process 0 reports
+  assert "[p1] | metric |" not in r.stdout  # and only process 0
+  multi = _records(workdir)
+
+  # the single-process mesh run of the same config (4 of this process's 8 host devices)
+  ref = train.train(small_cfg(**OVERRIDES, backend="mesh", workers_per_device=2))["history"]
+  _same(ref, multi)
+
+  # resume: the newest checkpoint is step 8 (none is written at the last step); started
+  # again, both processes restore it and the run ends with the same records
+  os.remove(workdir / "summary.json")
+  with open(workdir / "metrics.jsonl", "a") as f:
+    f.write('{"step": 13, "torn')  # a torn line, as from a kill during a write
+  r = _launch(tmp_path, workdir)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  assert "[p0] resuming from the checkpoint of step 8" in r.stdout
+  _same(multi, _records(workdir))
+  assert (workdir / "summary.json").exists()
+
+
+def test_launcher_stops_everyone_when_one_process_fails():
+  # process 1 fails at once; process 0 would sleep a minute: the launcher must not wait
+  prog = [sys.executable, "-c",
+          "import os, sys, time\n"
+          "if os.environ['JAX_PROCESS_ID'] == '1': sys.exit(7)\n"
+          "print('waiting', flush=True); time.sleep(60)"]
+  start = time.monotonic()
+  status = launch.launch(2, 1, [], program=prog, timeout=50)
+  assert status == 7
+  assert time.monotonic() - start < 20
+
+
+def test_launcher_environment_and_arguments():
+  env = launch.process_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"},
+                           1, 3, 4, "127.0.0.1:1234")
+  assert env["XLA_FLAGS"] == "--foo --xla_force_host_platform_device_count=4"
+  assert (env["JAX_COORDINATOR_ADDRESS"], env["JAX_NUM_PROCESSES"], env["JAX_PROCESS_ID"]) == (
+      "127.0.0.1:1234", "3", "1")
+  assert launch.main_args(["--workdir=x"]) == ["--workdir=x", "--config.backend=multihost"]
+  assert launch.main_args(["--config.backend=multihost"]) == ["--config.backend=multihost"]
+  with pytest.raises(ValueError, match="--config.backend=mesh is not allowed"):
+    launch.main_args(["--config.backend=mesh"])
+  with pytest.raises(ValueError, match="num_processes=0"):
+    launch.launch(0, 1, ["--workdir=x"])
+  with pytest.raises(SystemExit) as e:
+    launch.main(["--num_processes=2"])  # no main arguments after --
+  assert e.value.code == 2
+
+
+def test_coordinates_from_arguments_and_environment(monkeypatch):
+  for k in (multihost.ENV_ADDRESS, multihost.ENV_NUM_PROCESSES, multihost.ENV_PROCESS_ID):
+    monkeypatch.delenv(k, raising=False)
+  assert multihost.coordinates() == (None, None, None)
+  assert not multihost.initialize()  # nothing to join: a single process
+  monkeypatch.setenv(multihost.ENV_ADDRESS, "10.0.0.1:1234")
+  monkeypatch.setenv(multihost.ENV_NUM_PROCESSES, "4")
+  monkeypatch.setenv(multihost.ENV_PROCESS_ID, "3")
+  assert multihost.coordinates() == ("10.0.0.1:1234", 4, 3)
+  assert multihost.coordinates("h:1", 2, 0) == ("h:1", 2, 0)  # arguments win
+  with pytest.raises(ValueError, match="process_id=4 is not allowed"):
+    multihost.coordinates(process_id=4)
+  with pytest.raises(ValueError, match="coordinator_address='nohost' is not allowed"):
+    multihost.coordinates("nohost")
+  monkeypatch.setenv(multihost.ENV_NUM_PROCESSES, "two")
+  with pytest.raises(ValueError, match="JAX_NUM_PROCESSES='two' is not allowed"):
+    multihost.coordinates()
+
+
+def test_multihost_single_process_equals_mesh_and_checks_divisibility():
+  # without jax.distributed the multihost backend is the mesh over this process's 8 devices
+  # (1 worker each), each device's data gathered by its own callback
+  a = train.train(small_cfg(algorithm="allreduce_ring", num_workers=8, backend="multihost"))
+  b = train.train(small_cfg(algorithm="allreduce_ring", num_workers=8, backend="mesh"))
+  _same(b["history"], a["history"])
+  with pytest.raises(config_lib.ConfigError, match=r"config.num_workers=12 is not allowed "
+                     r"with config.backend='multihost'.*multiple of 8"):
+    config_lib.validate(small_cfg(num_workers=12, backend="multihost"))
+  with pytest.raises(config_lib.ConfigError, match=r"config.workers_per_device=1 is not "
+                     r"allowed with config.backend='multihost'"):
+    config_lib.validate(small_cfg(num_workers=16, backend="multihost", workers_per_device=1))

@@ -1,0 +1,334 @@
+"""Input validation (issue 8, item 5): malformed configs fail cleanly before anything is
+compiled, with one line per problem naming the key, the value and what is allowed.
+
+``validate`` is fed a table of malformed configs (wrong types, out of range values, unknown
+choices, cross-field constraints, every section); the command line is checked on a few of them
+(exit status 2, ``error: config.KEY...`` lines, no traceback), including what ml_collections'
+flag parser rejects itself (a value of the wrong type, an unknown key).
+"""
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from nbsgd_jax import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "experiments", "configs", "mnist.py")
+
+TOP_K = {"compression.name": "top_k", "algorithm": "allreduce"}  # a valid compression set-up
+CONTROL = {"consensus.control": True, "consensus.target": 0.1}  # a valid consensus control
+
+
+def bad(key, value, **context):
+  """A case: ``key`` = ``value`` (on top of the valid ``context``), whose error line must
+  contain ``config.KEY=repr(value)``."""
+  overrides = {k.replace("__", "."): v for k, v in context.items()}
+  overrides[key] = value
+  return pytest.param(overrides, f"config.{key}={value!r}", id=f"{key}={value!r}")
+
+
+def cross(overrides, needle, id):
+  return pytest.param(overrides, needle, id=id)
+
+
+CASES = [
+    # ---- wrong types
+    bad("num_workers", "8"),
+    bad("num_workers", 2.5),
+    bad("num_workers", None),
+    bad("batch_size", True),
+    bad("learning_rate", None),
+    bad("learning_rate", "0.1"),
+    bad("momentum", "0.9"),  # (True would be cast to 1.0 by ConfigDict: a float field)
+    bad("eval_every", 10.0),
+    bad("algorithm", None),
+    bad("topology", 3),
+    bad("progress", 1),
+    bad("nesterov", "yes"),
+    bad("tensorboard", "yes"),
+    bad("mlp_hidden", "256"),
+    bad("mlp_hidden", (256, 0)),
+    bad("cnn_channels", (6,)),
+    bad("cnn_channels", (6, 16.5)),
+    bad("data_dir", None),
+    bad("dataset", 10),
+    bad("checkpoint_every", 2.5),
+    bad("nonblocking.enabled", 1),
+    bad("compression.error_feedback", 1),
+    bad("compression.flatten", None),
+    bad("compression.gaussian_rounds", 2.0, **TOP_K),
+    bad("diloco.outer_nesterov", "no"),
+    bad("consensus.per_layer", "yes"),
+    bad("consensus.reference_workdir", 5),
+    bad("cluster.slowdown", 3),
+    bad("cluster.slowdown", ("fast", "slow")),
+    bad("cluster.failures", 3),
+    bad("cluster.seed", 1.5),
+    # ---- out of range
+    bad("num_workers", 0),
+    bad("batch_size", 0),
+    bad("learning_rate", -0.1),
+    bad("learning_rate", 0.0),
+    bad("learning_rate", math.nan),
+    bad("momentum", 1.5),
+    bad("momentum", 1.0),  # no decay: eta / (1 - momentum) is infinite
+    bad("weight_decay", -1e-4),
+    bad("num_steps", -5),
+    bad("warmup_steps", -1),
+    bad("eval_every", 0),
+    bad("eval_train_examples", 0),
+    bad("seed", -1),
+    bad("dirichlet_alpha", 0.0),
+    bad("topology_p", 1.5),
+    bad("topology_rows", -2),
+    bad("workers_per_device", -1),
+    bad("checkpoint_every", -4),
+    bad("compression.density", 0.0, **TOP_K),
+    bad("compression.density", 1.5, **TOP_K),
+    bad("compression.gaussian_rounds", 100, **TOP_K),
+    bad("matcha.budget", 0.0),
+    bad("matcha.budget", 2.0),
+    bad("matcha.seed", -1),
+    bad("local_sgd.tau", 0),
+    bad("local_sgd.alpha", -0.5),
+    bad("local_sgd.max_tau", -1),
+    bad("diloco.inner_steps", 0),
+    bad("diloco.outer_lr", 0.0),
+    bad("diloco.outer_momentum", 1.0),
+    bad("nonblocking.num_minibatches", 0),
+    bad("consensus.max_gossip_steps", 0),
+    bad("consensus.sketch_size", 0),
+    bad("consensus.target", -1.0),
+    bad("consensus.critical_scale", 0.0),
+    bad("cluster.delay_prob", 1.5),
+    bad("cluster.base_time", 0.0),
+    bad("cluster.bandwidth", math.inf),
+    bad("cluster.latency", -1e-4),
+    bad("cluster.slow_factor", -4.0),
+    bad("cluster.spread", -0.5),
+    bad("cluster.delay_mean", -0.1),
+    bad("cluster.seed", -1),
+    bad("cluster.slowdown", (1.0, -2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)),
+    # ---- unknown choices
+    bad("algorithm", "sgdx"),
+    bad("topology", "moebius"),
+    bad("mixing_weights", "random"),
+    bad("backend", "tpu_pod"),
+    bad("model", "resnet9000"),
+    bad("dataset", "imagenet"),
+    bad("dataset", "tfds:"),
+    bad("partition", "zipf"),
+    bad("lr_schedule", "step"),
+    bad("dpsgd.order", "first"),
+    bad("compression.name", "top-k"),
+    bad("compression.gaussian_correction", "newton", **TOP_K),
+    bad("nonblocking.deadline", "soon"),
+    bad("nonblocking.deadline", "kth:0"),
+    bad("nonblocking.deadline", "-1"),
+    bad("nonblocking.deadline_group", "some"),
+    bad("cluster.scenario", "two_slow"),
+    bad("cluster.delay", "pareto"),
+    bad("cluster.failures", "3:a:5"),
+    bad("local_sgd.schedule", "adaptive"),
+    bad("local_sgd.averaging", "median"),
+    bad("local_sgd.opt_state", "drop"),
+    bad("consensus.measure", "guess"),
+    # ---- cross-field
+    cross({"topology": "torus", "topology_rows": 3, "topology_cols": 3},
+          "config.topology_rows=3 x config.topology_cols=3 is not allowed with "
+          "config.num_workers=8", "torus rows x cols != n"),
+    cross({"topology": "torus", "topology_rows": 3},
+          "config.topology_rows=3 is not allowed: it must divide config.num_workers=8",
+          "torus rows not dividing n"),
+    cross({"batch_size": 30, "nonblocking.num_minibatches": 4},
+          "config.batch_size=30 is not allowed with config.nonblocking.num_minibatches=4",
+          "batch not divisible by M"),
+    cross({"compression.name": "top_k", "algorithm": "dpsgd"},
+          "config.compression.name='top_k' is not allowed with config.algorithm='dpsgd'",
+          "compression with dpsgd"),
+    cross({**TOP_K, "nonblocking.enabled": True},
+          "config.compression.name='top_k' is not allowed with config.nonblocking.enabled=True",
+          "compression with nonblocking"),
+    cross({**CONTROL, "algorithm": "allreduce"},
+          "config.consensus.control=True is not allowed with config.algorithm='allreduce'",
+          "consensus control with allreduce"),
+    cross({"consensus.control": True}, "config.consensus.target=0.0, "
+          "config.consensus.target_ratio=0.0 and config.consensus.critical=False are not "
+          "allowed: give exactly one target", "control without target"),
+    cross({**CONTROL, "consensus.target_ratio": 0.5}, "config.consensus.target=0.1, "
+          "config.consensus.target_ratio=0.5 and config.consensus.critical=False are not "
+          "allowed: give exactly one target", "control with two targets"),
+    cross({"consensus.control": True, "consensus.target_ratio": 0.5},
+          "config.consensus.target_ratio=0.5 is not allowed with "
+          "config.consensus.reference_workdir=''", "target_ratio without reference_workdir"),
+    cross({"algorithm": "matcha", "topology": "one_peer_exponential"},
+          "config.topology='one_peer_exponential' is not allowed with config.algorithm='matcha'",
+          "matcha with one_peer_exponential"),
+    cross({**TOP_K, "cluster.failures": "1:0:2"},
+          "config.cluster.failures='1:0:2' is not allowed with config.algorithm='allreduce' and "
+          "config.compression.name='top_k'", "failures with compression"),
+    cross({"algorithm": "local_sgd", "cluster.failures": "1:0:2"},
+          "config.cluster.failures='1:0:2' is not allowed with config.algorithm='local_sgd'",
+          "failures with local_sgd"),
+    cross({"cluster.failures": "8:0:2"}, "config.cluster.failures='8:0:2' is not allowed: entry "
+          "'8:0:2' needs 0 <= worker < 8", "failure of a worker >= n"),
+    cross({"algorithm": "diloco", "nonblocking.enabled": True},
+          "config.algorithm='diloco' is not allowed with config.nonblocking.enabled=True",
+          "diloco with nonblocking"),
+    cross({"checkpoint_every": 150}, "config.checkpoint_every=150 is not allowed with "
+          "config.eval_every=100", "checkpoint_every not a multiple of eval_every"),
+    cross({"backend": "mesh", "workers_per_device": 3},
+          "config.workers_per_device=3 is not allowed with num_workers=8",
+          "workers_per_device not dividing num_workers (mesh)"),
+    cross({"nonblocking.deadline": "kth:9"}, "config.nonblocking.deadline='kth:9' is not "
+          "allowed: K must be <= num_workers=8", "deadline kth:K with K > n"),
+    cross({"nonblocking.deadline": "0.001"}, "config.nonblocking.deadline=0.001 is not "
+          "allowed: no worker can finish", "deadline before any mini-batch"),
+    cross({"cluster.slowdown": (1.0, 2.0)}, "config.cluster.slowdown=[1.0, 2.0] is not "
+          "allowed: it must be a list of length num_workers=8", "slowdown not one per worker"),
+]
+
+LINE = re.compile(r"^config\.[a-z_]+(\.[a-z_]+)?[= ]")
+
+
+@pytest.fixture
+def no_compilation():
+  """Fails the test if JAX compiles or traces anything while it runs."""
+  events = []
+
+  def listener(name, *args, **kwargs):
+    if "/jax/core/compile" in name:
+      events.append(name)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  yield events
+  jax.monitoring.unregister_event_duration_listener(listener)
+  assert not events, events
+
+
+def malformed(overrides):
+  """The default config with ``overrides``, bypassing ConfigDict's type safety (as a config
+  file could: ``with c.ignore_type(): ...``) so that validate sees the bad types too."""
+  cfg = config_lib.default_config()
+  with cfg.ignore_type():
+    for k, v in overrides.items():
+      *sections, key = k.split(".")
+      node = cfg
+      for sec in sections:
+        node = node[sec]
+      assert key in node, k  # the table names real keys
+      node[key] = v
+  return cfg
+
+
+def test_table_is_large_and_covers_every_section():
+  assert len(CASES) >= 40
+  named = {k.split(".")[0] for p in CASES for k in p.values[0]}
+  sections = {k for k, v in config_lib.default_config().items() if hasattr(v, "items")}
+  assert sections <= named, sections - named
+
+
+def test_the_base_configs_are_valid():
+  config_lib.validate(config_lib.default_config())
+  config_lib.validate(malformed(TOP_K))
+  config_lib.validate(malformed(CONTROL))
+
+
+@pytest.mark.parametrize("overrides,needle", CASES)
+def test_malformed_config_fails_cleanly(overrides, needle, no_compilation):
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(malformed(overrides))
+  errors = e.value.errors
+  assert errors and str(e.value) == "\n".join(errors)
+  for line in errors:
+    assert "\n" not in line and LINE.match(line) and re.search(r"(is|are) not allowed", line), line
+  assert len(errors) == 1, errors  # each case is one problem: one line
+  assert needle in errors[0], errors
+
+
+def test_all_errors_listed_at_once(no_compilation):
+  """Problems in several sections are all reported, one line each (the cluster checks are
+  not skipped because something else is wrong)."""
+  overrides = {"algorithm": "sgdx", "num_workers": 0, "learning_rate": -1.0, "progress": 1,
+               "checkpoint_every": 7, "matcha.budget": 2.0, "cluster.delay_prob": 1.5,
+               "cluster.scenario": "two_slow", "nonblocking.deadline": "soon",
+               "local_sgd.tau": 0, "consensus.measure": "guess", "compression.name": "top-k"}
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(malformed(overrides))
+  errors = e.value.errors
+  assert len(errors) == len(overrides), errors
+  for key, value in overrides.items():
+    assert sum(l.startswith(f"config.{key}={value!r} is not allowed") for l in errors) == 1, key
+
+
+@pytest.mark.parametrize("key,value,allowed", [
+    ("num_workers", "abc", "an integer"),
+    ("num_workers", 2.5, "an integer"),
+    ("learning_rate", "fast", "a number"),
+    ("progress", 1, "True or False"),
+    ("algorithm", 3, "a string"),
+    ("cluster.delay_prob", "often", "a number"),
+])
+def test_override_rejects_wrong_types(key, value, allowed):
+  """``config.override`` (scripts, tests) turns ConfigDict's TypeError into a ConfigError."""
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.override(config_lib.default_config(), {key: value})
+  assert e.value.errors == [f"config.{key}={value!r} is not allowed: it must be {allowed}"]
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def run_main(tmp_path, *args, config=CONFIG):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  cmd = [sys.executable, "-m", "nbsgd_jax.main", f"--config={config}",
+         f"--workdir={tmp_path / 'run'}", "--config.progress=False", *args]
+  return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def error_lines(r):
+  assert "Traceback" not in r.stderr, r.stderr
+  assert r.returncode == 2, r.stderr
+  return [l for l in r.stderr.splitlines() if l.startswith("error: ")]
+
+
+def test_cli_lists_every_bad_key(tmp_path):
+  overrides = {"algorithm": "sgdx", "num_workers": "0", "batch_size": "0",
+               "learning_rate": "-0.1", "momentum": "1.5", "eval_every": "0",
+               "checkpoint_every": "-1", "compression.density": "0.0",
+               "compression.name": "rand", "matcha.budget": "2.0", "cluster.delay_prob": "1.5",
+               "cluster.scenario": "two_slow", "nonblocking.deadline": "soon",
+               "local_sgd.tau": "0", "diloco.outer_momentum": "1.0",
+               "consensus.max_gossip_steps": "0", "dpsgd.order": "first", "mlp_hidden": "(0,)"}
+  del overrides["compression.density"]  # unchecked while compression.name is not valid
+  r = run_main(tmp_path, *(f"--config.{k}={v}" for k, v in overrides.items()))
+  errors = error_lines(r)
+  assert len(errors) == len(overrides), r.stderr
+  for key in overrides:
+    assert sum(l.startswith(f"error: config.{key}=") for l in errors) == 1, (key, errors)
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("config,args,expected", [
+    (CONFIG, ["--config.num_workers=abc"],
+     ["error: config.num_workers='abc' is not allowed: it must be an integer"]),
+    (CONFIG, ["--config.progress=maybe", "--config.learning_rate=None"],  # absl stops at the first
+     ["error: config.progress='maybe' is not allowed: it must be True or False"]),
+    (CONFIG, ["--config.nonexistent=1", "--config.num_worker=3"],
+     ["error: config.nonexistent is not a configuration key",
+      "error: config.num_worker is not a configuration key (did you mean config.num_workers?)"]),
+    ("experiments/configs/no_such_config.py", [],
+     ["error: --config=experiments/configs/no_such_config.py could not be loaded: [Errno 2] "
+      "No such file or directory: 'experiments/configs/no_such_config.py'"]),
+])
+def test_cli_rejects_what_the_flag_parser_cannot_read(tmp_path, config, args, expected):
+  """Rejected while the flags are parsed (absl alone: exit 1 or a traceback)."""
+  r = run_main(tmp_path, *args, config=config)
+  assert error_lines(r) == expected, r.stderr
+  assert not (tmp_path / "run").exists()
