@@ -121,6 +121,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.consensus.critical = False   # target = critical_scale x the critical consensus distance
                                  # Gamma_t, estimated on the fly (nbsgd_jax.consensus.CriticalTarget)
   c.consensus.critical_scale = 1.0  # c in target = c Gamma_t
+  c.consensus.critical_ema = 0.9  # moving-average decay of the gradient statistics behind
+                                  # Gamma_t, in [0, 1) (0: the last step's only)
   c.consensus.smoothness = 0.0   # L of Gamma_t; 0: estimated (Hessian power iteration)
   c.consensus.smoothness_every = 100  # re-estimate L every this many steps
   c.consensus.smoothness_iters = 20  # power iterations (Hessian-vector products) per estimate
@@ -380,6 +382,10 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if not _is_num(cs.get(key)) or cs.get(key) < 0:
       errs.append(f"config.consensus.{key}={cs.get(key)!r} is not allowed: it must be a "
                   "number >= 0")
+  ema = cs.get("critical_ema")
+  if not _is_num(ema) or not 0 <= ema < 1:
+    errs.append(f"config.consensus.critical_ema={ema!r} is not allowed: it must be a number "
+                ">= 0 and < 1")
   if not _is_num(cs.get("critical_scale")) or cs.get("critical_scale") <= 0:
     errs.append(f"config.consensus.critical_scale={cs.get('critical_scale')!r} is not allowed: "
                 "it must be a number > 0")

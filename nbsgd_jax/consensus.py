@@ -364,22 +364,30 @@ NO_CONSTRAINT = float(np.finfo(np.float32).max)
 class CriticalTarget:
   """Target ``c Gamma_t`` from measured quantities, on the host.
 
-  Step t's target uses the gradient statistics of step t - 1 (:func:`gradient_stats`, read
+  Step t's target uses the gradient statistics up to step t - 1 (:func:`gradient_stats`, read
   back from the step's ``aux``), the step size of step t and the latest smoothness estimate;
-  the first controlled step has target :data:`NO_CONSTRAINT` (it only measures).
+  the first controlled step has target :data:`NO_CONSTRAINT` (it only measures). One step's
+  sketch statistics are noisy (``grad_sq`` is often clipped to 0 when the noise term
+  dominates), so they are averaged: an exponential moving average with decay ``ema`` over the
+  controlled steps (``s <- ema s + (1 - ema) s_new``, started at the first observation; 0 uses
+  the last step's only). The expected gradient norm and noise change slowly with the model,
+  so the average trades little bias for much less variance.
 
   Args:
     num_workers: n.
     scale: c > 0.
     smoothness: L > 0, or 0 to take :meth:`set_smoothness` values (estimates).
     until_step: control only the steps < until_step (0: always).
+    ema: decay of the moving average of the gradient statistics, in [0, 1).
 
   Raises:
     ValueError: bad values (the message names the field).
   """
 
   def __init__(self, num_workers: int, scale: float = 1.0, smoothness: float = 0.0,
-               until_step: int = 0):
+               until_step: int = 0, ema: float = 0.0):
+    if not 0 <= ema < 1:
+      raise ValueError(f"consensus.critical_ema={ema!r} is not allowed: it must be in [0, 1)")
     if not scale > 0:
       raise ValueError(f"consensus.critical_scale={scale!r} is not allowed: it must be > 0")
     if smoothness < 0:
@@ -389,6 +397,7 @@ class CriticalTarget:
     self.n, self.scale, self.until_step = num_workers, float(scale), until_step
     self.smoothness = float(smoothness) if smoothness > 0 else None
     self._given = smoothness > 0
+    self.ema = float(ema)
     self._stats = None
 
   def set_smoothness(self, value: float) -> None:
@@ -406,8 +415,17 @@ class CriticalTarget:
     self._stats = None if d["stats"] is None else tuple(d["stats"])
 
   def observe(self, grad_sq: float, noise: float) -> None:
-    """The gradient statistics of the step just taken."""
-    self._stats = (float(grad_sq), float(noise))
+    """The gradient statistics of the step just taken (into the moving average)."""
+    new = (float(grad_sq), float(noise))
+    if self._stats is None:
+      self._stats = new
+    else:
+      self._stats = tuple(self.ema * a + (1.0 - self.ema) * b for a, b in zip(self._stats, new))
+
+  @property
+  def stats(self) -> Optional[tuple]:
+    """The averaged ``(grad_sq, noise)`` behind the next target, or None."""
+    return self._stats
 
   def at(self, step: int, step_size: float) -> float:
     """Target Xi of (0-based) ``step`` with effective step size ``step_size``; ``inf`` where

@@ -764,7 +764,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     try:
       if cs.critical:
         critical = consensus_lib.CriticalTarget(cfg.num_workers, cs.critical_scale,
-                                                cs.smoothness, cs.until_step)
+                                                cs.smoothness, cs.until_step,
+                                                cs.critical_ema)
       else:
         targets = consensus_lib.TargetSchedule(cs.target, cs.target_ratio,
                                                cs.reference_workdir, cs.until_step)

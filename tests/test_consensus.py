@@ -285,9 +285,31 @@ def test_critical_target_schedule():
   fixed.set_smoothness(1.0)  # a given L is kept
   fixed.observe(1.0, 0.0)
   assert fixed.at(0, 0.1) == pytest.approx(math.sqrt(1.0 / 50.0))
-  for kw, needle in (({"scale": 0.0}, "critical_scale"), ({"smoothness": -1.0}, "smoothness")):
+  for kw, needle in (({"scale": 0.0}, "critical_scale"), ({"smoothness": -1.0}, "smoothness"),
+                     ({"ema": 1.0}, "critical_ema")):
     with pytest.raises(ValueError, match=needle):
       consensus.CriticalTarget(num_workers=4, **kw)
+
+
+def test_critical_target_moving_average():
+  """The statistics behind Gamma_t: an exponential moving average, against a numpy loop."""
+  rng = np.random.default_rng(0)
+  obs = rng.exponential(size=(20, 2))
+  crit = consensus.CriticalTarget(num_workers=8, smoothness=3.0, ema=0.8)
+  ref = obs[0].copy()
+  for t, (g, v) in enumerate(obs):
+    crit.observe(g, v)
+    if t:
+      ref = 0.8 * ref + 0.2 * obs[t]
+    np.testing.assert_allclose(crit.stats, ref, rtol=1e-12)
+  gamma2 = ref[0] / (2 * 9.0) + 0.05 * ref[1] / (3.0 * 8)
+  assert crit.at(20, 0.05) == pytest.approx(math.sqrt(gamma2))
+  # resumed from its state dict, it continues the same average
+  again = consensus.CriticalTarget(num_workers=8, smoothness=3.0, ema=0.8)
+  again.load_state_dict(crit.state_dict())
+  crit.observe(1.0, 2.0)
+  again.observe(1.0, 2.0)
+  assert again.stats == crit.stats
 
 
 def test_training_with_critical_target(tmp_path):
@@ -304,10 +326,14 @@ def test_training_with_critical_target(tmp_path):
   sched = train.make_schedule(cfg)
   n = cfg.num_workers
   bound = 0
+  beta = cfg.consensus.critical_ema
+  avg = None  # the moving average of the logged statistics, recomputed here
   for prev, r in zip(ctl, ctl[1:]):
+    new = np.array([prev["grad_sq"], prev["grad_noise"]])
+    avg = new if avg is None else beta * avg + (1 - beta) * new
     eta = float(sched(r["step"] - 1)) / (1 - cfg.momentum)
     lsm = r["smoothness"]
-    gamma2 = (prev["grad_sq"] / (2 * lsm ** 2) + eta * prev["grad_noise"] / (lsm * n))
+    gamma2 = (avg[0] / (2 * lsm ** 2) + eta * avg[1] / (lsm * n))
     assert r["target"] == pytest.approx(math.sqrt(gamma2), rel=1e-5)
     assert r["measured_consensus_distance"] <= r["target"] * (1 + 1e-5)
     bound += r["gossip_steps"] > 0
