@@ -68,8 +68,8 @@ def read_steps(workdir: str) -> list[dict]:
     return [json.loads(l) for l in f if l.strip()]
 
 
-# consensus.* keys added after some stored runs; read only by critical-target runs, so a
-# stored non-critical run without them is the same run.
+# A key added after a run was stored takes its default (new keys keep the old behaviour by
+# default), except these consensus.* keys, whose default changed what critical-target runs do.
 LATER_CRITICAL_KEYS = ("critical_ema",)
 
 
@@ -80,9 +80,19 @@ def finished_run(workdir: str, cfg) -> dict | None:
     with open(os.path.join(workdir, "config.json")) as f:
       old = json.load(f)
     new = json.loads(cfg.to_json_best_effort())
-    if not new["consensus"]["critical"]:  # keys added later that only critical runs read
+    defaults = json.loads(config_lib.default_config().to_json_best_effort())
+    if new["consensus"]["critical"]:  # a later key that changed what critical runs do
       for key in LATER_CRITICAL_KEYS:
-        old["consensus"].setdefault(key, new["consensus"][key])
+        defaults["consensus"].pop(key)
+
+    def fill(stored, default):  # keys added since the run was stored: their defaults
+      for k, v in default.items():
+        if isinstance(v, dict) and isinstance(stored.get(k), dict):
+          fill(stored[k], v)
+        else:
+          stored.setdefault(k, v)
+
+    fill(old, defaults)
     same = old == new
     with open(os.path.join(workdir, "summary.json")) as f:
       summary = json.load(f)

@@ -14,8 +14,9 @@ Where the coordinates come from, first found wins:
    ``--process_id`` flags);
 2. environment variables ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0),
    ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID`` (set by :mod:`nbsgd_jax.launch`);
-3. JAX's own cluster detection (Slurm, Open MPI, Cloud TPU, ...), when none of the above is
-   given.
+3. JAX's own cluster detection (Slurm, Open MPI, Cloud TPU, Kubernetes), when none of the
+   above is given; if it finds no cluster, the run is a single process (the mesh backend over
+   this process's devices).
 
 Only process 0 writes ``config.json``, ``metrics.jsonl``, ``steps.jsonl`` and
 ``summary.json``; every process takes part in checkpoints (orbax).
@@ -23,6 +24,7 @@ Only process 0 writes ``config.json``, ``metrics.jsonl``, ``steps.jsonl`` and
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import NamedTuple, Optional
 
@@ -79,29 +81,37 @@ def coordinates(address: Optional[str] = None, num_processes: Optional[int] = No
 def initialize(address: Optional[str] = None, num_processes: Optional[int] = None,
                process_id: Optional[int] = None) -> bool:
   """``jax.distributed.initialize`` with the :func:`coordinates` (and gloo collectives for
-  CPU devices); a no-op if already initialized or if there is nothing to join (no
-  coordinates given and a single process).
+  CPU devices). With no coordinates at all, JAX's own cluster detection decides (Slurm, Open
+  MPI, Cloud TPU, Kubernetes); where it finds nothing, or JAX already runs in this process,
+  this is a single process and nothing is joined. A no-op if already initialized.
 
   Must run before anything initializes a JAX backend (``jax.devices()``, any computation).
 
   Returns:
-    True if this process joined a multi-process run.
+    True if this process is part of a multi-process run.
 
   Raises:
     ValueError: bad coordinates (:func:`coordinates`).
-    RuntimeError: a JAX backend was initialized before, so joining is no longer possible.
+    RuntimeError: coordinates were given but a JAX backend was initialized before, so
+      joining is no longer possible.
   """
   import jax
   c = coordinates(address, num_processes, process_id)
   if jax.distributed.is_initialized():
     return True
-  if c.address is None and c.num_processes is None and c.process_id is None:
-    return False  # a single process, or JAX's own cluster detection inside a job scheduler
   if c.num_processes == 1:
     return False
   # gloo: cross-process collectives of the CPU client (no effect on GPU or TPU devices)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(c.address, c.num_processes, c.process_id)
+  detect = c.address is None and c.num_processes is None and c.process_id is None
+  try:
+    jax.distributed.initialize(c.address, c.num_processes, c.process_id)
+  except (ValueError, RuntimeError) as e:
+    if not detect:
+      raise
+    # JAX found no cluster ("coordinator_address should be defined") or already runs here
+    logging.info("backend='multihost' runs as a single process: %s", e)
+    return False
   return True
 
 

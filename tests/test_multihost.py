@@ -120,7 +120,7 @@ def test_coordinates_from_arguments_and_environment(monkeypatch):
   for k in (multihost.ENV_ADDRESS, multihost.ENV_NUM_PROCESSES, multihost.ENV_PROCESS_ID):
     monkeypatch.delenv(k, raising=False)
   assert multihost.coordinates() == (None, None, None)
-  assert not multihost.initialize()  # nothing to join: a single process
+  assert not multihost.initialize()  # JAX already runs in this process: a single process
   monkeypatch.setenv(multihost.ENV_ADDRESS, "10.0.0.1:1234")
   monkeypatch.setenv(multihost.ENV_NUM_PROCESSES, "4")
   monkeypatch.setenv(multihost.ENV_PROCESS_ID, "3")
@@ -147,3 +147,31 @@ def test_multihost_single_process_equals_mesh_and_checks_divisibility():
   with pytest.raises(config_lib.ConfigError, match=r"config.workers_per_device=1 is not "
                      r"allowed with config.backend='multihost'"):
     config_lib.validate(small_cfg(num_workers=16, backend="multihost", workers_per_device=1))
+
+
+def test_no_coordinates_leave_it_to_jax_cluster_detection(monkeypatch):
+  """Under a scheduler (Slurm here) with no coordinates, jax.distributed.initialize is called
+  with none, so that JAX's cluster detection supplies them; where it finds no cluster, the
+  run is a single process."""
+  import jax
+  for k in (multihost.ENV_ADDRESS, multihost.ENV_NUM_PROCESSES, multihost.ENV_PROCESS_ID):
+    monkeypatch.delenv(k, raising=False)
+  calls = []
+
+  def fake(address=None, num_processes=None, process_id=None, *a, **kw):
+    calls.append((address, num_processes, process_id))
+    if "SLURM_JOB_ID" not in os.environ:
+      raise ValueError("coordinator_address should be defined.")
+
+  monkeypatch.setattr(jax.distributed, "initialize", fake)
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  assert not multihost.initialize()
+  monkeypatch.setenv("SLURM_JOB_ID", "42")
+  assert multihost.initialize()
+  assert calls == [(None, None, None), (None, None, None)]
+  # given coordinates: a failure is not swallowed
+  calls.clear()
+  monkeypatch.delenv("SLURM_JOB_ID")
+  with pytest.raises(ValueError, match="coordinator_address should be defined"):
+    multihost.initialize("10.0.0.1:1234", 2, 0)
+  assert calls == [("10.0.0.1:1234", 2, 0)]
