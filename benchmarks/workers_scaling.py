@@ -80,13 +80,16 @@ def main():
            f"a compile run), measured side by side by `python benchmarks/workers_scaling.py` "
            f"on a {os.cpu_count()}-core CPU with 8 simulated host devices (mesh: n / 8 workers "
            "per device).", "",
-           "| workers n | " + " | ".join(f"{b}: ms / step | {b}: x n={a.workers[0]}"
-                                         for b in a.backends) + " |",
-           "|---:|" + "---:|---:|" * len(a.backends)]
+           "| workers n | " + " | ".join(
+               f"{b}: ms / step | {b}: x n={a.workers[0]} | {b}: samples / s"
+               for b in a.backends) + " |",
+           "|---:|" + "---:|---:|---:|" * len(a.backends)]
   for n in a.workers:
     cells = []
     for b in a.backends:
-      cells += [f"{1e3 * rows[(n, b)]:.1f}", f"{rows[(n, b)] / base[b]:.2f}"]
+      batch = main_job(n, b, a.algorithm).batch_size * n
+      cells += [f"{1e3 * rows[(n, b)]:.1f}", f"{rows[(n, b)] / base[b]:.2f}",
+                f"{batch / rows[(n, b)]:.0f}"]
     lines.append(f"| {n} | " + " | ".join(cells) + " |")
   text = "\n".join(lines) + "\n"
   print(text)

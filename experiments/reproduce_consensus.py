@@ -96,6 +96,7 @@ def finished_run(workdir: str, cfg) -> dict | None:
     same = old == new
     with open(os.path.join(workdir, "summary.json")) as f:
       summary = json.load(f)
+    same = same and summary.get("step") == cfg.num_steps
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       summary["history"] = [json.loads(l) for l in f if l.strip()]
   except (OSError, ValueError):

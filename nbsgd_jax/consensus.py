@@ -401,9 +401,11 @@ class CriticalTarget:
     self._stats = None
 
   def set_smoothness(self, value: float) -> None:
-    """A new estimate of L (ignored when L was given)."""
-    if not self._given:
-      self.smoothness = float(value)
+    """A new estimate of L (ignored when L was given, and when it is not a finite positive
+    number, e.g. from a model with dead units: the previous estimate stays)."""
+    value = float(value)
+    if not self._given and math.isfinite(value) and value > 0:
+      self.smoothness = value
 
   def state_dict(self) -> dict:
     """JSON-serialisable state (checkpoints)."""

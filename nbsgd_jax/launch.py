@@ -119,8 +119,8 @@ def launch(num_processes: int, devices_per_process: int, args: list[str],
       codes = [proc.poll() for proc in procs]
       failed = [c for c in codes if c not in (None, 0)]
       if failed:
-        status = failed[0]
-        bad = codes.index(status)
+        bad = codes.index(failed[0])
+        status = failed[0] if failed[0] > 0 else 128 - failed[0]  # killed by signal -code
         print(f"[launch] process {bad} exited with status {status}: stopping the others",
               file=sys.stderr, flush=True)
         break

@@ -99,7 +99,8 @@ def initialize(address: Optional[str] = None, num_processes: Optional[int] = Non
   c = coordinates(address, num_processes, process_id)
   if jax.distributed.is_initialized():
     return True
-  if c.num_processes == 1:
+  if c.num_processes == 1:  # remembered, so that a later call does not detect a cluster
+    os.environ[ENV_NUM_PROCESSES] = "1"
     return False
   # gloo: cross-process collectives of the CPU client (no effect on GPU or TPU devices)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")

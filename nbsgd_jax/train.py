@@ -11,6 +11,7 @@ Python loop over workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -169,7 +170,7 @@ class Backend(NamedTuple):
   """How the worker program is executed.
 
   Attributes:
-    name: ``"simulate"`` or ``"mesh"``.
+    name: ``"simulate"``, ``"mesh"`` or ``"multihost"``.
     num_workers: n.
     mesh: the device mesh (mesh backend) or None.
     axis_name: the worker axis of the worker program: ``"workers"``, or
@@ -178,7 +179,6 @@ class Backend(NamedTuple):
       worker axis (not jitted).
     place: ``pytree -> pytree`` putting arrays with a leading worker axis where the
       backend wants them.
-    axis_name: the worker program's axis (above).
     replicate: ``pytree -> pytree`` putting arrays whole on every device of the backend
       (evaluation data, the stacked models for evaluation).
     fetch: ``array -> np.ndarray``, the whole value on the host (an all-gather across
@@ -651,8 +651,8 @@ class TrainingDiverged(RuntimeError):
     where = f"on worker(s) {shown}" if self.workers else "of the averaged model"
     super().__init__(
         f"training diverged: non-finite {what} at step {self.step} {where}; "
-        "lower config.learning_rate, add config.warmup_steps or resume from the last good "
-        "checkpoint (config.checkpoint_every)")
+        "lower config.learning_rate or add config.warmup_steps and start a new run in a new "
+        "workdir (a resume from the last good checkpoint replays the same steps)")
 
 
 def _check_same_run(cfg: ml_collections.ConfigDict, workdir: str) -> None:
@@ -719,13 +719,42 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   Raises:
     ConfigError: bad configuration, before anything is compiled.
   """
+  with contextlib.ExitStack() as stack:  # checkpoint manager and writers closed on any exit
+    return _run(cfg, workdir, hooks, stack)
+
+
+def _run(cfg: ml_collections.ConfigDict, workdir: str | None, hooks: tuple,
+         stack: contextlib.ExitStack) -> dict:
+  """:func:`train`'s body; every resource it opens is closed by ``stack``."""
   from tqdm.auto import tqdm
 
   s = setup(cfg)
+  cs = cfg.consensus
+  targets = critical = None  # built before any file is touched: they may refuse the config
+  if cs.control:
+    from nbsgd_jax import consensus as consensus_lib
+    try:
+      if cs.critical:
+        critical = consensus_lib.CriticalTarget(cfg.num_workers, cs.critical_scale,
+                                                cs.smoothness, cs.until_step,
+                                                cs.critical_ema)
+      else:
+        targets = consensus_lib.TargetSchedule(cs.target, cs.target_ratio,
+                                               cs.reference_workdir, cs.until_step)
+    except ValueError as e:
+      raise config_lib.ConfigError([f"config.{e}"]) from None
+  if cfg.tensorboard and workdir:
+    try:
+      import tensorboardX  # noqa: F401  (the writer's dependency)
+    except ImportError:
+      raise config_lib.ConfigError([
+          "config.tensorboard=True needs the tensorboardX package: pip install tensorboardX"
+      ]) from None
   ckpt, resume_step = None, None
   if workdir and cfg.checkpoint_every:
     from nbsgd_jax import checkpoint as checkpoint_lib
     ckpt = checkpoint_lib.Checkpointer(workdir)  # every process takes part
+    stack.callback(ckpt.close)
     resume_step = ckpt.latest_step()
     if resume_step is not None:
       _check_same_run(cfg, workdir)
@@ -747,30 +776,21 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     if resume_step is not None:  # drop the records after the checkpoint (and a torn line)
       resumed_history = checkpoint_lib.truncate_records(path, resume_step)
       checkpoint_lib.truncate_records(os.path.join(workdir, "steps.jsonl"), resume_step)
-    writer = MetricsWriter(path, append=resume_step is not None)
+    else:  # a new run: no stale file of an earlier run in this workdir
+      for stale in ("summary.json", "steps.jsonl"):
+        if os.path.exists(os.path.join(workdir, stale)):
+          os.remove(os.path.join(workdir, stale))
+    writer = stack.enter_context(contextlib.closing(
+        MetricsWriter(path, append=resume_step is not None)))
     if cfg.tensorboard:  # the same scalars as TensorBoard event files
       from nbsgd_jax import tensorboard as tensorboard_lib
-      tb = tensorboard_lib.TensorBoardWriter(
+      tb = stack.enter_context(contextlib.closing(tensorboard_lib.TensorBoardWriter(
           os.path.join(workdir, "tensorboard"),
-          purge_step=None if resume_step is None else resume_step + 1)
-  cs = cfg.consensus
+          purge_step=None if resume_step is None else resume_step + 1)))
   step_writer = None
   if workdir and (cs.log_every_step or cs.control):
-    step_writer = MetricsWriter(os.path.join(workdir, "steps.jsonl"),
-                                append=resume_step is not None)
-  targets = critical = None
-  if cs.control:
-    from nbsgd_jax import consensus as consensus_lib
-    try:
-      if cs.critical:
-        critical = consensus_lib.CriticalTarget(cfg.num_workers, cs.critical_scale,
-                                                cs.smoothness, cs.until_step,
-                                                cs.critical_ema)
-      else:
-        targets = consensus_lib.TargetSchedule(cs.target, cs.target_ratio,
-                                               cs.reference_workdir, cs.until_step)
-    except ValueError as e:
-      raise config_lib.ConfigError([f"config.{e}"]) from None
+    step_writer = stack.enter_context(contextlib.closing(MetricsWriter(
+        os.path.join(workdir, "steps.jsonl"), append=resume_step is not None)))
 
   state = init_state(s)
   step_fn = make_train_step(s)
@@ -834,11 +854,13 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
       raise TrainingDiverged(pending[t][0], bad, "loss")
     sent = np.array([fetch(b).astype(np.float64) for _, (_, b, _) in pending])  # [steps, n]
     bytes_total += float(sent.mean(axis=1).sum()) if pending else 0.0
+    # every process fetches (an all-gather on the multihost backend), process 0 writes
+    auxes = [{k: float(fetch(v)[0]) for k, v in aux.items()}  # the same on every worker
+             for _, (_, _, aux) in pending] if (cs.log_every_step or cs.control) else []
     if step_writer is not None:
-      for t, (l, _, aux) in pending:
-        srec = {"step": t, "train_batch_loss": float(np.mean(l))}
-        for k, v in aux.items():
-          srec[k] = float(fetch(v)[0])  # the same on every worker
+      for i, (t, _) in enumerate(pending):
+        srec = {"step": t, "train_batch_loss": float(losses[i].mean())}
+        srec.update(auxes[i])
         if srec.get("measurements") == 0:  # control off at this step: nothing measured
           srec["measured_consensus_distance"] = None
           for k in ("grad_sq", "grad_noise"):
@@ -897,81 +919,74 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     history.extend(resumed_history)
     start = resume_step
 
-  bar = tqdm(total=cfg.num_steps, initial=start, disable=not cfg.progress or jax.process_index() != 0, desc=cfg.algorithm,
-             unit="step", dynamic_ncols=True, mininterval=1.0)
-  try:
-    if resume_step is None:
-      rec = evaluate(0)
-      if planner is not None and planner.needs_loss:
-        planner.observe(rec["train_loss"])
-    else:
-      rec = history[-1]
-    seg = time.perf_counter()  # stopwatch over training steps; paused during evaluation
+  bar = stack.enter_context(tqdm(
+      total=cfg.num_steps, initial=start, disable=not cfg.progress or jax.process_index() != 0,
+      desc=cfg.algorithm, unit="step", dynamic_ncols=True, mininterval=1.0))
+  if resume_step is None:
+    rec = evaluate(0)
+    if planner is not None and planner.needs_loss:
+      planner.observe(rec["train_loss"])
+  else:
+    rec = history[-1]
+  seg = time.perf_counter()  # stopwatch over training steps; paused during evaluation
 
-    def run_hooks(step: int) -> None:
-      nonlocal seg, wall
-      if hooks:
-        jax.block_until_ready(state)
-        wall += time.perf_counter() - seg
-        for hook in hooks:
-          hook(step, state, s)
-        seg = time.perf_counter()
+  def run_hooks(step: int) -> None:
+    nonlocal seg, wall
+    if hooks:
+      jax.block_until_ready(state)
+      wall += time.perf_counter() - seg
+      for hook in hooks:
+        hook(step, state, s)
+      seg = time.perf_counter()
 
-    for step in range(start + 1, cfg.num_steps + 1):
-      run_hooks(step - 1)
-      sync = planner.sync_now(step - 1) if planner is not None else True
-      rounds += int(sync)
-      inputs, _ = sim.step(step - 1, communicate=sync)
-      if smoothness_fn is not None and (step - 1) % cs.smoothness_every == 0:
-        jax.block_until_ready(state)
-        wall += time.perf_counter() - seg
-        params = state.params
-        if s.backend.mesh is not None:
-          params = s.backend.replicate(params)
-        critical.set_smoothness(float(smoothness_fn(params, train_sub)))
-        seg = time.perf_counter()
-      if cs.control:
-        target = target_at(step - 1)
-        step_targets[step] = target
-        if critical is not None:
-          step_smoothness[step] = critical.smoothness
-        inputs["target"] = np.full(cfg.num_workers, target, np.float32)
-      state, out = step_fn(state, s.worker_data, step_inputs(s, inputs), sync)
-      pending.append((step, out))
-      if cs.control:  # the extra gossip decided on the device enters the clock
-        k = int(s.backend.fetch(out[2]["gossip_steps"])[0])
-        m = int(s.backend.fetch(out[2]["measurements"])[0])
-        extra_gossip += k
-        sim.extra(step - 1, k, m, one_measure)
-        if critical is not None and m > 0:  # the gradient sketch all-reduce
-          critical.observe(float(s.backend.fetch(out[2]["grad_sq"])[0]),
-                           float(s.backend.fetch(out[2]["grad_noise"])[0]))
-          sim.extra(step - 1, 0, 1, stats_bytes)
-      if sync and planner is not None and planner.needs_loss:
-        jax.block_until_ready(state)
-        wall += time.perf_counter() - seg
-        params = state.params
-        if s.backend.mesh is not None:
-          params = s.backend.replicate(params)
-        planner.observe(float(train_loss_fn(params, train_sub)))
-        seg = time.perf_counter()
-      if step % cfg.eval_every == 0 or step == cfg.num_steps:
-        jax.block_until_ready(state)
-        wall += time.perf_counter() - seg
-        rec = evaluate(step)
-        bar.set_postfix(loss=f"{rec['train_loss']:.4f}", acc=f"{rec['test_accuracy']:.4f}")
-        if ckpt is not None and step % cfg.checkpoint_every == 0 and step < cfg.num_steps:
-          ckpt.save(step, state, host_state())
-        seg = time.perf_counter()
-      bar.update(1)
-    run_hooks(cfg.num_steps)
-  finally:
-    bar.close()
-    for w in (writer, step_writer, tb):
-      if w:
-        w.close()
-    if ckpt is not None:
-      ckpt.close()
+  for step in range(start + 1, cfg.num_steps + 1):
+    run_hooks(step - 1)
+    sync = planner.sync_now(step - 1) if planner is not None else True
+    rounds += int(sync)
+    inputs, _ = sim.step(step - 1, communicate=sync)
+    if smoothness_fn is not None and (step - 1) % cs.smoothness_every == 0:
+      jax.block_until_ready(state)
+      wall += time.perf_counter() - seg
+      params = state.params
+      if s.backend.mesh is not None:
+        params = s.backend.replicate(params)
+      critical.set_smoothness(float(smoothness_fn(params, train_sub)))
+      seg = time.perf_counter()
+    if cs.control:
+      target = target_at(step - 1)
+      step_targets[step] = target
+      if critical is not None:
+        step_smoothness[step] = critical.smoothness
+      inputs["target"] = np.full(cfg.num_workers, target, np.float32)
+    state, out = step_fn(state, s.worker_data, step_inputs(s, inputs), sync)
+    pending.append((step, out))
+    if cs.control:  # the extra gossip decided on the device enters the clock
+      k = int(s.backend.fetch(out[2]["gossip_steps"])[0])
+      m = int(s.backend.fetch(out[2]["measurements"])[0])
+      extra_gossip += k
+      sim.extra(step - 1, k, m, one_measure)
+      if critical is not None and m > 0:  # the gradient sketch all-reduce
+        critical.observe(float(s.backend.fetch(out[2]["grad_sq"])[0]),
+                         float(s.backend.fetch(out[2]["grad_noise"])[0]))
+        sim.extra(step - 1, 0, 1, stats_bytes)
+    if sync and planner is not None and planner.needs_loss:
+      jax.block_until_ready(state)
+      wall += time.perf_counter() - seg
+      params = state.params
+      if s.backend.mesh is not None:
+        params = s.backend.replicate(params)
+      planner.observe(float(train_loss_fn(params, train_sub)))
+      seg = time.perf_counter()
+    if step % cfg.eval_every == 0 or step == cfg.num_steps:
+      jax.block_until_ready(state)
+      wall += time.perf_counter() - seg
+      rec = evaluate(step)
+      bar.set_postfix(loss=f"{rec['train_loss']:.4f}", acc=f"{rec['test_accuracy']:.4f}")
+      if ckpt is not None and step % cfg.checkpoint_every == 0 and step < cfg.num_steps:
+        ckpt.save(step, state, host_state())
+      seg = time.perf_counter()
+    bar.update(1)
+  run_hooks(cfg.num_steps)
 
   summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
              "backend": cfg.backend, "model": cfg.model, "dataset": cfg.dataset,

@@ -202,3 +202,23 @@ def test_divergence_of_the_averaged_model_writes_no_bad_record(tmp_path):
       assert r[k] is None or math.isfinite(r[k]), (k, r)
   err = train.TrainingDiverged(7, [], "test_loss")
   assert "non-finite test_loss at step 7 of the averaged model" in str(err)
+
+
+def test_refused_config_leaves_the_workdir_alone_and_new_runs_drop_stale_files(tmp_path):
+  """A config refused late (a target ratio without its reference run) touches no file; a new
+  run in a used workdir removes the old run's summary.json and steps.jsonl first."""
+  wd = tmp_path / "run"
+  train.train(small_cfg(num_steps=4, eval_every=2, **{"consensus.log_every_step": True}),
+              str(wd))
+  before = {p: (wd / p).read_bytes() for p in ("config.json", "metrics.jsonl",
+                                                "summary.json", "steps.jsonl")}
+  bad = small_cfg(num_steps=4, eval_every=2, **{
+      "consensus.control": True, "consensus.target_ratio": 0.5,
+      "consensus.reference_workdir": str(tmp_path / "missing")})
+  with pytest.raises(config_lib.ConfigError, match="reference_workdir"):
+    train.train(bad, str(wd))
+  assert {p: (wd / p).read_bytes() for p in before} == before
+  # a new run without per-step logging, stopped by divergence before its summary
+  with pytest.raises(train.TrainingDiverged):
+    train.train(small_cfg(learning_rate=1e30, num_steps=4, eval_every=4), str(wd))
+  assert not (wd / "summary.json").exists() and not (wd / "steps.jsonl").exists()

@@ -281,6 +281,9 @@ def test_critical_target_schedule():
   gamma2 = 8.0 / (2 * 2.0 ** 2) + 0.1 * 3.0 / (2.0 * 4)  # closed form
   assert crit.at(1, 0.1) == pytest.approx(2.0 * math.sqrt(gamma2))
   assert math.isinf(crit.at(10, 0.1))
+  for bad in (0.0, float("nan"), float("inf"), -1.0):  # dead units, a broken model
+    crit.set_smoothness(bad)
+    assert crit.smoothness == 2.0  # the last good estimate stays
   fixed = consensus.CriticalTarget(num_workers=4, smoothness=5.0)
   fixed.set_smoothness(1.0)  # a given L is kept
   fixed.observe(1.0, 0.0)

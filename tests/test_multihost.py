@@ -26,11 +26,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = {"algorithm": "dpsgd", "num_workers": 8, "topology": "ring", "num_steps": 12,
              "eval_every": 4, "nonblocking.enabled": True, "nonblocking.num_minibatches": 2,
              "cluster.scenario": "lognormal", "cluster.delay": "bernoulli_exponential",
-             "cluster.delay_prob": 0.3, "cluster.delay_mean": 0.01}
+             "cluster.delay_prob": 0.3, "cluster.delay_mean": 0.01,
+             # consensus control: per-step host reads of the device's decisions, steps.jsonl
+             "consensus.control": True, "consensus.target": 0.02,
+             "consensus.max_gossip_steps": 2}
 
 
-def _records(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+def _records(workdir, name="metrics.jsonl"):
+  with open(os.path.join(workdir, name)) as f:
     return [json.loads(l) for l in f]
 
 
@@ -51,11 +54,11 @@ def _launch(tmp_path, workdir, extra=()):
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=450)
 
 
-def _same(a, b):
+def _same(a, b, keys=("train_loss", "test_loss", "test_accuracy", "consensus_distance",
+                      "bytes_sent", "sim_time", "train_batch_loss")):
   assert [r["step"] for r in a] == [r["step"] for r in b]
   for ra, rb in zip(a, b):
-    for k in ("train_loss", "test_loss", "test_accuracy", "consensus_distance", "bytes_sent",
-              "sim_time", "train_batch_loss"):
+    for k in keys:
       if ra.get(k) is None:
         assert rb.get(k) is None, k
         continue
@@ -72,8 +75,14 @@ def test_two_processes_match_single_process_mesh_and_resume(tmp_path):
   multi = _records(workdir)
 
   # the single-process mesh run of the same config (4 of this process's 8 host devices)
-  ref = train.train(small_cfg(**OVERRIDES, backend="mesh", workers_per_device=2))["history"]
+  ref_dir = tmp_path / "ref"
+  ref = train.train(small_cfg(**OVERRIDES, backend="mesh", workers_per_device=2),
+                    str(ref_dir))["history"]
   _same(ref, multi)
+  _same(_records(ref_dir, "steps.jsonl"), _records(workdir, "steps.jsonl"),
+        ("train_batch_loss", "consensus_distance", "measured_consensus_distance",
+         "gossip_steps", "target"))
+  assert any(r["gossip_steps"] > 0 for r in _records(workdir, "steps.jsonl"))
 
   # resume: the newest checkpoint is step 8 (none is written at the last step); started
   # again, both processes restore it and the run ends with the same records
