@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 
 from nbsgd_jax import train  # noqa: E402
 from nbsgd_jax import config as config_lib  # noqa: E402
+from nbsgd_jax import files  # noqa: E402
 
 
 def main_job(n: int, backend: str, algorithm: str):
@@ -95,10 +96,7 @@ def main():
   print(text)
   if a.out:
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    tmp = a.out + ".tmp"
-    with open(tmp, "w") as f:
-      f.write(text)
-    os.replace(tmp, a.out)
+    files.atomic_write(a.out, text)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from nbsgd_jax import files  # noqa: E402  (the repository's package, installed or not)
 
 
 def pyplot():
@@ -16,18 +21,12 @@ def pyplot():
 
 def save_figure(fig, path: str, dpi: int = 120) -> None:
   """Write ``fig`` to ``path`` through a temporary file (a crash never leaves half a PNG)."""
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=dpi)
-  os.replace(tmp, path)
+  files.atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
   import matplotlib.pyplot as plt
   plt.close(fig)
 
 
-def write_atomic(path: str, text: str) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+write_atomic = files.atomic_write
 
 
 def write_results(out: str, results: dict, markdown: str) -> None:

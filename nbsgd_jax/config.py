@@ -158,12 +158,23 @@ def override(cfg: ml_collections.ConfigDict, overrides: dict) -> ml_collections.
     except TypeError:  # ConfigDict is type-safe: the default's type (int -> float allowed)
       t = type(node[key])
       raise ConfigError([f"config.{name}={value!r} is not allowed: it must be "
-                         f"{_TYPE_NAMES.get(t, 'of type ' + t.__name__)}"]) from None
+                         f"{TYPE_NAMES.get(t, 'of type ' + t.__name__)}"]) from None
   return cfg
 
 
-_TYPE_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string",
+TYPE_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string",
                tuple: "a tuple"}
+
+
+def flatten_dict(d: dict, prefix: str = "") -> dict:
+  """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (a config as JSON, dotted keys; order kept)."""
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(flatten_dict(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
 
 
 class ConfigError(ValueError):

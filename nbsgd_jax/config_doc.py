@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax import files as files_lib
 
 # Bad values given to every key in turn; validate's messages for the key say what is allowed.
 PROBES = (None, -1, "", float("nan"))
@@ -347,10 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 1
     print(f"{a.check} is up to date")
     return 0
-  tmp = f"{a.out}.tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, a.out)
+  files_lib.atomic_write(a.out, text)
   print(f"wrote {a.out} ({sum(not d.section for d in docs)} keys)")
   return 0
 

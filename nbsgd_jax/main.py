@@ -51,19 +51,12 @@ def _summary_table(summary: dict) -> str:
   return "\n".join(rows)
 
 
-_TYPE_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
 
 
 def _config_keys() -> list[str]:
   """Every dotted key of ``default_config()`` (sections included)."""
-  from nbsgd_jax import config as config_lib
-
-  def walk(node, prefix):
-    for k, v in node.items():
-      yield prefix + k
-      if hasattr(v, "items"):
-        yield from walk(v, f"{prefix}{k}.")
-  return list(walk(config_lib.default_config(), ""))
+  from nbsgd_jax import config_doc
+  return [k for k, _ in config_doc.config_keys()]
 
 
 def _flag_errors(message: str) -> list[str]:
@@ -74,7 +67,8 @@ def _flag_errors(message: str) -> list[str]:
     return [" ".join(message.split())]
   key, value = m.groups()
   try:
-    allowed = _TYPE_NAMES.get(type(flags.FLAGS["config"].value[key]))
+    from nbsgd_jax import config as config_lib
+    allowed = config_lib.TYPE_NAMES.get(type(flags.FLAGS["config"].value[key]))
   except Exception:  # pylint: disable=broad-except
     allowed = None
   why = f"it must be {allowed}" if allowed else " ".join(message[m.end():].split())

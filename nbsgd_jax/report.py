@@ -32,6 +32,8 @@ import os
 import sys
 from typing import Any, Sequence
 
+from nbsgd_jax import files as files_lib
+
 # Keys that change logging or bookkeeping, not training: never used to tell runs apart.
 NOISE_KEYS = ("progress", "tensorboard", "data_dir", "checkpoint_every", "eval_every",
               "consensus.log_every_step", "consensus.per_layer")
@@ -82,15 +84,7 @@ class Run:
     return self.summary is not None
 
 
-def flatten(d: dict, prefix: str = "") -> dict:
-  """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (insertion order kept)."""
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
+from nbsgd_jax.config import flatten_dict as flatten  # noqa: E402  (jax-free)
 
 
 def load_run(path: str) -> Run:
@@ -248,26 +242,10 @@ def _labels(runs: Sequence[Run], keys: Sequence[str]) -> list[str]:
 
 
 def _atomic_savefig(fig, path: str) -> None:
-  tmp = f"{path}.tmp.{os.getpid()}"
-  try:
-    fig.savefig(tmp, format="png", dpi=110)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  files_lib.atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
 
 
-def _atomic_write(path: str, text: str) -> None:
-  tmp = f"{path}.tmp.{os.getpid()}"
-  try:
-    with open(tmp, "w") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+_atomic_write = files_lib.atomic_write
 
 
 def _style(i: int) -> dict:

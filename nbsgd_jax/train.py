@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from nbsgd_jax import algorithms as algos
 from nbsgd_jax import config as config_lib
+from nbsgd_jax import files as files_lib
 from nbsgd_jax import data as data_lib
 from nbsgd_jax import metrics as metrics_lib
 from nbsgd_jax import models as models_lib
@@ -606,14 +607,6 @@ def step_inputs(s: Setup, inputs: dict) -> algos.StepInputs:
 # ----------------------------------------------------------------------------- files
 
 
-def _atomic_write(path: str, text: str) -> None:
-  tmp = f"{path}.tmp.{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-
 
 class MetricsWriter:
   """Writes one JSON object per line (``metrics.jsonl``), flushed and fsynced each line;
@@ -669,16 +662,7 @@ def _check_same_run(cfg: ml_collections.ConfigDict, workdir: str) -> None:
     return  # no readable record of the old config: trust the checkpoint
   new = json.loads(cfg.to_json_best_effort())
 
-  def flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-      if isinstance(v, dict):
-        out.update(flat(v, f"{prefix}{k}."))
-      else:
-        out[f"{prefix}{k}"] = v
-    return out
-
-  a, b = flat(old), flat(new)
+  a, b = config_lib.flatten_dict(old), config_lib.flatten_dict(new)
   diff = sorted(k for k in set(a) | set(b)
                 if a.get(k) != b.get(k) and k not in ("progress", "tensorboard"))  # outputs only
   if diff:
@@ -771,7 +755,7 @@ def _run(cfg: ml_collections.ConfigDict, workdir: str | None, hooks: tuple,
         os.path.join(checkpoint_dir, "metrics.jsonl"), resume_step)
   if workdir:
     os.makedirs(workdir, exist_ok=True)
-    _atomic_write(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
+    files_lib.atomic_write(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
     path = os.path.join(workdir, "metrics.jsonl")
     if resume_step is not None:  # drop the records after the checkpoint (and a torn line)
       resumed_history = checkpoint_lib.truncate_records(path, resume_step)
@@ -939,19 +923,23 @@ def _run(cfg: ml_collections.ConfigDict, workdir: str | None, hooks: tuple,
         hook(step, state, s)
       seg = time.perf_counter()
 
+  def off_clock(fn):
+    """``fn(params)`` on the whole stacked models (replicated on a mesh), outside the
+    stopwatch: host-side measurements are not training time."""
+    nonlocal seg, wall
+    jax.block_until_ready(state)
+    wall += time.perf_counter() - seg
+    out = fn(state.params if s.backend.mesh is None else s.backend.replicate(state.params))
+    seg = time.perf_counter()
+    return out
+
   for step in range(start + 1, cfg.num_steps + 1):
     run_hooks(step - 1)
     sync = planner.sync_now(step - 1) if planner is not None else True
     rounds += int(sync)
     inputs, _ = sim.step(step - 1, communicate=sync)
     if smoothness_fn is not None and (step - 1) % cs.smoothness_every == 0:
-      jax.block_until_ready(state)
-      wall += time.perf_counter() - seg
-      params = state.params
-      if s.backend.mesh is not None:
-        params = s.backend.replicate(params)
-      critical.set_smoothness(float(smoothness_fn(params, train_sub)))
-      seg = time.perf_counter()
+      critical.set_smoothness(off_clock(lambda p: float(smoothness_fn(p, train_sub))))
     if cs.control:
       target = target_at(step - 1)
       step_targets[step] = target
@@ -970,13 +958,7 @@ def _run(cfg: ml_collections.ConfigDict, workdir: str | None, hooks: tuple,
                          float(s.backend.fetch(out[2]["grad_noise"])[0]))
         sim.extra(step - 1, 0, 1, stats_bytes)
     if sync and planner is not None and planner.needs_loss:
-      jax.block_until_ready(state)
-      wall += time.perf_counter() - seg
-      params = state.params
-      if s.backend.mesh is not None:
-        params = s.backend.replicate(params)
-      planner.observe(float(train_loss_fn(params, train_sub)))
-      seg = time.perf_counter()
+      planner.observe(off_clock(lambda p: float(train_loss_fn(p, train_sub))))
     if step % cfg.eval_every == 0 or step == cfg.num_steps:
       jax.block_until_ready(state)
       wall += time.perf_counter() - seg
@@ -996,6 +978,6 @@ def _run(cfg: ml_collections.ConfigDict, workdir: str | None, hooks: tuple,
              "samples_per_second": (cfg.num_steps * cfg.batch_size * cfg.num_workers / wall
                                     if wall > 0 else None)}
   if workdir:
-    _atomic_write(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
+    files_lib.atomic_write(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
   summary["history"] = history
   return summary
