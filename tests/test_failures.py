@@ -77,6 +77,27 @@ def test_dpsgd_step_with_failures_against_numpy():
   assert np.asarray(sent).tolist() == [2 * nbytes, nbytes, 0, nbytes, 2 * nbytes, 2 * nbytes]
 
 
+def test_time_varying_gossip_with_failures_counts_live_neighbours():
+  """one_peer_exponential (W_t = (I + P_t) / 2): each phase mixes over live partners only and a
+  live worker is charged for its live partners, the rule of the static mixer."""
+  phases = [np.asarray(w) for w in topology.make("one_peer_exponential", 8).phases]
+  mix = algos.time_varying_mixer(phases)
+  n = len(phases[0])
+  x = jnp.asarray(np.random.default_rng(2).standard_normal((n, D)), jnp.float32)
+  alive = np.array([1, 1, 0, 1, 1, 1, 0, 1], bool)
+  nbytes = 4 * D
+  for step in range(len(phases)):
+    inputs = StepInputs(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
+                        jnp.zeros((n, 1), bool), None, jnp.asarray(np.broadcast_to(alive, (n, n))))
+    out, sent = jax.vmap(mix, axis_name=AXIS)(x, inputs)
+    w = phases[step]
+    ref = _renormalised(w, alive) @ np.asarray(x, np.float64)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-6)
+    nbrs = (w != 0) & ~np.eye(n, dtype=bool)
+    expect = nbytes * (nbrs & alive[None, :]).sum(axis=1) * alive
+    np.testing.assert_array_equal(np.asarray(sent), expect)
+
+
 @pytest.mark.parametrize("ring", [False, True])
 def test_allreduce_averages_over_live_workers(ring):
   make = algos.allreduce_ring if ring else algos.allreduce

@@ -69,8 +69,12 @@ def time_varying_mixer(phases: list[np.ndarray], axis_name: str = AXIS) -> Mixer
                                for w in ws], params)
     per_phase = [collectives.gossip_bytes(tree_bytes(params), w) for w in ws]
     sent = jnp.asarray(per_phase, jnp.float32)[phase]
-    if alive is not None:  # a failed worker sends nothing
-      sent = sent * alive[lax.axis_index(axis_name)].astype(jnp.float32)
+    if alive is not None:  # as static_mixer: a live worker sends to its live neighbours
+      i = lax.axis_index(axis_name)
+      nbrs = jnp.asarray(np.stack([(w != 0) & ~np.eye(len(w), dtype=bool) for w in ws]))
+      sent = jnp.float32(tree_bytes(params)) * jnp.sum(
+          nbrs[phase, i] & alive).astype(jnp.float32)
+      sent = jnp.where(alive[i], sent, 0.0)
     return mixed, sent
 
   return mix
