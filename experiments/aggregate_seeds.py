@@ -5,9 +5,9 @@
 
 Reads each directory's ``results.json`` (written by ``experiments/reproduce_consensus.py``
 with a different ``--seed``) and writes a markdown table, per setting and run name present in
-every directory: test accuracy mean +- sample standard deviation (and each seed's value), MB
-sent per worker and simulated seconds (means), and the share of the mean allreduce - dpsgd gap
-that the mean accuracy closes.
+every directory: test accuracy mean +- sample standard deviation (and each seed's value), the final
+training loss of the averaged model (mean +- std), MB sent per worker and simulated seconds (means), and the share of the mean allreduce - dpsgd gap
+that the mean accuracy closes, and of the mean dpsgd - allreduce training-loss gap.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def aggregate(results: list[dict]) -> list[dict]:
       continue
     names = [k for k in st["runs"] if all(k in m["runs"] for m in matches)]
     runs = {k: {"acc": [m["runs"][k]["test_accuracy"] for m in matches],
+                "loss": [m["runs"][k]["train_loss"] for m in matches],
                 "mb": [m["runs"][k]["bytes_sent"] / 1e6 for m in matches],
                 "sim": [m["runs"][k]["sim_time"] for m in matches]} for k in names}
     settings.append({"num_workers": key[0], "partition": key[1],
@@ -56,22 +57,30 @@ def markdown(settings: list[dict]) -> str:
   lines = []
   for st in settings:
     runs = st["runs"]
-    gap = (np.mean(runs["allreduce"]["acc"]) - np.mean(runs["dpsgd"]["acc"])
-           if "allreduce" in runs and "dpsgd" in runs else None)
+    both = "allreduce" in runs and "dpsgd" in runs
+    gap = np.mean(runs["allreduce"]["acc"]) - np.mean(runs["dpsgd"]["acc"]) if both else None
+    lgap = np.mean(runs["dpsgd"]["loss"]) - np.mean(runs["allreduce"]["loss"]) if both else None
     lines += [f"n = {st['num_workers']}, {st['partition']}, seeds {st['seeds']}"
               + (f" (mean allreduce - dpsgd gap {100 * gap:.2f} points)" if gap is not None
                  else "") + ":", "",
-              "| run | test acc. mean +- std | per seed | MB / worker | sim time (s) | gap closed |",
-              "|---|---:|---|---:|---:|---:|"]
+              "| run | test acc. mean +- std | per seed | train loss mean +- std | MB / worker "
+              "| sim time (s) | acc. gap closed | loss gap closed |",
+              "|---|---:|---|---:|---:|---:|---:|---:|"]
     for name, r in runs.items():
       acc = 100 * np.array(r["acc"])
       std = acc.std(ddof=1) if len(acc) > 1 else 0.0
       closed = "-"
       if gap and gap > 0 and name != "allreduce":
         closed = f"{100 * (acc.mean() / 100 - np.mean(runs['dpsgd']['acc'])) / gap:.0f}%"
+      loss = np.array(r["loss"])
+      lstd = loss.std(ddof=1) if len(loss) > 1 else 0.0
+      lclosed = "-"
+      if lgap and lgap > 0 and name != "allreduce":
+        lclosed = f"{100 * (np.mean(runs['dpsgd']['loss']) - loss.mean()) / lgap:.0f}%"
       lines.append(f"| {name} | {acc.mean():.2f}% +- {std:.2f} | "
-                   f"{', '.join(f'{v:.2f}' for v in acc)} | {np.mean(r['mb']):.1f} | "
-                   f"{np.mean(r['sim']):.2f} | {closed} |")
+                   f"{', '.join(f'{v:.2f}' for v in acc)} | {loss.mean():.4f} +- {lstd:.4f} | "
+                   f"{np.mean(r['mb']):.1f} | "
+                   f"{np.mean(r['sim']):.2f} | {closed} | {lclosed} |")
     lines.append("")
   return "\n".join(lines)
 

@@ -116,20 +116,27 @@ def run_setting(a, n: int, partition: str) -> dict:
              "consensus.max_gossip_steps": a.max_gossip_steps, "consensus.measure": measure,
              "consensus.sketch_size": a.sketch_size}
       tag_m = "" if measure == "exact" else ", sketch"
-      plan.append((f"control {r:g}x (always{tag_m})", "dpsgd", ctl))
-      plan.append((f"control {r:g}x (first {a.phase:g}{tag_m})", "dpsgd",
-                   {**ctl, "consensus.until_step": phase_end}))
+      if "always" in a.control_phases:
+        plan.append((f"control {r:g}x (always{tag_m})", "dpsgd", ctl))
+      if "first" in a.control_phases:
+        plan.append((f"control {r:g}x (first {a.phase:g}{tag_m})", "dpsgd",
+                     {**ctl, "consensus.until_step": phase_end}))
     for c in a.critical_scales:
       ctl = {"consensus.control": True, "consensus.critical": True,
              "consensus.critical_scale": c, "consensus.max_gossip_steps": a.max_gossip_steps,
-             "consensus.measure": measure, "consensus.sketch_size": a.sketch_size}
+             "consensus.measure": measure, "consensus.sketch_size": a.sketch_size,
+             "consensus.smoothness_every": a.smoothness_every}
       tag_m = "" if measure == "exact" else ", sketch"
-      plan.append((f"control {c:g} Gamma (always{tag_m})", "dpsgd", ctl))
-      plan.append((f"control {c:g} Gamma (first {a.phase:g}{tag_m})", "dpsgd",
-                   {**ctl, "consensus.until_step": phase_end}))
+      if a.smoothness_every != 100:  # its own workdir beside the default's
+        tag_m += f", L every {a.smoothness_every}"
+      if "always" in a.control_phases:
+        plan.append((f"control {c:g} Gamma (always{tag_m})", "dpsgd", ctl))
+      if "first" in a.control_phases:
+        plan.append((f"control {c:g} Gamma (first {a.phase:g}{tag_m})", "dpsgd",
+                     {**ctl, "consensus.until_step": phase_end}))
   runs = {}
   for name, algo, kw in plan:
-    wd = os.path.join(base, name.replace(" ", "_").replace("(", "").replace(")", ""))
+    wd = os.path.join(base, "".join(ch for ch in name.replace(" ", "_") if ch not in "(),"))
     t = time.time()
     s = finished_run(wd, make_config(a, n, partition, algo, **kw)) if a.reuse else None
     if s is None:
@@ -211,8 +218,8 @@ def markdown(settings: list, a) -> str:
               f"with ||grad f||^2 and sigma^2 from a sketch all-reduce of the gradients "
               f"(r = {a.sketch_size} coordinates, charged) of every controlled step, averaged "
               "over steps (moving average, decay consensus.critical_ema = 0.9), and L from 20 "
-              "Hessian-vector power iterations on the averaged model every 100 steps (host "
-              "compute, not charged)."]
+              "Hessian-vector power iterations on the averaged model every "
+              f"{getattr(a, 'smoothness_every', 100)} steps (host compute, not charged)."]
   lines.append("")
   for st in settings:
     lines += [f"n = {st['num_workers']}, {st['partition']} (allreduce - dpsgd gap "
@@ -243,10 +250,15 @@ def main():
   ap.add_argument("--eval_every", type=int, default=50)
   ap.add_argument("--batch_total", type=int, default=256)
   ap.add_argument("--lr", type=float, default=0.05)
-  ap.add_argument("--ratios", type=float, nargs="+", default=[0.5])
+  ap.add_argument("--ratios", type=float, nargs="*", default=[0.5])
   ap.add_argument("--critical_scales", type=float, nargs="*", default=[],
                   help="c of the runs with target c x Gamma_t (critical consensus distance)")
+  ap.add_argument("--smoothness_every", type=int, default=100,
+                  help="critical runs: re-estimate L every this many steps")
   ap.add_argument("--phase", type=float, default=0.25)
+  ap.add_argument("--control_phases", nargs="+", default=["always", "first"],
+                  choices=["always", "first"],
+                  help="controlled runs: at every step and/or in the first phase only")
   ap.add_argument("--max_gossip_steps", type=int, default=10)
   ap.add_argument("--measures", nargs="+", default=["exact"], choices=["exact", "sketch"],
                   help="Xi measurement of the controlled runs (each adds its runs)")

@@ -938,7 +938,8 @@ def _run(cfg: ml_collections.ConfigDict, workdir: str | None, hooks: tuple,
     sync = planner.sync_now(step - 1) if planner is not None else True
     rounds += int(sync)
     inputs, _ = sim.step(step - 1, communicate=sync)
-    if smoothness_fn is not None and (step - 1) % cs.smoothness_every == 0:
+    if (smoothness_fn is not None and (step - 1) % cs.smoothness_every == 0
+        and (not cs.until_step or step - 1 < cs.until_step)):  # L only while controlled
       critical.set_smoothness(off_clock(lambda p: float(smoothness_fn(p, train_sub))))
     if cs.control:
       target = target_at(step - 1)

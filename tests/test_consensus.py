@@ -353,3 +353,15 @@ def test_training_with_critical_target(tmp_path):
   # the remainder is exactly the extra gossip: extra steps x 2 neighbours x model bytes
   assert gossip == pytest.approx(out["extra_gossip_steps"] * 2 * 4 * out["model_params"],
                                  rel=1e-6)
+
+
+def test_critical_target_estimates_smoothness_only_while_controlled(tmp_path):
+  """With control until step 6, L is estimated at steps 0 and 3 and never after (the
+  estimate is host compute that nothing uses once control is off)."""
+  cfg = _control_cfg(**{"consensus.control": True, "consensus.critical": True,
+                        "consensus.until_step": 6, "consensus.smoothness_every": 3,
+                        "consensus.smoothness_iters": 5, "num_steps": 12})
+  train.train(cfg, str(tmp_path / "c"))
+  ls = [r["smoothness"] for r in _steps(tmp_path / "c")]
+  assert len(ls) == 12 and ls[0] != ls[3]  # re-estimated at step 3 (0-based)
+  assert len(set(ls[3:])) == 1  # and not at 6 or 9
