@@ -17,6 +17,7 @@ variables (or ``--coordinator_address``, ``--num_processes``, ``--process_id``) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -137,10 +138,8 @@ def launch(num_processes: int, devices_per_process: int, args: list[str],
   finally:
     for proc in procs:
       if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
           os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-          pass
     deadline = time.monotonic() + 10
     for proc in procs:
       try:

@@ -125,9 +125,3 @@ def fetch(x) -> np.ndarray:
     return np.asarray(x)
   from jax.experimental import multihost_utils
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def is_main_process() -> bool:
-  """True on process 0 (the one that writes the run's files)."""
-  import jax
-  return jax.process_index() == 0

@@ -42,8 +42,8 @@ def read_records(run_dir):
     for line in f:
       try:
         out.append(json.loads(line))
-      except ValueError:
-        pass
+      except ValueError:  # a torn line, as the report skips it
+        continue
   return out
 
 
