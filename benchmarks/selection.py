@@ -33,7 +33,7 @@ def _methods(density: float, d: int):
   return {
       "top_k (lax.top_k)": jax.jit(functools.partial(C.top_k, density=density)),
       "gaussian_k": jax.jit(functools.partial(C.gaussian_k, density=density)),
-      "random_k": jax.jit(lambda x, key: C.random_k(x, density, key)),
+      "random_k": jax.jit(lambda x, key: C.random_k(x, key, density=density)),
       "approx_max_k": jax.jit(lambda x: lax.approx_max_k(jnp.abs(x), k)),
       "floor abs(x).max()": jax.jit(lambda x: jnp.abs(x).max()),
   }

@@ -129,7 +129,7 @@ class GradientProbe:
     for corr, r in self.variants:
       self._count_fns[f"{corr}/{r}"] = jax.jit(jax.vmap(
           lambda v, r=r, corr=corr: compression.gaussian_k_with_count(
-              v, self.run_density, rounds=r, correction=corr)[2]))
+              v, density=self.run_density, rounds=r, correction=corr)[2]))
 
   def __call__(self, step: int, state, s) -> None:
     if step % self.every and step not in self.hist_steps:

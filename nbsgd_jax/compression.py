@@ -1,16 +1,18 @@
 """Gradient sparsifiers: Top-k, Gaussian-k and Random-k.
 
 Source: Shi, Chu, Cheung, See, "Understanding Top-k Sparsification in Distributed
-Deep Learning" (2019), public code hclhkbu/GaussianK-SGD (``GaussianCompressor``);
-see DESIGN.md section 3, "Sparsification with error feedback".
+Deep Learning" (2019), public code hclhkbu/GaussianK-SGD (``GaussianCompressor``).
 
 Every compressor maps a flat float vector ``x`` of shape [d] to a sparse message
 ``(values, indices)`` with ``values`` of x's dtype and ``indices`` int32, both of a
 static length.  Indices equal to ``d`` are padding (value 0) and are dropped by
 ``densify`` (scatter-add with ``mode="drop"``); duplicate indices accumulate.
 
-All functions are pure and jit-able in ``x`` and ``key``; ``density`` and the
-other options are Python numbers (static under ``jax.jit``).
+Signature: ``compressor(x, key=None, *, density, ...)``, so
+``functools.partial(top_k, density=0.01)`` is a compressor ``(x, key) -> (values, indices)``
+(:func:`nbsgd_jax.transforms.error_feedback`). All functions are pure and jit-able in ``x``
+and ``key``; ``density`` and the other options are keyword-only Python numbers (static under
+``jax.jit``).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def _identity(x: Array) -> Message:
   return x, jnp.arange(x.shape[0], dtype=jnp.int32)
 
 
-def top_k(x: Array, density: float, key: Optional[Array] = None) -> Message:
+def top_k(x: Array, key: Optional[Array] = None, *, density: float) -> Message:
   """Exact Top-k by magnitude: ``lax.top_k(|x|, k)``, k = num_selected(d, density).
 
   Args:
@@ -109,7 +111,7 @@ def top_k(x: Array, density: float, key: Optional[Array] = None) -> Message:
   return x[idx], idx
 
 
-def random_k(x: Array, density: float, key: Optional[Array] = None) -> Message:
+def random_k(x: Array, key: Optional[Array] = None, *, density: float) -> Message:
   """Random-k: k distinct indices, uniform over all k-subsets of [0, d).
 
   Instead of ``jax.random.choice(replace=False)`` (a full permutation of d, slow
@@ -270,7 +272,7 @@ def _threshold_and_block_counts(x, density, rounds, block_size, correction="brac
   return thr, count, counts
 
 
-def gaussian_k_with_count(x: Array, density: float, key: Optional[Array] = None,
+def gaussian_k_with_count(x: Array, key: Optional[Array] = None, *, density: float,
                           capacity_factor: float = 4 / 3, rounds: int = 8,
                           block_size: Optional[int] = None,
                           correction: str = "bracket") -> tuple[Array, Array, Array]:
@@ -349,15 +351,16 @@ def gaussian_k_with_count(x: Array, density: float, key: Optional[Array] = None,
   return out_v, out_i, count
 
 
-def gaussian_k(x: Array, density: float, key: Optional[Array] = None,
+def gaussian_k(x: Array, key: Optional[Array] = None, *, density: float,
                capacity_factor: float = 4 / 3, rounds: int = 8,
                block_size: Optional[int] = None, correction: str = "bracket") -> Message:
   """Gaussian-k (Shi et al. 2019): ``gaussian_k_with_count`` without the count.
 
   Returns values [cap] and indices int32 [cap] (padding index d, value 0).
   """
-  v, i, _ = gaussian_k_with_count(x, density, key, capacity_factor, rounds,
-                                  block_size, correction)
+  v, i, _ = gaussian_k_with_count(x, key, density=density, capacity_factor=capacity_factor,
+                                  rounds=rounds, block_size=block_size,
+                                  correction=correction)
   return v, i
 
 
@@ -392,7 +395,7 @@ def make_compressor(name: str, density: float, **options) -> Compressor:
                      f"{sorted(allowed) or 'none'}")
 
   def compress(x: Array, key: Optional[Array] = None) -> Message:
-    return fn(x, density, key, **options)
+    return fn(x, key, density=density, **options)
 
   compress.__name__ = f"{name}_{density:g}"
   return compress

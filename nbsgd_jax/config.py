@@ -3,16 +3,28 @@
 ``default_config()`` holds every key the trainer reads, with its default; experiment files
 (``experiments/configs/*.py``) start from it and change what they need. ``validate(cfg)``
 checks every key before anything is compiled and raises :class:`ConfigError` with one line
-per problem, each naming the key, the value and what is allowed.
+per problem, each naming the key, the value and what is allowed:
+
+* each section checks its own values (:data:`SECTION_CHECKS`, one ``_check_*`` per section),
+  also when the section is off (a bad value is an error wherever it is);
+* which algorithm supports which section is the recipe registry's
+  (``nbsgd_jax.recipes.combination_errors``, through :func:`_combination_errors`).
+
+``inactive_warnings(cfg)`` names the keys changed from their default in a section that is off
+(:data:`SWITCHES`); ``warn_inactive`` prints them.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
-from typing import Any
+import sys
+from typing import Any, Callable, NamedTuple, Sequence, TextIO
 
 import ml_collections
+
+from nbsgd_jax import cluster as cluster_lib  # numpy only
 
 ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha", "local_sgd", "diloco")
 DECENTRALIZED = ("dpsgd", "matcha", "local_sgd", "diloco")
@@ -193,279 +205,320 @@ def _is_num(v: Any) -> bool:
   return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Check a configuration before any compilation.
+# ----------------------------------------------------------------------------- one key
+# Each helper checks ``cfg[key]`` (a dotted key), appends one line
+# ``config.KEY=VALUE is not allowed: WHY`` to ``errs`` when it is bad and returns whether it
+# was good. NaN passes the range checks: the final scan (_check_finite) reports it.
 
-  Raises:
-    ConfigError: one message per bad key: ``config.KEY=VALUE ...: allowed ...``.
-  """
-  errs: list[str] = []
+Errors = list[str]
 
-  def choice(key, allowed):
-    v = cfg.get(key)
-    if v not in allowed:
-      errs.append(f"config.{key}={v!r} is not allowed: use one of {list(allowed)}")
 
-  def integer(key, lo):
-    v = cfg.get(key)
-    if not _is_int(v) or v < lo:
-      errs.append(f"config.{key}={v!r} is not allowed: it must be an integer >= {lo}")
+def _choice(cfg, errs: Errors, key: str, allowed: Sequence) -> bool:
+  v = cfg.get(key)
+  if v in allowed:
+    return True
+  errs.append(f"config.{key}={v!r} is not allowed: use one of {list(allowed)}")
+  return False
 
-  def number(key, lo, lo_open=False, hi=None, hi_open=False):
-    v = cfg.get(key)
-    bad = not _is_num(v) or v < lo or (lo_open and v == lo) or (hi is not None and (
-        v > hi or (hi_open and v == hi)))
-    if bad:
-      rng = f"{'>' if lo_open else '>='} {lo}" + (
-          f" and {'<' if hi_open else '<='} {hi}" if hi is not None else "")
-      errs.append(f"config.{key}={v!r} is not allowed: it must be a number {rng}")
 
-  choice("algorithm", ALGORITHMS)
-  integer("num_workers", 1)
-  choice("topology", TOPOLOGIES)
-  choice("mixing_weights", MIXING_WEIGHTS)
-  choice("backend", BACKENDS)
-  choice("model", MODELS)
-  choice("partition", PARTITIONS)
-  number("dirichlet_alpha", 0, lo_open=True)
-  integer("batch_size", 1)
-  number("learning_rate", 0, lo_open=True)
-  choice("lr_schedule", LR_SCHEDULES)
-  integer("warmup_steps", 0)
-  number("momentum", 0, hi=1, hi_open=True)  # 1: no decay, eta / (1 - momentum) infinite
-  number("weight_decay", 0)
-  integer("num_steps", 0)
-  integer("eval_every", 1)
-  integer("eval_train_examples", 1)
-  integer("seed", 0)
-  number("topology_p", 0, lo_open=True, hi=1)
-  integer("topology_seed", 0)
-  integer("topology_rows", 0)
-  integer("topology_cols", 0)
-  if (cfg.get("topology") == "torus" and _is_int(cfg.get("num_workers"))
-      and _is_int(cfg.topology_rows) and _is_int(cfg.topology_cols)
-      and (cfg.topology_rows or cfg.topology_cols)):
-    r, c = cfg.topology_rows, cfg.topology_cols
-    if r and c and r * c != cfg.num_workers:
-      errs.append(f"config.topology_rows={r} x config.topology_cols={c} is not allowed with "
-                  f"config.num_workers={cfg.num_workers}: rows x cols must equal num_workers")
-    elif (r or c) and cfg.num_workers % (r or c):
-      errs.append(f"config.topology_{'rows' if r else 'cols'}={r or c} is not allowed: it must "
-                  f"divide config.num_workers={cfg.num_workers}")
-  def boolean(key):
-    v = cfg.get(key)
-    if not isinstance(v, bool):
-      errs.append(f"config.{key}={v!r} is not allowed: use True or False")
+def _integer(cfg, errs: Errors, key: str, lo: int, note: str = "") -> bool:
+  v = cfg.get(key)
+  if _is_int(v) and v >= lo:
+    return True
+  errs.append(f"config.{key}={v!r} is not allowed: it must be an integer >= {lo}"
+              + (f" ({note})" if note else ""))
+  return False
 
-  def string(key):
-    v = cfg.get(key)
-    if not isinstance(v, str):
-      errs.append(f"config.{key}={v!r} is not allowed: it must be a string")
 
-  for key in ("nesterov", "progress", "tensorboard", "compression.error_feedback",
-              "compression.flatten"):
-    boolean(key)
-  for key in ("data_dir", "consensus.reference_workdir"):
-    string(key)
+def _number(cfg, errs: Errors, key: str, lo: float, lo_open: bool = False,
+            hi: float | None = None, hi_open: bool = False) -> bool:
+  v = cfg.get(key)
+  bad = not _is_num(v) or v < lo or (lo_open and v == lo) or (hi is not None and (
+      v > hi or (hi_open and v == hi)))
+  if not bad:
+    return True
+  rng = f"{'>' if lo_open else '>='} {lo}" + (
+      f" and {'<' if hi_open else '<='} {hi}" if hi is not None else "")
+  errs.append(f"config.{key}={v!r} is not allowed: it must be a number {rng}")
+  return False
+
+
+def _boolean(cfg, errs: Errors, key: str) -> bool:
+  v = cfg.get(key)
+  if isinstance(v, bool):
+    return True
+  errs.append(f"config.{key}={v!r} is not allowed: use True or False")
+  return False
+
+
+def _string(cfg, errs: Errors, key: str) -> bool:
+  v = cfg.get(key)
+  if isinstance(v, str):
+    return True
+  errs.append(f"config.{key}={v!r} is not allowed: it must be a string")
+  return False
+
+
+# ----------------------------------------------------------------------------- sections
+# ``_check_SECTION(cfg, errs)`` appends one line per bad value of its keys, whatever the other
+# sections say (a bad value is an error even in a section that is off). Rules between keys
+# are here when they are about values; which algorithm supports which section is the recipe
+# registry's (_combination_errors).
+
+
+def _check_top_level(cfg, errs: Errors) -> None:
+  """algorithm, workers, model, data, optimizer, evaluation and checkpoint keys."""
+  _choice(cfg, errs, "algorithm", algorithm_names())
+  _integer(cfg, errs, "num_workers", 1)
+  _choice(cfg, errs, "model", MODELS)
+  _choice(cfg, errs, "partition", PARTITIONS)
+  _number(cfg, errs, "dirichlet_alpha", 0, lo_open=True)
+  _integer(cfg, errs, "batch_size", 1)
+  _number(cfg, errs, "learning_rate", 0, lo_open=True)
+  _choice(cfg, errs, "lr_schedule", LR_SCHEDULES)
+  _integer(cfg, errs, "warmup_steps", 0)
+  _number(cfg, errs, "momentum", 0, hi=1, hi_open=True)  # 1: eta / (1 - momentum) infinite
+  _number(cfg, errs, "weight_decay", 0)
+  _integer(cfg, errs, "num_steps", 0)
+  _integer(cfg, errs, "eval_every", 1)
+  _integer(cfg, errs, "eval_train_examples", 1)
+  _integer(cfg, errs, "seed", 0)
+  for key in ("nesterov", "progress", "tensorboard"):
+    _boolean(cfg, errs, key)
+  _string(cfg, errs, "data_dir")
+  ds = cfg.get("dataset")
+  if not isinstance(ds, str) or not (ds == "mnist10k" or (ds.startswith("tfds:") and len(ds) > 5)):
+    errs.append(f"config.dataset={ds!r} is not allowed: use 'mnist10k' or 'tfds:<name>' "
+                "(e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10')")
   for key, length in (("mlp_hidden", 0), ("cnn_channels", 2)):
     v = cfg.get(key)
     if (not isinstance(v, (tuple, list)) or not all(_is_int(x) and x >= 1 for x in v)
         or (length and len(v) != length)):
       errs.append(f"config.{key}={v!r} is not allowed: it must be a tuple of "
                   f"{'two ' if length else ''}integers >= 1, e.g. {default_config()[key]!r}")
-  ce, ee = cfg.get("checkpoint_every"), cfg.get("eval_every")
-  if not _is_int(ce) or ce < 0:
-    errs.append(f"config.checkpoint_every={ce!r} is not allowed: it must be an integer >= 0 "
-                "(0: no checkpoints)")
-  elif ce and _is_int(ee) and ee >= 1 and ce % ee:
-    errs.append(f"config.checkpoint_every={ce} is not allowed with config.eval_every={ee}: "
-                "checkpoints are taken at evaluations, it must be a multiple of eval_every")
-  from nbsgd_jax import cluster as cluster_lib  # numpy only
-  n_cluster_errs = len(errs)
-  choice("cluster.scenario", cluster_lib.SCENARIOS)
-  choice("cluster.delay", cluster_lib.DELAYS)
+  if _integer(cfg, errs, "checkpoint_every", 0, note="0: no checkpoints"):
+    ce, ee = cfg.checkpoint_every, cfg.get("eval_every")
+    if ce and _is_int(ee) and ee >= 1 and ce % ee:
+      errs.append(f"config.checkpoint_every={ce} is not allowed with config.eval_every={ee}: "
+                  "checkpoints are taken at evaluations, it must be a multiple of eval_every")
+
+
+def _check_topology(cfg, errs: Errors) -> None:
+  """topology, mixing_weights, topology_* (torus: rows x cols = num_workers)."""
+  _choice(cfg, errs, "topology", TOPOLOGIES)
+  _choice(cfg, errs, "mixing_weights", MIXING_WEIGHTS)
+  _number(cfg, errs, "topology_p", 0, lo_open=True, hi=1)
+  _integer(cfg, errs, "topology_seed", 0)
+  rows_ok = _integer(cfg, errs, "topology_rows", 0)
+  cols_ok = _integer(cfg, errs, "topology_cols", 0)
+  n, r, c = cfg.get("num_workers"), cfg.get("topology_rows"), cfg.get("topology_cols")
+  if cfg.get("topology") != "torus" or not (rows_ok and cols_ok and _is_int(n)) or not (r or c):
+    return
+  if r and c and r * c != n:
+    errs.append(f"config.topology_rows={r} x config.topology_cols={c} is not allowed with "
+                f"config.num_workers={n}: rows x cols must equal num_workers")
+  elif n % (r or c):
+    errs.append(f"config.topology_{'rows' if r else 'cols'}={r or c} is not allowed: it must "
+                f"divide config.num_workers={n}")
+
+
+def _check_backend(cfg, errs: Errors) -> None:
+  """backend and workers_per_device (mesh, multihost: against jax's devices)."""
+  _choice(cfg, errs, "backend", BACKENDS)
+  if not _integer(cfg, errs, "workers_per_device", 0, note="0: chosen from the device count"):
+    return
+  k, n, backend = cfg.workers_per_device, cfg.get("num_workers"), cfg.get("backend")
+  if not (_is_int(n) and n > 0) or backend not in ("mesh", "multihost"):
+    return
+  import jax  # deferred: the rest needs no devices; multihost: after jax.distributed.initialize
+  nd = jax.device_count()
+  if backend == "mesh":
+    if k and (n % k or n // k > nd):
+      errs.append(f"config.workers_per_device={k} is not allowed with num_workers={n} on {nd} "
+                  f"devices: it must divide num_workers with num_workers / workers_per_device "
+                  f"<= {nd}")
+  elif n % nd:
+    errs.append(f"config.num_workers={n} is not allowed with config.backend='multihost' on "
+                f"{jax.process_count()} process(es) with {nd} devices in all: the workers must "
+                f"divide evenly across processes and devices (a multiple of {nd})")
+  elif k and k * nd != n:
+    errs.append(f"config.workers_per_device={k} is not allowed with config.backend="
+                f"'multihost': num_workers={n} on {nd} devices puts {n // nd} on each "
+                "(0 picks it)")
+
+
+def _cluster_value_errors(cfg) -> Errors:
+  """The lines of the bad ``cluster.*`` values that ``make_cluster`` reads."""
+  errs: Errors = []
+  _choice(cfg, errs, "cluster.scenario", cluster_lib.SCENARIOS)
+  _choice(cfg, errs, "cluster.delay", cluster_lib.DELAYS)
   for key in ("base_time", "slow_factor", "bandwidth"):
-    number(f"cluster.{key}", 0, lo_open=True)
+    _number(cfg, errs, f"cluster.{key}", 0, lo_open=True)
   for key in ("spread", "delay_mean", "delay_shift", "latency"):
-    number(f"cluster.{key}", 0)
-  number("cluster.delay_prob", 0, hi=1)
-  integer("cluster.seed", 0)
+    _number(cfg, errs, f"cluster.{key}", 0)
+  _number(cfg, errs, "cluster.delay_prob", 0, hi=1)
+  _integer(cfg, errs, "cluster.seed", 0)
   v = cfg.cluster.get("slowdown")
   if not isinstance(v, (tuple, list)) or not all(_is_num(x) and x > 0 for x in v):
     errs.append(f"config.cluster.slowdown={v!r} is not allowed: it must be a tuple of "
                 "numbers > 0, one per worker (() for none)")
-  cluster_ok = len(errs) == n_cluster_errs
-  v = cfg.matcha.budget
-  if not _is_num(v) or not 0 < v <= 1:
-    errs.append(f"config.matcha.budget={v!r} is not allowed: it must be a number > 0 and <= 1")
-  if not _is_int(cfg.matcha.seed) or cfg.matcha.seed < 0:
-    errs.append(f"config.matcha.seed={cfg.matcha.seed!r} is not allowed: it must be an "
-                "integer >= 0")
-  if cfg.get("algorithm") == "matcha" and cfg.get("topology") == "one_peer_exponential":
-    errs.append("config.topology='one_peer_exponential' is not allowed with "
-                "config.algorithm='matcha': MATCHA samples matchings of a static base graph")
-  m = cfg.nonblocking.num_minibatches
-  if not _is_int(m) or m < 1:
-    errs.append(f"config.nonblocking.num_minibatches={m!r} is not allowed: it must be an "
-                "integer >= 1")
-  elif _is_int(cfg.get("batch_size")) and cfg.batch_size >= 1 and cfg.batch_size % m:
-    errs.append(f"config.batch_size={cfg.batch_size} is not allowed with "
-                f"config.nonblocking.num_minibatches={m}: the batch must split into M equal "
-                "mini-batches (batch_size divisible by num_minibatches)")
-  if cfg.nonblocking.deadline_group not in ("all", "neighbours"):
-    errs.append(f"config.nonblocking.deadline_group={cfg.nonblocking.deadline_group!r} is not "
-                "allowed: use one of ['all', 'neighbours']")
-  if not isinstance(cfg.nonblocking.enabled, bool):
-    errs.append(f"config.nonblocking.enabled={cfg.nonblocking.enabled!r} is not allowed: use "
-                "True or False")
+  return errs
+
+
+def _try_cluster(cfg) -> tuple[Any, str | None]:
+  """``(make_cluster(cfg), None)``; ``(None, line)`` when the cluster refuses the values
+  (non-finite, not one slowdown per worker); ``(None, None)`` when a value it needs is bad on
+  its own (the section checks report it)."""
+  n, m = cfg.get("num_workers"), cfg.nonblocking.get("num_minibatches")
+  if _cluster_value_errors(cfg) or not (_is_int(n) and n >= 1 and _is_int(m) and m >= 1):
+    return None, None
   try:
-    rule = cluster_lib.parse_deadline(cfg.nonblocking.deadline)
+    return make_cluster(cfg), None
   except ValueError as e:
-    errs.append(f"config.{e}")
-    rule = None
-  if (cluster_ok and _is_int(cfg.get("num_workers")) and cfg.num_workers >= 1 and _is_int(m)
-      and m >= 1):  # the cluster's own checks (finite values, slowdown per worker), deadline
-    try:
-      cl = make_cluster(cfg)
-      if rule is not None:
-        cluster_lib.check_deadline(cl, rule)
-    except ValueError as e:
-      errs.append(f"config.{e}")
-  comp = cfg.compression
-  if comp.name not in COMPRESSIONS:
-    errs.append(f"config.compression.name={comp.name!r} is not allowed: use one of "
-                f"{list(COMPRESSIONS)}")
-  elif comp.name != "none":
-    if not _is_num(comp.density) or not 0 < comp.density <= 1:
-      errs.append(f"config.compression.density={comp.density!r} is not allowed: it must be a "
-                  "number > 0 and <= 1")
-    rounds = comp.gaussian_rounds
-    if not (isinstance(rounds, int) and not isinstance(rounds, bool) and 0 <= rounds <= 64):
-      errs.append(f"config.compression.gaussian_rounds={rounds!r} is not allowed: it must be "
-                  "an int in [0, 64]")
-    if comp.gaussian_correction not in ("bracket", "paper"):
-      errs.append(f"config.compression.gaussian_correction={comp.gaussian_correction!r} is not "
-                  "allowed: use 'bracket' or 'paper'")
-    if cfg.get("algorithm") != "allreduce":
-      errs.append(f"config.compression.name={comp.name!r} is not allowed with "
-                  f"config.algorithm={cfg.get('algorithm')!r}: sparsification runs on "
-                  "'allreduce' (sparse all-gather)")
-    if cfg.nonblocking.enabled:
-      errs.append(f"config.compression.name={comp.name!r} is not allowed with "
-                  "config.nonblocking.enabled=True: not combined yet")
-  ls = cfg.local_sgd
-  for key, allowed in (("schedule", TAU_SCHEDULES), ("averaging", LOCAL_AVERAGINGS),
-                       ("opt_state", OPT_STATE_SYNCS)):
-    if ls.get(key) not in allowed:
-      errs.append(f"config.local_sgd.{key}={ls.get(key)!r} is not allowed: use one of "
-                  f"{list(allowed)}")
-  for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0)):
-    if not _is_int(ls.get(key)) or ls.get(key) < lo:
-      errs.append(f"config.local_sgd.{key}={ls.get(key)!r} is not allowed: it must be an "
-                  f"integer >= {lo}")
-  if not _is_num(ls.alpha) or ls.alpha < 0:
-    errs.append(f"config.local_sgd.alpha={ls.alpha!r} is not allowed: it must be a number >= 0")
-  dl = cfg.diloco
-  if not _is_int(dl.inner_steps) or dl.inner_steps < 1:
-    errs.append(f"config.diloco.inner_steps={dl.inner_steps!r} is not allowed: it must be an "
-                "integer >= 1 (H)")
-  if not _is_num(dl.outer_lr) or dl.outer_lr <= 0:
-    errs.append(f"config.diloco.outer_lr={dl.outer_lr!r} is not allowed: it must be a number > 0")
-  if not _is_num(dl.outer_momentum) or not 0 <= dl.outer_momentum < 1:
-    errs.append(f"config.diloco.outer_momentum={dl.outer_momentum!r} is not allowed: it must "
-                "be a number >= 0 and < 1")
-  if not isinstance(dl.outer_nesterov, bool):
-    errs.append(f"config.diloco.outer_nesterov={dl.outer_nesterov!r} is not allowed: use True "
-                "or False")
-  if cfg.get("algorithm") in PERIODIC and cfg.nonblocking.enabled is True:
-    errs.append(f"config.algorithm={cfg.algorithm!r} is not allowed with "
-                "config.nonblocking.enabled=True: not combined yet")
-  cs = cfg.consensus
-  for key in ("control", "log_every_step", "per_layer", "critical"):
-    if not isinstance(cs.get(key), bool):
-      errs.append(f"config.consensus.{key}={cs.get(key)!r} is not allowed: use True or False")
-  for key, lo in (("max_gossip_steps", 1), ("sketch_size", 1), ("until_step", 0),
-                  ("smoothness_every", 1), ("smoothness_iters", 1)):
-    if not _is_int(cs.get(key)) or cs.get(key) < lo:
-      errs.append(f"config.consensus.{key}={cs.get(key)!r} is not allowed: it must be an "
-                  f"integer >= {lo}")
-  for key in ("target", "target_ratio", "smoothness"):
-    if not _is_num(cs.get(key)) or cs.get(key) < 0:
-      errs.append(f"config.consensus.{key}={cs.get(key)!r} is not allowed: it must be a "
-                  "number >= 0")
-  ema = cs.get("critical_ema")
-  if not _is_num(ema) or not 0 <= ema < 1:
-    errs.append(f"config.consensus.critical_ema={ema!r} is not allowed: it must be a number "
-                ">= 0 and < 1")
-  if not _is_num(cs.get("critical_scale")) or cs.get("critical_scale") <= 0:
-    errs.append(f"config.consensus.critical_scale={cs.get('critical_scale')!r} is not allowed: "
-                "it must be a number > 0")
-  if cs.measure not in ("exact", "sketch"):
-    errs.append(f"config.consensus.measure={cs.measure!r} is not allowed: use one of "
-                "['exact', 'sketch']")
-  if cs.control is True:
-    if cfg.get("algorithm") not in ("dpsgd", "matcha"):
-      errs.append(f"config.consensus.control=True is not allowed with config.algorithm="
-                  f"{cfg.get('algorithm')!r}: consensus control runs on 'dpsgd' and 'matcha'")
-    given = [_is_num(cs.target) and cs.target > 0,
-             _is_num(cs.target_ratio) and cs.target_ratio > 0, cs.critical is True]
-    if sum(given) != 1:
-      errs.append(f"config.consensus.target={cs.target!r}, config.consensus.target_ratio="
-                  f"{cs.target_ratio!r} and config.consensus.critical={cs.critical!r} are not "
-                  "allowed: give exactly one target (target > 0, target_ratio > 0 or "
-                  "critical=True)")
-    elif _is_num(cs.target_ratio) and cs.target_ratio > 0 and not cs.reference_workdir:
-      errs.append(f"config.consensus.target_ratio={cs.target_ratio!r} is not allowed with "
-                  f"config.consensus.reference_workdir={cs.reference_workdir!r}: it needs "
-                  "config.consensus.reference_workdir (a finished run's workdir)")
-  if cfg.dpsgd.order not in DPSGD_ORDERS:
-    errs.append(f"config.dpsgd.order={cfg.dpsgd.order!r} is not allowed: use one of "
-                f"{list(DPSGD_ORDERS)}")
-  ds = cfg.get("dataset")
-  if not isinstance(ds, str) or not (ds == "mnist10k" or (ds.startswith("tfds:") and len(ds) > 5)):
-    errs.append(f"config.dataset={ds!r} is not allowed: use 'mnist10k' or 'tfds:<name>' "
-                "(e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10')")
+    return None, f"config.{e}"
+
+
+def _check_cluster(cfg, errs: Errors) -> None:
+  """cluster.*: the simulated cluster behind sim_time and the failures."""
+  errs.extend(_cluster_value_errors(cfg))
+  _, line = _try_cluster(cfg)
+  if line:
+    errs.append(line)
   fails = cfg.cluster.get("failures")
   if not isinstance(fails, str):
     errs.append(f"config.cluster.failures={fails!r} is not allowed: write a string "
                 "'worker:start:duration,...' ('' for none)")
   elif fails.strip():
-    from nbsgd_jax import cluster as cluster_lib
     try:
       cluster_lib.parse_failures(fails, cfg.num_workers if _is_int(cfg.get("num_workers")) else 0)
     except ValueError as e:
       errs.append(f"config.{e}")
-    if cfg.get("algorithm") not in ("allreduce", "allreduce_ring", "dpsgd", "matcha") or (
-        cfg.compression.name != "none"):
-      errs.append(f"config.cluster.failures={fails!r} is not allowed with config.algorithm="
-                  f"{cfg.get('algorithm')!r} and config.compression.name="
-                  f"{cfg.compression.name!r}: simulated failures run on 'allreduce', "
-                  "'allreduce_ring', 'dpsgd' and 'matcha' without compression")
-  k = cfg.get("workers_per_device")
-  if not _is_int(k) or k < 0:
-    errs.append(f"config.workers_per_device={k!r} is not allowed: it must be an integer >= 0 "
-                "(0: chosen from the device count)")
-  elif cfg.get("backend") == "mesh" and _is_int(cfg.get("num_workers")) and cfg.num_workers > 0:
-    import jax  # deferred: validation of the rest needs no devices
-    nd, n = jax.device_count(), cfg.num_workers
-    if k and (n % k or n // k > nd):
-      errs.append(f"config.workers_per_device={k} is not allowed with num_workers={n} on {nd} "
-                  f"devices: it must divide num_workers with num_workers / workers_per_device "
-                  f"<= {nd}")
-  elif (cfg.get("backend") == "multihost" and _is_int(cfg.get("num_workers"))
-        and cfg.num_workers > 0):
-    import jax  # after jax.distributed.initialize (nbsgd_jax.multihost): all processes' devices
-    nd, n, procs = jax.device_count(), cfg.num_workers, jax.process_count()
-    if n % nd:
-      errs.append(f"config.num_workers={n} is not allowed with config.backend='multihost' on "
-                  f"{procs} process(es) with {nd} devices in all: the workers must divide "
-                  f"evenly across processes and devices (a multiple of {nd})")
-    elif k and k * nd != n:
-      errs.append(f"config.workers_per_device={k} is not allowed with config.backend="
-                  f"'multihost': num_workers={n} on {nd} devices puts {n // nd} on each "
-                  "(0 picks it)")
 
-  def leaves(node, prefix=""):  # non-finite floats anywhere: nan passes the range checks
+
+def _splits_batch(cfg) -> bool:
+  """Whether the trainer splits every batch into ``nonblocking.num_minibatches`` mini-batches:
+  with non-blocking SGD, and with simulated failures (a failed worker computes none of them;
+  ``train.make_worker_step``)."""
+  fails = cfg.cluster.get("failures")
+  return cfg.nonblocking.get("enabled") is True or (isinstance(fails, str) and bool(fails.strip()))
+
+
+def _check_nonblocking(cfg, errs: Errors) -> None:
+  """nonblocking.*: M divides the batch when the batch is split; the deadline rule against the
+  cluster."""
+  _boolean(cfg, errs, "nonblocking.enabled")
+  m, b = cfg.nonblocking.get("num_minibatches"), cfg.get("batch_size")
+  if (_integer(cfg, errs, "nonblocking.num_minibatches", 1) and _splits_batch(cfg)
+      and _is_int(b) and b >= 1 and b % m):
+    errs.append(f"config.batch_size={b} is not allowed with "
+                f"config.nonblocking.num_minibatches={m}: the batch must split into M equal "
+                "mini-batches (batch_size divisible by num_minibatches)")
+  _choice(cfg, errs, "nonblocking.deadline_group", ("all", "neighbours"))
+  try:
+    rule = cluster_lib.parse_deadline(cfg.nonblocking.get("deadline"))
+    cluster, _ = _try_cluster(cfg)
+    if cluster is not None:
+      cluster_lib.check_deadline(cluster, rule)
+  except ValueError as e:
+    errs.append(f"config.{e}")
+
+
+def _check_compression(cfg, errs: Errors) -> None:
+  """compression.*, all of them whatever compression.name is."""
+  _choice(cfg, errs, "compression.name", COMPRESSIONS)
+  _number(cfg, errs, "compression.density", 0, lo_open=True, hi=1)
+  rounds = cfg.compression.get("gaussian_rounds")
+  if not (_is_int(rounds) and 0 <= rounds <= 64):
+    errs.append(f"config.compression.gaussian_rounds={rounds!r} is not allowed: it must be "
+                "an int in [0, 64]")
+  correction = cfg.compression.get("gaussian_correction")
+  if correction not in ("bracket", "paper"):
+    errs.append(f"config.compression.gaussian_correction={correction!r} is not allowed: use "
+                "'bracket' or 'paper'")
+  for key in ("error_feedback", "flatten"):
+    _boolean(cfg, errs, f"compression.{key}")
+
+
+def _check_local_sgd(cfg, errs: Errors) -> None:
+  """local_sgd.*: the period schedule and what a sync averages."""
+  for key, allowed in (("schedule", TAU_SCHEDULES), ("averaging", LOCAL_AVERAGINGS),
+                       ("opt_state", OPT_STATE_SYNCS)):
+    _choice(cfg, errs, f"local_sgd.{key}", allowed)
+  for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0)):
+    _integer(cfg, errs, f"local_sgd.{key}", lo)
+  _number(cfg, errs, "local_sgd.alpha", 0)
+
+
+def _check_diloco(cfg, errs: Errors) -> None:
+  """diloco.*: inner steps and the outer optimizer."""
+  _integer(cfg, errs, "diloco.inner_steps", 1, note="H")
+  _number(cfg, errs, "diloco.outer_lr", 0, lo_open=True)
+  _number(cfg, errs, "diloco.outer_momentum", 0, hi=1, hi_open=True)
+  _boolean(cfg, errs, "diloco.outer_nesterov")
+
+
+def _check_consensus(cfg, errs: Errors) -> None:
+  """consensus.*; with control on, exactly one target (and target_ratio's reference run)."""
+  for key in ("control", "log_every_step", "per_layer", "critical"):
+    _boolean(cfg, errs, f"consensus.{key}")
+  for key, lo in (("max_gossip_steps", 1), ("sketch_size", 1), ("until_step", 0),
+                  ("smoothness_every", 1), ("smoothness_iters", 1)):
+    _integer(cfg, errs, f"consensus.{key}", lo)
+  for key in ("target", "target_ratio", "smoothness"):
+    _number(cfg, errs, f"consensus.{key}", 0)
+  _number(cfg, errs, "consensus.critical_ema", 0, hi=1, hi_open=True)
+  _number(cfg, errs, "consensus.critical_scale", 0, lo_open=True)
+  _choice(cfg, errs, "consensus.measure", ("exact", "sketch"))
+  _string(cfg, errs, "consensus.reference_workdir")
+  cs = cfg.consensus
+  if cs.get("control") is not True:
+    return
+  given = [_is_num(cs.target) and cs.target > 0,
+           _is_num(cs.target_ratio) and cs.target_ratio > 0, cs.critical is True]
+  if sum(given) != 1:
+    errs.append(f"config.consensus.target={cs.target!r}, config.consensus.target_ratio="
+                f"{cs.target_ratio!r} and config.consensus.critical={cs.critical!r} are not "
+                "allowed: give exactly one target (target > 0, target_ratio > 0 or "
+                "critical=True)")
+  elif given[1] and not cs.reference_workdir:
+    errs.append(f"config.consensus.target_ratio={cs.target_ratio!r} is not allowed with "
+                f"config.consensus.reference_workdir={cs.reference_workdir!r}: it needs "
+                "config.consensus.reference_workdir (a finished run's workdir)")
+
+
+def _check_matcha(cfg, errs: Errors) -> None:
+  """matcha.*; MATCHA's base graph must be static."""
+  _number(cfg, errs, "matcha.budget", 0, lo_open=True, hi=1)
+  _integer(cfg, errs, "matcha.seed", 0)
+  if cfg.get("algorithm") == "matcha" and cfg.get("topology") == "one_peer_exponential":
+    errs.append("config.topology='one_peer_exponential' is not allowed with "
+                "config.algorithm='matcha': MATCHA samples matchings of a static base graph")
+
+
+def _check_dpsgd(cfg, errs: Errors) -> None:
+  """dpsgd.order."""
+  _choice(cfg, errs, "dpsgd.order", DPSGD_ORDERS)
+
+
+# One entry per section: a new component adds its ``_check_*`` here.
+SECTION_CHECKS: dict[str, Callable[[ml_collections.ConfigDict, Errors], None]] = {
+    "top_level": _check_top_level,
+    "topology": _check_topology,
+    "backend": _check_backend,
+    "cluster": _check_cluster,
+    "nonblocking": _check_nonblocking,
+    "compression": _check_compression,
+    "local_sgd": _check_local_sgd,
+    "diloco": _check_diloco,
+    "consensus": _check_consensus,
+    "matcha": _check_matcha,
+    "dpsgd": _check_dpsgd,
+}
+
+
+def _check_finite(cfg, errs: Errors) -> None:
+  """Non-finite floats anywhere (NaN passes the range checks), unless the key has a line."""
+  def leaves(node, prefix=""):
     for k, v in node.items():
       if isinstance(v, ml_collections.ConfigDict):
         yield from leaves(v, f"{prefix}{k}.")
@@ -475,8 +528,117 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if (isinstance(v, float) and not math.isfinite(v)
         and not any(e.startswith(f"config.{key}=") for e in errs)):
       errs.append(f"config.{key}={v!r} is not allowed: it must be a finite number")
+
+
+def algorithm_names() -> list[str]:
+  """The registered recipes (:data:`nbsgd_jax.recipes.REGISTRY`; a recipe registered from
+  outside the package counts)."""
+  return list(importlib.import_module("nbsgd_jax.recipes").REGISTRY)
+
+
+def _combination_errors(cfg) -> Errors:
+  """The combinations of sections that are mathematically undefined for ``cfg.algorithm``:
+  the recipe registry decides (:func:`nbsgd_jax.recipes.combination_errors`; it sees ``cfg``
+  before the values are known to be good)."""
+  recipes = importlib.import_module("nbsgd_jax.recipes")
+  if cfg.get("algorithm") not in recipes.REGISTRY:
+    return []  # reported by the algorithm check
+  return list(recipes.combination_errors(cfg))
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  """Check a configuration before any compilation: every section (:data:`SECTION_CHECKS`),
+  non-finite floats, then the combinations of sections (:func:`_combination_errors`).
+
+  Raises:
+    ConfigError: one line per problem, ``config.KEY=VALUE is not allowed: ...``, all at once.
+  """
+  errs: Errors = []
+  for check in SECTION_CHECKS.values():
+    check(cfg, errs)
+  _check_finite(cfg, errs)
+  errs.extend(_combination_errors(cfg))
   if errs:
     raise ConfigError(errs)
+
+
+# ----------------------------------------------------------------------------- inactive keys
+
+
+class Switch(NamedTuple):
+  """``keys`` have an effect only while ``on(cfg[switch])``; ``"SECTION.*"`` stands for every
+  key of the section but ``switch``."""
+  keys: tuple[str, ...]
+  switch: str
+  on: Callable[[Any], bool]
+
+
+CONTROL_KEYS = tuple(f"consensus.{k}" for k in (
+    "target", "target_ratio", "reference_workdir", "critical", "critical_scale", "critical_ema",
+    "smoothness", "smoothness_every", "smoothness_iters", "until_step", "max_gossip_steps",
+    "measure", "sketch_size"))
+CRITICAL_KEYS = tuple(f"consensus.{k}" for k in (
+    "critical_scale", "critical_ema", "smoothness", "smoothness_every", "smoothness_iters"))
+
+# One entry per section that can be off; a key under two switches is named by the first off.
+SWITCHES = (
+    Switch(("compression.*",), "compression.name", lambda v: v != "none"),
+    # not num_minibatches: the simulated clock charges M mini-batches per step, and failures
+    # split the batch (_splits_batch), with non-blocking off too
+    Switch(("nonblocking.deadline", "nonblocking.deadline_group"), "nonblocking.enabled",
+           lambda v: v is True),
+    Switch(("local_sgd.*",), "algorithm", lambda v: v == "local_sgd"),
+    Switch(("diloco.*",), "algorithm", lambda v: v == "diloco"),
+    Switch(("matcha.*",), "algorithm", lambda v: v == "matcha"),
+    Switch(("dpsgd.order",), "algorithm",
+           lambda v: v in importlib.import_module("nbsgd_jax.recipes").gossip_recipes()),
+    Switch(CONTROL_KEYS, "consensus.control", lambda v: v is True),
+    Switch(CRITICAL_KEYS, "consensus.critical", lambda v: v is True),
+    Switch(("topology_p", "topology_seed"), "topology", lambda v: v == "erdos_renyi"),
+    Switch(("topology_rows", "topology_cols"), "topology", lambda v: v == "torus"),
+    Switch(("cluster.slow_factor",), "cluster.scenario", lambda v: v == "one_slow"),
+    Switch(("cluster.spread",), "cluster.scenario", lambda v: v == "lognormal"),
+    Switch(("cluster.delay_mean", "cluster.delay_shift", "cluster.delay_prob"), "cluster.delay",
+           lambda v: v != "none"),
+)
+
+
+def _switched_keys(switch: Switch, default: ml_collections.ConfigDict) -> list[str]:
+  keys = []
+  for key in switch.keys:
+    if key.endswith(".*"):
+      section = key[:-2]
+      keys += [f"{section}.{k}" for k in default[section].keys()
+               if f"{section}.{k}" != switch.switch]
+    else:
+      keys.append(key)
+  return keys
+
+
+def inactive_warnings(cfg: ml_collections.ConfigDict) -> list[str]:
+  """One line per key changed from ``default_config()`` in a section that is off
+  (:data:`SWITCHES`): ``config.KEY=VALUE has no effect: config.SWITCH=VALUE``. Raises
+  nothing for bad values (``validate`` reports those)."""
+  default, lines, named = default_config(), [], set()
+  for switch in SWITCHES:
+    state = cfg.get(switch.switch)
+    if switch.on(state):
+      continue
+    for key in _switched_keys(switch, default):
+      value = cfg.get(key)
+      if key not in named and value != default.get(key):
+        named.add(key)
+        lines.append(f"config.{key}={value!r} has no effect: config.{switch.switch}={state!r}")
+  return lines
+
+
+def warn_inactive(cfg: ml_collections.ConfigDict, stream: TextIO | None = None) -> list[str]:
+  """Print :func:`inactive_warnings` to ``stream`` (default ``sys.stderr``), each line as
+  ``warning: LINE``; returns the lines."""
+  lines = inactive_warnings(cfg)
+  for line in lines:
+    print(f"warning: {line}", file=stream or sys.stderr)
+  return lines
 
 
 def make_cluster(cfg: ml_collections.ConfigDict):

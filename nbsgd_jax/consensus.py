@@ -40,7 +40,7 @@ eta sigma^2 / (L n)); the constants are from the derivation above. ``eta`` is th
 ``lr_t / (1 - momentum)``.
 
 Every extra gossip and every measurement is counted in the bytes the step reports and in the
-simulated clock (:meth:`nbsgd_jax.simulation.Simulator.extra`).
+simulated clock (:class:`nbsgd_jax.transforms.consensus.ControlRounds`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from nbsgd_jax import collectives
-from nbsgd_jax.algorithms.base import AXIS, tree_bytes, varying_like
+from nbsgd_jax.axis import AXIS, tree_bytes, varying_like
 
 MEASURES = ("exact", "sketch")
 

@@ -1,7 +1,7 @@
 """Communication periods of local SGD: when do the workers synchronise? (No JAX here.)
 
-Host-side schedules of the period ``tau`` for :func:`nbsgd_jax.algorithms.local_sgd` and
-:func:`nbsgd_jax.algorithms.diloco`. Period ``i`` (0-based) starts at step ``s_i`` (``s_0 = 0``)
+Host-side schedules of the period ``tau`` for the ``local_sgd`` and
+``diloco`` recipes (:mod:`nbsgd_jax.recipes`). Period ``i`` (0-based) starts at step ``s_i`` (``s_0 = 0``)
 and lasts ``tau_i`` steps; the workers synchronise after step ``s_i + tau_i - 1`` and
 ``s_{i+1} = s_i + tau_i``.
 
@@ -24,7 +24,7 @@ import math
 from typing import Optional
 
 SCHEDULES = ("fixed", "ada_lupa", "linear", "post_local")
-AVERAGINGS = ("mean", "gossip")  # of nbsgd_jax.algorithms.local_sgd
+AVERAGINGS = ("mean", "gossip")  # of the local_sgd recipe
 OPT_STATE_SYNCS = ("keep", "average", "reset")
 
 

@@ -1,12 +1,14 @@
-"""Every shell command of the README and the user guide, run as written or checked.
+"""Every shell command of the README and of the pages of docs/, run as written or checked.
 
     python scripts/check_docs_commands.py                    # check every command (cheap)
     python scripts/check_docs_commands.py --run --skip-long  # run the quick ones as a new user
     python scripts/check_docs_commands.py --run              # run all but the hardware ones
 
-The commands are the lines of the ```bash blocks of ``README.md`` and ``docs/guide.md``
-(:data:`DOCS`), ``\\`` continuations joined, blank and ``#`` lines left out, in reading
-order (the README first). Each command is in one of four classes, given by explicit lists:
+The commands are the lines of the ```bash blocks of ``README.md`` and of every ``docs/*.md``
+but the generated ``docs/config.md`` (:data:`DOCS`: the README, ``docs/guide.md``, then the
+other pages in alphabetical order), ``\\`` continuations joined, blank and ``#`` lines left
+out, in reading order. A page without a ```bash block has no commands. Each command is in one
+of four classes, given by explicit lists:
 
 * quick (every command not listed below): ``--run`` runs it; ``tests/test_docs.py`` runs it;
 * :data:`SLOW_IN_TEST` (under a minute, but too slow for the test's budget): ``--run`` runs
@@ -49,7 +51,21 @@ import time
 from typing import Iterable, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ("README.md", "docs/guide.md")
+# The documents read first, in this order; then the other docs/*.md but NOT_SCANNED, sorted.
+FIRST_DOCS = ("README.md", "docs/guide.md")
+NOT_SCANNED = ("docs/config.md",)  # generated from the code (nbsgd_jax.config_doc): no commands
+
+
+def default_docs(root: str = ROOT) -> tuple[str, ...]:
+  """The documents whose commands are checked (paths relative to ``root``): the README, the
+  user guide, then every other ``docs/*.md`` but :data:`NOT_SCANNED`, in alphabetical order."""
+  docs_dir = os.path.join(root, "docs")
+  pages = sorted(f"docs/{f}" for f in os.listdir(docs_dir)
+                 if f.endswith(".md") and os.path.isfile(os.path.join(docs_dir, f)))
+  return FIRST_DOCS + tuple(p for p in pages if p not in FIRST_DOCS + NOT_SCANNED)
+
+
+DOCS = default_docs()
 FENCES = ("bash", "sh", "shell")
 
 # (regex searched in the command, why); the lists are tried in the order of CLASSES.

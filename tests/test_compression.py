@@ -38,11 +38,11 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="x must"):
       fn(jnp.arange(10), 0.5, jax.random.key(0))
   with pytest.raises(ValueError, match="key"):
-    C.random_k(_normal(10), 0.5)
+    C.random_k(_normal(10), density=0.5)
   with pytest.raises(ValueError, match="capacity_factor"):
-    C.gaussian_k(_normal(10), 0.5, capacity_factor=0.5)
+    C.gaussian_k(_normal(10), density=0.5, capacity_factor=0.5)
   with pytest.raises(ValueError, match="rounds"):
-    C.gaussian_k(_normal(10), 0.5, rounds=-1)
+    C.gaussian_k(_normal(10), density=0.5, rounds=-1)
   with pytest.raises(ValueError, match="name"):
     C.make_compressor("bogus", 0.1)
 
@@ -65,7 +65,7 @@ def test_top_k_exact(d, density):
 def test_random_k_distinct(d, density):
   x = _normal(d, 2)
   k = C.num_selected(d, density)
-  f = jax.jit(lambda x, key: C.random_k(x, density, key))
+  f = jax.jit(lambda x, key: C.random_k(x, key, density=density))
   for seed in range(3):
     vals, idx = f(x, jax.random.key(seed))
     idx = np.asarray(idx)
@@ -77,7 +77,7 @@ def test_random_k_distinct(d, density):
 
 def test_random_k_roughly_uniform():
   d, density = 20, 0.25
-  f = jax.jit(jax.vmap(lambda key: C.random_k(jnp.zeros(d), density, key)[1]))
+  f = jax.jit(jax.vmap(lambda key: C.random_k(jnp.zeros(d), key, density=density)[1]))
   idx = np.asarray(f(jax.random.split(jax.random.key(0), 2000)))
   freq = np.bincount(idx.ravel(), minlength=d) / idx.shape[0]
   np.testing.assert_allclose(freq, density, atol=0.05)
@@ -130,7 +130,7 @@ def test_gaussian_k_truncation_keeps_lowest_indices():
   d = 1000
   x = _normal(d, 4)
   # rounds=0 and a capacity of 1 x k: the first `cap` selected (by index) remain.
-  vals, idx, count = C.gaussian_k_with_count(x, 0.05, rounds=0,
+  vals, idx, count = C.gaussian_k_with_count(x, density=0.05, rounds=0,
                                              capacity_factor=1.0)
   thr, _ = C.gaussian_threshold(x, 0.05, rounds=0)
   selected = np.nonzero(np.abs(np.asarray(x)) > float(thr))[0]
@@ -247,7 +247,7 @@ def test_gaussian_bad_correction_and_make_compressor_options():
   fn = C.make_compressor("gaussian_k", 0.01, rounds=0, correction="paper")
   x = jnp.asarray(_heavy_tailed(1))
   np.testing.assert_array_equal(np.asarray(fn(x)[1]),
-                                np.asarray(C.gaussian_k(x, 0.01, rounds=0)[1]))
+                                np.asarray(C.gaussian_k(x, density=0.01, rounds=0)[1]))
   with pytest.raises(ValueError, match="rounds"):
     C.make_compressor("top_k", 0.01, rounds=3)
 

@@ -8,7 +8,7 @@ Sources:
 * S. P. Karimireddy, Q. Rebjock, S. U. Stich and M. Jaggi, "Error Feedback Fixes SignSGD
   and other Gradient Compression Schemes", ICML 2019.
 
-See ``DESIGN.md`` section 3, "Sparsification with error feedback". One step of worker ``i``::
+One step of worker ``i``::
 
     p = g + e                     # gradient plus the residual (memory)
     s = C(p)                      # sparse message (values [cap], indices [cap])
@@ -17,8 +17,8 @@ See ``DESIGN.md`` section 3, "Sparsification with error feedback". One step of w
 
 Applied to raw gradients, before weight decay and momentum::
 
-    optax.chain(error_feedback(partial(top_k, density=0.01), axis_name="workers"),
-                optax.add_decayed_weights(wd), optax.sgd(lr, momentum))
+    chain(error_feedback(partial(top_k, density=0.01), axis_name="workers"),
+          optax.add_decayed_weights(wd), optax.sgd(lr, momentum))
 
 Everything is pure and works under ``jit``, ``jax.vmap(..., axis_name="workers")`` and
 ``jax.shard_map``.
@@ -34,8 +34,10 @@ import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from nbsgd_jax import collectives, compression
-from nbsgd_jax.algorithms.base import varying_like as _varying_like
+from nbsgd_jax import compression
+from nbsgd_jax.axis import varying_like as _varying_like
+from nbsgd_jax.communications.sparse import SparseAllGather
+from nbsgd_jax.transforms.base import WorkerTransform, merge_reports
 
 __all__ = [
     "Compressor",
@@ -85,20 +87,29 @@ def _compress(compressor: Compressor, x: jax.Array, key: jax.Array
 
 
 def error_feedback(compressor: Compressor,
-                   axis_name: Optional[str] = None,
+                   axis_name: Optional[Any] = None,
                    flatten: bool = True,
                    seed: int = 0,
-                   use_residual: bool = True) -> optax.GradientTransformation:
-  """Sparsification with error feedback (Stich et al. 2018; Shi et al. 2019).
+                   use_residual: bool = True,
+                   communication: Optional[SparseAllGather] = None,
+                   weight_by: str = "count") -> WorkerTransform:
+  """Sparsification with error feedback (Stich et al. 2018; Shi et al. 2019), a worker
+  transform: ``update(g, state, params=None, ctx=None) -> (u, state, report)``.
 
-  ``update(g, state)``: ``p = g + e``; ``(values, indices) = C(p, key)``;
-  ``e <- p - dense(values, indices)``; the returned update is
+  ``p = g + e``; ``(values, indices) = C(p, key)``; ``e <- p - dense(values, indices)``; the
+  returned update is
 
-  * with ``axis_name``: ``collectives.sparse_all_gather(values, indices, d) / n``, the
-    average of all ``n`` workers' densified messages (duplicate indices accumulate,
-    padding index ``d`` dropped). Each worker receives
-    ``(n - 1) * cap * (value_bytes + index_bytes)`` bytes per message;
-  * without ``axis_name`` (single worker): ``dense(values, indices)``.
+  * with ``axis_name``: the average of all workers' densified messages (a
+    :class:`~nbsgd_jax.communications.SparseAllGather`: duplicate indices accumulate, padding
+    index ``d`` dropped; count-weighted under Non-blocking SGD, where a worker that finished
+    no mini-batch sends nothing and keeps ``p`` as its residual). ``report["bytes_sent"]`` is
+    ``(n - 1) * sent * (value_bytes + index_bytes)``;
+  * without ``axis_name`` (single worker): ``dense(values, indices)``, 0 bytes.
+
+  Compose it like an optax transform, before weight decay and momentum::
+
+      chain(error_feedback(functools.partial(top_k, density=0.01), axis_name="workers"),
+            optax.add_decayed_weights(wd), optax.sgd(lr, momentum))
 
   Args:
     compressor: ``(x [d], key) -> (values [cap], indices [cap])``, e.g.
@@ -107,22 +118,30 @@ def error_feedback(compressor: Compressor,
     axis_name: the named worker axis (bound by ``vmap`` / ``shard_map``), or ``None``.
     flatten: ``True``: ravel the whole tree (``jax.flatten_util.ravel_pytree``, leaves
       promoted to a common dtype) and compress once, ``d`` = number of parameters;
-      ``False``: compress each leaf separately (``d`` = leaf size, one key per leaf).
+      ``False``: compress each leaf separately (``d`` = leaf size, one key per leaf, one
+      message per leaf).
     seed: seed of the transform's PRNG key (split every update). Under ``axis_name`` the
       compressor's subkey is additionally folded with ``lax.axis_index`` so workers draw
       independent randomness (random-k) from a shared seed.
     use_residual: ``False`` disables the memory (plain sparsification): ``p = g`` and the
       residual stays zero.
+    communication: the :class:`~nbsgd_jax.communications.SparseAllGather` to use (a recipe
+      passes one that knows n and the weighting); default: a plain one on ``axis_name``.
+    weight_by: the weights of the mean when the communication is weighted: ``"count"``
+      (gradients: finished mini-batches) or ``"alive"`` (model differences: live workers).
 
   Returns:
-    ``optax.GradientTransformation`` with state :class:`ErrorFeedbackState`. The update has
-    the structure, shapes and dtypes of the gradients; ``params`` is not used.
+    a :class:`~nbsgd_jax.transforms.WorkerTransform` with state :class:`ErrorFeedbackState`.
+    The update has the structure, shapes and dtypes of the gradients; ``params`` is not used.
 
   Raises:
     ValueError / TypeError (at trace time): the compressor returns arrays that are not 1-D
       of equal length, or non-integer indices.
     NameError: ``axis_name`` is given but not bound (raised by JAX).
   """
+  comm = communication
+  if comm is None and axis_name is not None:
+    comm = SparseAllGather(None, axis_name)
 
   def init_fn(params: PyTree) -> ErrorFeedbackState:
     return ErrorFeedbackState(
@@ -130,26 +149,26 @@ def error_feedback(compressor: Compressor,
         key=jax.random.PRNGKey(seed),
         sent_count=_varying_like(jnp.zeros((), jnp.int32), params))
 
-  def _one(x: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Flat ``x [d]`` -> (update [d], new residual [d], sent count)."""
+  def _one(x: jax.Array, key: jax.Array, ctx, send) -> tuple:
+    """Flat ``x [d]`` -> (update [d], new residual [d], sent count, report)."""
     d = x.shape[0]
     values, indices = _compress(compressor, x, key)
     local = densify(values, indices, d)
-    residual = x - local if use_residual else jnp.zeros_like(x)
-    sent = jnp.sum((indices >= 0) & (indices < d)).astype(jnp.int32)
-    if axis_name is None:
-      update = local
-    else:
-      n = collectives.axis_size(axis_name)
-      update = collectives.sparse_all_gather(values, indices, d, axis_name) / n
-    return update.astype(x.dtype), residual, sent
+    residual = jnp.where(send, x - local, x) if use_residual else jnp.zeros_like(x)
+    sent = jnp.where(send, jnp.sum((indices >= 0) & (indices < d)), 0).astype(jnp.int32)
+    if comm is None:
+      return local.astype(x.dtype), residual, sent, {}
+    update, report = comm.mean(values, indices, d, ctx, send, weight_by)
+    return update.astype(x.dtype), residual, sent, report
 
-  def update_fn(updates: PyTree, state: ErrorFeedbackState, params: PyTree = None
-                ) -> tuple[PyTree, ErrorFeedbackState]:
+  def update_fn(updates: PyTree, state: ErrorFeedbackState, params: PyTree = None, ctx=None):
     del params
     key, sub = jax.random.split(state.key)
-    if axis_name is not None:
-      sub = jax.random.fold_in(sub, lax.axis_index(axis_name))
+    axis = comm.axis_name if comm is not None else None
+    if axis is not None:
+      sub = jax.random.fold_in(sub, lax.axis_index(axis))
+    # Non-blocking SGD / failures: a worker with weight 0 sends nothing and keeps p
+    send = comm.sends(ctx, weight_by) if comm is not None else True
     if use_residual:
       p = jax.tree_util.tree_map(lambda g, e: g + e.astype(g.dtype), updates, state.residual)
     else:
@@ -157,13 +176,13 @@ def error_feedback(compressor: Compressor,
     if flatten:
       flat, unravel = ravel_pytree(p)
       if flat.size == 0:
-        return updates, ErrorFeedbackState(state.residual, key, jnp.zeros((), jnp.int32))
-      upd, res, sent = _one(flat, sub)
+        return updates, ErrorFeedbackState(state.residual, key, jnp.zeros((), jnp.int32)), {}
+      upd, res, sent, report = _one(flat, sub, ctx, send)
       new_updates, new_residual = unravel(upd), unravel(res)
     else:
       leaves, treedef = jax.tree_util.tree_flatten(p)
       keys = jax.random.split(sub, max(len(leaves), 1))
-      upd_leaves, res_leaves = [], []
+      upd_leaves, res_leaves, reports = [], [], []
       sent = jnp.zeros((), jnp.int32)
       for leaf, k in zip(leaves, keys):
         leaf = jnp.asarray(leaf)
@@ -171,14 +190,16 @@ def error_feedback(compressor: Compressor,
           upd_leaves.append(leaf)
           res_leaves.append(jnp.zeros_like(leaf))
           continue
-        u, r, c = _one(leaf.reshape(-1), k)
+        u, r, c, rep = _one(leaf.reshape(-1), k, ctx, send)
         upd_leaves.append(u.reshape(leaf.shape))
         res_leaves.append(r.reshape(leaf.shape))
+        reports.append(rep)
         sent = sent + c
       new_updates = jax.tree_util.tree_unflatten(treedef, upd_leaves)
       new_residual = jax.tree_util.tree_unflatten(treedef, res_leaves)
+      report = merge_reports(*reports)
     new_residual = jax.tree_util.tree_map(lambda r, e: r.astype(e.dtype), new_residual,
                                           state.residual)
-    return new_updates, ErrorFeedbackState(new_residual, key, sent)
+    return new_updates, ErrorFeedbackState(new_residual, key, sent), report
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return WorkerTransform(init_fn, update_fn, (comm,) if comm is not None and comm.n else ())

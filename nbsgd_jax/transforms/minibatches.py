@@ -1,8 +1,7 @@
 """Non-blocking mini-batch gradients and a deadline-driven accumulation transform.
 
 Source: X. He and P. Dube, "Accelerating Parallel Stochastic Gradient Descent via
-Non-blocking Mini-batches", arXiv 2211.00889 (2022); see ``DESIGN.md`` section 3,
-"Non-blocking SGD".
+Non-blocking Mini-batches", arXiv 2211.00889 (2022).
 
 Worker ``i`` splits its batch of ``B`` examples into ``M`` mini-batches of ``B / M``
 examples. At the deadline it has finished the first ``m_i`` of them (``0 <= m_i <= M``);
@@ -192,7 +191,7 @@ def accumulate_minibatches(
   """Accumulates finished mini-batch gradients and steps ``inner`` at the deadline.
 
   Like ``optax.MultiSteps``, but the emit condition is the deadline (He & Dube 2022,
-  arXiv 2211.00889; DESIGN.md section 3), passed in by the caller, instead of a fixed
+  arXiv 2211.00889), passed in by the caller, instead of a fixed
   count. One call per mini-batch:
 
   ``update(updates, state, params=None, *, finished, emit, **extra_args)``

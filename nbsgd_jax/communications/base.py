@@ -1,0 +1,145 @@
+"""A communication that knows its cost: a device half and a host half in one object.
+
+* **Device half** (inside the worker program, on the worker axis): apply the primitive to a
+  tree and return the result with a report of the bytes this worker sent
+  (``{"bytes_sent": b, "bytes/<key>": b, "rounds/<key>": 1}``).
+* **Host half** (numpy): the step's :class:`Pattern` (who waits for whom, messages per
+  worker) and, from the step's report, the rounds the simulated clock charges
+  (:meth:`Communication.clock_rounds`). The clock charges the bytes the device reported, so
+  device bytes and clock bytes are one number.
+
+Written once here for every primitive: failures (a failed worker sends nothing and nobody
+waits for it: :meth:`Communication.live_pattern`, :meth:`Communication.charge`) and the
+weights of a mean (count weighting of Non-blocking SGD, He & Dube 2022; live workers only
+under failures: :meth:`Communication.weight`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from nbsgd_jax.axis import AXIS
+
+WEIGHTINGS = ("uniform", "count", "alive")
+
+
+class Pattern(NamedTuple):
+  """One round of a communication, per worker (host side).
+
+  Attributes:
+    adjacency: bool ``[n, n]``, row i: whom worker i waits for (diagonal True), or None for
+      everyone (an all-reduce).
+    messages: float ``[n]``, messages each worker sends in the round.
+  """
+
+  adjacency: Optional[np.ndarray]
+  messages: np.ndarray
+
+
+class Round(NamedTuple):
+  """A round the clock charges: a :class:`Pattern` plus the bytes (float ``[n]``) sent."""
+
+  adjacency: Optional[np.ndarray]
+  messages: np.ndarray
+  num_bytes: np.ndarray
+
+
+class Communication:
+  """Base of every communication primitive (see module docstring).
+
+  Args:
+    n: workers.
+    axis_name: the worker axis of the worker program.
+    key: the name of this communication in reports (unique within a recipe).
+    weighted: means are count-weighted (Non-blocking SGD or failures), see :meth:`weight`.
+  """
+
+  def __init__(self, n: int, axis_name: Any = AXIS, key: str = "comm", weighted: bool = False):
+    self.n, self.axis_name, self.key, self.weighted = int(n), axis_name, key, bool(weighted)
+
+  # -------------------------------------------------------------------- host half
+
+  def host_inputs(self, step: int) -> dict:
+    """Per-step inputs this communication draws on the host (e.g. MATCHA's activations)."""
+    del step
+    return {}
+
+  def pattern(self, step: int, active: np.ndarray) -> Pattern:
+    """The round's pattern with every worker up (subclasses)."""
+    raise NotImplementedError(f"{type(self).__name__} has no host pattern")
+
+  def live_pattern(self, step: int, active: np.ndarray, alive: Optional[np.ndarray]) -> Pattern:
+    """:meth:`pattern` under failures: a failed worker sends nothing and nobody waits for it."""
+    pat = self.pattern(step, active)
+    if alive is None:
+      return pat
+    alive = np.asarray(alive, bool)
+    base = pat.adjacency if pat.adjacency is not None else np.ones((self.n, self.n), bool)
+    adjacency = base & alive[:, None] & alive[None, :]
+    np.fill_diagonal(adjacency, True)
+    return Pattern(adjacency, pat.messages * alive)
+
+  def clock_rounds(self, step: int, active: np.ndarray, alive: Optional[np.ndarray],
+                   report: dict) -> list[Round]:
+    """The rounds of this step for the clock, from the step's report (host numpy, each value
+    ``[n]``): ``rounds/<key>`` rounds of :meth:`live_pattern`, the reported ``bytes/<key>``
+    split evenly over them; none when the key is absent (not used in this step)."""
+    if f"bytes/{self.key}" not in report:
+      return []
+    rounds = int(np.max(report.get(f"rounds/{self.key}", 1)))
+    if rounds <= 0:
+      return []
+    pat = self.live_pattern(step, active, alive)
+    per = np.asarray(report[f"bytes/{self.key}"], np.float64) / rounds
+    return [Round(pat.adjacency, pat.messages, per)] * rounds
+
+  # -------------------------------------------------------------------- device half
+
+  def index(self):
+    """This worker's index on the axis (device half)."""
+    return lax.axis_index(self.axis_name)
+
+  def charge(self, num_bytes, ctx) -> jnp.ndarray:
+    """float32 bytes sent by this worker: ``num_bytes``, 0 for a failed worker."""
+    b = jnp.asarray(num_bytes, jnp.float32)
+    if ctx is not None and ctx.alive is not None:
+      b = jnp.where(ctx.alive[self.index()], b, jnp.float32(0.0))
+    return b
+
+  def report(self, num_bytes, rounds=1) -> dict:
+    """The report of one use: ``bytes_sent``, ``bytes/<key>``, ``rounds/<key>``."""
+    return {"bytes_sent": num_bytes, f"bytes/{self.key}": num_bytes,
+            f"rounds/{self.key}": jnp.asarray(rounds, jnp.int32)}
+
+  def weight(self, ctx, by: str = "count"):
+    """This worker's weight ``w_i`` in a mean ``sum_i w_i x_i`` (``sum_i w_i = 1``), or None
+    for the plain mean ``1/n``.
+
+    ``by="count"``: ``count_i / total`` when :attr:`weighted` (He & Dube 2022, all-reduce
+    form: ``g = sum_i sum_{j<m_i} g_ij / sum_i m_i`` for local means ``g_i`` over ``m_i``
+    mini-batches; a failed worker has ``m_i = 0``), else None. ``by="alive"``: ``1 / live``
+    for a live worker, 0 for a failed one (model averages), None without failures.
+    ``"uniform"``: None.
+
+    Raises:
+      ValueError: unknown ``by``.
+    """
+    if by not in WEIGHTINGS:
+      raise ValueError(f"by={by!r} is not allowed: use one of {list(WEIGHTINGS)}")
+    if by == "count" and self.weighted:
+      total = jnp.maximum(ctx.total, 1).astype(jnp.float32)
+      return ctx.count.astype(jnp.float32) / total
+    if by == "alive" and ctx is not None and ctx.alive is not None:
+      live = jnp.maximum(jnp.sum(ctx.alive.astype(jnp.float32)), 1.0)
+      return ctx.alive[self.index()].astype(jnp.float32) / live
+    return None
+
+  def sends(self, ctx, by: str = "count"):
+    """bool scalar: whether this worker contributes to a mean weighted ``by`` (a worker with
+    weight 0, one that finished nothing or failed, sends nothing)."""
+    w = None if ctx is None else self.weight(ctx, by)
+    return jnp.asarray(True) if w is None else w > 0

@@ -1,0 +1,64 @@
+"""Sparse all-gather of a compressor's message (Top-k / Gaussian-k / Random-k SGD, Shi et al.
+2019; code hclhkbu/GaussianK-SGD).
+
+Every worker all-gathers the ``(values, indices)`` messages of all ``n`` workers and
+scatter-adds them (:func:`nbsgd_jax.collectives.sparse_all_gather`). Bytes of worker i:
+``(n - 1) * sent_i * (value_bytes + index_bytes)`` for the ``sent_i`` valid entries of its
+message, forwarded to the ``n - 1`` others; the clock charges ``n - 1`` messages and everyone
+waits for everyone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax.numpy as jnp
+import numpy as np
+
+from nbsgd_jax import collectives
+from nbsgd_jax.axis import AXIS
+from nbsgd_jax.communications.base import Communication, Pattern
+
+
+class SparseAllGather(Communication):
+  """Weighted sum of every worker's densified sparse message (see module docstring).
+
+  Args:
+    n: workers, or None when only the device half is used (then taken from the axis).
+    axis_name, key, weighted: as :class:`~nbsgd_jax.communications.Communication`.
+  """
+
+  def __init__(self, n: Optional[int] = None, axis_name: Any = AXIS,
+               key: str = "sparse_allgather", weighted: bool = False):
+    super().__init__(n or 0, axis_name, key, weighted)
+
+  def pattern(self, step: int, active: np.ndarray) -> Pattern:
+    del step, active
+    if self.n < 1:
+      raise ValueError("SparseAllGather(n=None) has no host pattern: give n")
+    return Pattern(None, np.full(self.n, float(self.n - 1)))
+
+  def mean(self, values, indices, d: int, ctx, send=True, by: str = "count"):
+    """``(sum_j w_j dense(values_j, indices_j), report)`` (``w_j = 1/n`` or count weights,
+    :meth:`weight`), a dense ``[d]`` vector; a worker with ``send`` False (finished nothing)
+    contributes nothing and is charged nothing.
+
+    Args:
+      values: ``[cap]`` message values; indices: ``[cap]`` int positions (``d``: padding).
+      d: dense length (static).
+      ctx: the step's :class:`~nbsgd_jax.transforms.StepContext` (or None: plain mean).
+      send: bool scalar.
+      by: the weighting (:meth:`weight`): ``"count"`` for gradients, ``"alive"`` for models.
+    """
+    n = collectives.axis_size(self.axis_name)
+    w = self.weight(ctx, by) if ctx is not None else None
+    send = jnp.asarray(send, bool)
+    scaled = values if w is None else values * w.astype(values.dtype)
+    scaled = jnp.where(send, scaled, jnp.zeros_like(scaled))
+    out = collectives.sparse_all_gather(scaled, indices, d, self.axis_name)
+    if w is None:
+      out = out / n
+    valid = jnp.sum((indices >= 0) & (indices < d)).astype(jnp.float32)
+    per_entry = values.dtype.itemsize + 4  # value + int32 index
+    sent = jnp.where(send, jnp.float32(n - 1) * valid * per_entry, jnp.float32(0.0))
+    return out, self.report(self.charge(sent, ctx))

@@ -1,0 +1,300 @@
+"""The host side of a run as parts (numpy only): each gives a step's inputs, observes the
+step's report, adds fields to the records and holds checkpointable state.
+
+A step on the host (:class:`Host`)::
+
+    inputs = host.inputs(step, probe)        # every part adds its entries, in order
+    ... the compiled worker program runs with StepContext(inputs) ...
+    host.observe(step, inputs, report, probe)  # every part reads the report (host numpy)
+
+The parts, in order: :class:`Failures` (``alive``), :class:`Activations` (what the
+communications draw: MATCHA's ``active``), :class:`Periods` (local SGD / DiLoCo:
+``period_end``), :class:`Workload` (the cluster model: ``count``, ``total`` and the compute
+times; He & Dube 2022), consensus targets (:mod:`nbsgd_jax.host.targets`), :class:`Clock`
+(the simulated clock) and :class:`Totals` (bytes and communication rounds).
+
+``probe`` gives off-clock measurements of the current models (``probe.train_loss()``,
+``probe.smoothness()``); a part that must observe a step before the next one is drawn sets
+``immediate`` (the loop then reads every report at once instead of at the evaluations).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from nbsgd_jax import cluster as cluster_lib
+
+
+class HostPart:
+  """Base of a host part (see module docstring); every method is optional."""
+
+  name = "part"
+  immediate = False
+
+  def begin(self, probe) -> None:
+    """Before the first step of a new run (not on resume)."""
+
+  def inputs(self, step: int, inputs: dict, probe) -> None:
+    """Add this part's entries to ``inputs`` (numpy) for (0-based) ``step``."""
+
+  def observe(self, step: int, inputs: dict, report: dict, probe) -> Optional[dict]:
+    """Read the step's report (each value a numpy ``[n]`` array); may return fields for the
+    step's record (``steps.jsonl``)."""
+    return None
+
+  def record(self) -> dict:
+    """Fields for the evaluation records (``metrics.jsonl``)."""
+    return {}
+
+  def state_dict(self) -> Optional[dict]:
+    """JSON-serialisable state for checkpoints (None: stateless)."""
+    return None
+
+  def load_state_dict(self, d: dict) -> None:
+    """Continue from :meth:`state_dict`'s output."""
+
+
+class Failures(HostPart):
+  """Simulated worker failures (:func:`nbsgd_jax.cluster.parse_failures`): ``alive`` bool
+  ``[n]`` on every step; without failures no ``alive`` input at all (a lighter program)."""
+
+  name = "failures"
+
+  def __init__(self, failures: Sequence[cluster_lib.Failure], n: int):
+    self.failures, self.n = list(failures), n
+
+  def inputs(self, step, inputs, probe):
+    if self.failures:
+      inputs["alive"] = cluster_lib.alive_mask(self.failures, step, self.n)
+
+
+class Activations(HostPart):
+  """What the recipe's communications draw on the host each step (their ``host_inputs``,
+  e.g. MATCHA's activations ``active``; ``[1]`` False when none)."""
+
+  name = "activations"
+
+  def __init__(self, communications: Sequence):
+    self.communications = list(communications)
+
+  def inputs(self, step, inputs, probe):
+    inputs["active"] = np.zeros((1,), bool)
+    for comm in self.communications:
+      inputs.update(comm.host_inputs(step))
+
+
+class Periods(HostPart):
+  """Communication periods of local SGD / DiLoCo: ``period_end`` from a
+  :class:`nbsgd_jax.local_sgd.SyncPlanner`; ADA-LUPA observes the training loss at step 0 and
+  after every synchronisation (``immediate``)."""
+
+  name = "planner"
+
+  def __init__(self, planner):
+    self.planner = planner
+    self.immediate = planner.needs_loss
+
+  def begin(self, probe):
+    if self.planner.needs_loss:
+      self.planner.observe(probe.train_loss())
+
+  def inputs(self, step, inputs, probe):
+    inputs["period_end"] = self.planner.sync_now(step)
+
+  def observe(self, step, inputs, report, probe):
+    if self.planner.needs_loss and inputs["period_end"]:
+      self.planner.observe(probe.train_loss())
+
+  def state_dict(self):
+    return self.planner.state_dict()
+
+  def load_state_dict(self, d):
+    self.planner.load_state_dict(d)
+
+
+class Workload(HostPart):
+  """The cluster model (:mod:`nbsgd_jax.cluster`): every worker's mini-batch finish times, and
+  for Non-blocking SGD (He & Dube 2022) the deadline and the mini-batches finished by it.
+
+  Inputs: ``count`` int32 ``[n]`` (M when blocking; 0 for a failed worker), ``total`` (their
+  sum) and the host-only ``compute`` (seconds of computation of each worker in the step). A
+  failed worker computes nothing and sets no deadline.
+
+  Args:
+    cluster: the :class:`~nbsgd_jax.cluster.Cluster`.
+    nonblocking: whether workers stop at the deadline.
+    deadline: the deadline rule (:func:`nbsgd_jax.cluster.parse_deadline`).
+    deadline_group: ``"all"`` (one deadline) or ``"neighbours"`` (each worker's over itself
+      and whom it waits for in the step's ``primary`` communication).
+    primary: the communication of a step (for ``"neighbours"``), or None.
+
+  Raises:
+    ValueError: a bad deadline rule or group (named).
+  """
+
+  name = "workload"
+
+  def __init__(self, cluster, nonblocking: bool = False, deadline="fastest",
+               deadline_group: str = "all", primary=None):
+    if deadline_group not in ("all", "neighbours"):
+      raise ValueError(f"nonblocking.deadline_group={deadline_group!r} is not allowed: use "
+                       "one of ['all', 'neighbours']")
+    self.cluster, self.nonblocking, self.group = cluster, nonblocking, deadline_group
+    self.rule = cluster_lib.check_deadline(cluster, cluster_lib.parse_deadline(deadline))
+    self.primary = primary
+
+  def _group(self, step, inputs):
+    if self.group != "neighbours" or self.primary is None or not inputs.get("period_end", True):
+      return None if self.group != "neighbours" else np.eye(self.cluster.n, dtype=bool)
+    adj = self.primary.live_pattern(step, inputs["active"], inputs.get("alive")).adjacency
+    return adj
+
+  def inputs(self, step, inputs, probe):
+    cl, n = self.cluster, self.cluster.n
+    finish = cluster_lib.minibatch_finish_times(cl, step)
+    if self.nonblocking:
+      dl = cluster_lib.deadline(finish, self.rule, group=self._group(step, inputs))
+      count = cluster_lib.finished_counts(finish, dl)
+      compute = cluster_lib.compute_time(finish, dl)
+    else:
+      count = np.full(n, cl.num_minibatches, np.int32)
+      compute = cluster_lib.compute_time(finish)
+    alive = inputs.get("alive")
+    if alive is not None:
+      count = np.where(alive, count, 0)
+      compute = np.where(alive, compute, 0.0)
+    inputs["count"] = count.astype(np.int32)
+    inputs["total"] = np.int32(count.sum())
+    inputs["compute"] = compute
+
+
+class Clock(HostPart):
+  """The simulated clock: per-worker clocks advanced by the max-plus rule
+  ``c_i <- max_{j in N(i) + {i}} (c_j + compute_j) + comm_i`` (:func:`nbsgd_jax.cluster.
+  advance_clocks`) for every round the communications report (their ``clock_rounds``: who
+  waits for whom, messages, and the bytes the device reported), with
+  ``comm_i = latency * messages_i + bytes_i / bandwidth``; the step's computation enters the
+  first round. A step with no communication (a local step) only computes.
+
+  Record: ``sim_time`` (s), the latest worker clock.
+  """
+
+  name = "clock"
+
+  def __init__(self, cluster, communications: Sequence):
+    self.cluster, self.communications = cluster, list(communications)
+    self.clocks = np.zeros(cluster.n)
+
+  @property
+  def sim_time(self) -> float:
+    """Simulated seconds until the slowest worker finished its last step."""
+    return float(self.clocks.max())
+
+  def rounds(self, step: int, inputs: dict, report: dict) -> list:
+    """Every :class:`~nbsgd_jax.communications.Round` of the step, in chain order."""
+    out = []
+    for comm in self.communications:
+      out += comm.clock_rounds(step, inputs["active"], inputs.get("alive"), report)
+    return out
+
+  def observe(self, step, inputs, report, probe):
+    compute = np.asarray(inputs["compute"], np.float64)
+    rounds = self.rounds(step, inputs, report)
+    if not rounds:
+      n = self.cluster.n
+      self.clocks = cluster_lib.advance_clocks(self.clocks, compute, np.zeros(n),
+                                               np.eye(n, dtype=bool))
+    for r in rounds:
+      comm = cluster_lib.comm_time(self.cluster, r.messages, r.num_bytes)
+      self.clocks = cluster_lib.advance_clocks(self.clocks, compute, comm, r.adjacency)
+      compute = np.zeros_like(compute)
+    return None
+
+  def record(self):
+    return {"sim_time": self.sim_time}
+
+  def state_dict(self):
+    return {"clocks": self.clocks.tolist()}
+
+  def load_state_dict(self, d):
+    self.clocks = np.asarray(d["clocks"], np.float64)
+
+
+class Totals(HostPart):
+  """Bytes sent per worker (mean over workers, cumulative, float64) and communication rounds
+  (steps that communicated: every step, or the synchronisations of periodic recipes).
+
+  Record: ``bytes_sent``, ``rounds``.
+  """
+
+  name = "totals"
+
+  def __init__(self):
+    self.bytes_sent, self.rounds = 0.0, 0
+
+  def observe(self, step, inputs, report, probe):
+    if "bytes_sent" in report:
+      self.bytes_sent += float(np.mean(np.asarray(report["bytes_sent"], np.float64)))
+    self.rounds += int(bool(inputs.get("period_end", True)))
+    return None
+
+  def record(self):
+    return {"bytes_sent": self.bytes_sent, "rounds": self.rounds}
+
+  def state_dict(self):
+    return {"bytes_sent": self.bytes_sent, "rounds": self.rounds}
+
+  def load_state_dict(self, d):
+    self.bytes_sent, self.rounds = float(d["bytes_sent"]), int(d["rounds"])
+
+
+class Host:
+  """The host parts of a run, in order (see module docstring)."""
+
+  def __init__(self, parts: Sequence[HostPart]):
+    self.parts = list(parts)
+    names = [p.name for p in self.parts]
+    if len(set(names)) != len(names):
+      raise ValueError(f"host parts need distinct names, got {names}")
+    self.immediate = any(p.immediate for p in self.parts)
+
+  def part(self, name: str) -> Any:
+    """The part called ``name`` (KeyError if absent)."""
+    for p in self.parts:
+      if p.name == name:
+        return p
+    raise KeyError(name)
+
+  def begin(self, probe) -> None:
+    for p in self.parts:
+      p.begin(probe)
+
+  def inputs(self, step: int, probe=None) -> dict:
+    """The (0-based) step's host inputs: ``step`` and every part's entries."""
+    inputs: dict = {"step": int(step)}
+    for p in self.parts:
+      p.inputs(step, inputs, probe)
+    return inputs
+
+  def observe(self, step: int, inputs: dict, report: dict, probe=None) -> dict:
+    """Every part reads the step's report; returns the parts' step-record fields."""
+    fields: dict = {}
+    for p in self.parts:
+      fields.update(p.observe(step, inputs, report, probe) or {})
+    return fields
+
+  def record(self) -> dict:
+    out: dict = {}
+    for p in self.parts:
+      out.update(p.record())
+    return out
+
+  def state_dict(self) -> dict:
+    return {p.name: p.state_dict() for p in self.parts if p.state_dict() is not None}
+
+  def load_state_dict(self, d: dict) -> None:
+    for p in self.parts:
+      if p.name in d:
+        p.load_state_dict(d[p.name])

@@ -1,0 +1,299 @@
+"""Algorithms as recipes: ``config.algorithm`` names a short composition in one registry.
+
+A recipe is a function ``build(b: Builder) -> Recipe`` registered with :func:`register`. The
+:class:`Builder` hands out the pieces a recipe composes, built from the config: the local
+optimizer (with Non-blocking SGD's skip rule when mini-batches may be missing), communications
+(all-reduce, gossip over the topology, MATCHA's matchings) and the reducers of gradients and
+models (compressed with error feedback when ``config.compression.name`` is set). The
+cross-cutting pieces are applied to every recipe by :func:`build`, never by a recipe:
+
+* the gradient source (full batch, or the mean over the finished mini-batches);
+* consensus control (Kong et al. 2021) over the recipe's ``gossip``, when it has one;
+* compression, wherever the recipe asked for a reducer: a recipe that never does (gossip
+  exchanges models) refuses it with the reason it declared.
+
+Adding an algorithm: a communication or wrapper if a new one is needed, then::
+
+    @recipes.register("my_sgd")
+    def my_sgd(b):
+      comm = b.allreduce()
+      return recipes.Recipe(chain(b.gradient_reducer(comm), b.optimizer("global")),
+                            decentralized=False, primary=comm)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import ml_collections
+import optax
+
+from nbsgd_jax import transforms as T
+from nbsgd_jax.axis import AXIS
+from nbsgd_jax.communications import AllReduce, Communication, Gossip, Matchings, SparseAllGather
+
+
+class Recipe(NamedTuple):
+  """What a recipe builds.
+
+  Attributes:
+    transform: the worker transform of a step (gradient in, parameter change out).
+    decentralized: whether workers hold different models (consensus distance > 0).
+    gossip: the communication consensus control repeats (None: the recipe does not gossip
+      every step, and consensus control is refused).
+    primary: the step's main communication (Non-blocking SGD's per-neighbourhood deadlines).
+    periodic: whether the recipe synchronises at period ends (local SGD, DiLoCo): the host
+      then plans the periods (``ctx.period_end``).
+  """
+
+  transform: T.WorkerTransform
+  decentralized: bool
+  gossip: Optional[Communication] = None
+  primary: Optional[Communication] = None
+  periodic: bool = False
+
+
+Reason = Union[None, str, Callable[[ml_collections.ConfigDict], Optional[str]]]
+
+
+class Entry(NamedTuple):
+  """A registered recipe: ``build``, whether it gossips every step (consensus control
+  applies) and why compression does not apply (None: it does)."""
+
+  build: Callable[["Builder"], Recipe]
+  gossips: bool = False
+  no_compression: Reason = None
+
+
+REGISTRY: dict[str, Entry] = {}
+GOSSIP_REASON = ("gossip exchanges models, not gradients; compressed gossip needs CHOCO-SGD's "
+                 "public copies x_hat")
+
+
+def register(name: str, gossips: bool = False, no_compression: Reason = None) -> Callable:
+  """Decorator: register ``build`` as ``config.algorithm=name``. ``gossips``: the recipe
+  gossips every step and returns its ``Recipe.gossip`` (consensus control applies);
+  ``no_compression``: the mathematical reason compression does not apply (a string, or
+  ``cfg -> str | None``)."""
+
+  def wrap(build):
+    REGISTRY[name] = Entry(build, gossips, no_compression)
+    return build
+
+  return wrap
+
+
+class Builder:
+  """The pieces of a recipe, built from the config on request.
+
+  Args:
+    cfg: the run's config.
+    topology: the :class:`~nbsgd_jax.topology.Topology`.
+    plan: MATCHA's plan (``config.algorithm='matcha'``), or None.
+    axis_name: the worker axis of the backend.
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict, topology=None, plan=None,
+               axis_name: Any = AXIS):
+    self.cfg, self.topology, self.plan, self.axis_name = cfg, topology, plan, axis_name
+    self.n = cfg.num_workers
+    # mini-batches may be missing (Non-blocking SGD, failures): count-weighted means, skips
+    self.weighted = bool(cfg.nonblocking.enabled or cfg.cluster.failures)
+    self.compressed = cfg.compression.name != "none"
+    self.compression_used = False
+
+  # ------------------------------------------------------------------ optimizers
+
+  def schedule(self) -> optax.Schedule:
+    """Learning rate per step (:func:`nbsgd_jax.run.setup.make_schedule`)."""
+    from nbsgd_jax.run.setup import make_schedule
+    return make_schedule(self.cfg)
+
+  def optimizer(self, skip: Optional[str] = None) -> T.WorkerTransform:
+    """The local optimizer (weight decay, SGD with momentum); ``skip`` = ``"local"`` /
+    ``"global"`` adds the no-step rule of :func:`~nbsgd_jax.transforms.skip_when_idle` when
+    mini-batches may be missing."""
+    from nbsgd_jax.run.setup import make_optimizer
+    opt = T.from_optax(make_optimizer(self.cfg))
+    return T.skip_when_idle(opt, skip) if skip and self.weighted else opt
+
+  # ------------------------------------------------------------------ communications
+
+  def allreduce(self, ring: bool = False, key: str = "allreduce") -> AllReduce:
+    return AllReduce(self.n, self.axis_name, key, self.weighted, ring)
+
+  def gossip(self, key: str = "gossip") -> Gossip:
+    """Gossip over the topology's W (or its period of W_t)."""
+    return Gossip.of_topology(self.topology, self.axis_name, key)
+
+  def matchings(self) -> Matchings:
+    return Matchings(self.plan, self.n, self.cfg.matcha.seed, self.axis_name)
+
+  # ------------------------------------------------------------------ reducers
+
+  def compressor(self):
+    """``(x, key) -> (values, indices)`` of ``config.compression``."""
+    from nbsgd_jax import compression
+    c = self.cfg.compression
+    options = ({"rounds": c.gaussian_rounds, "correction": c.gaussian_correction}
+               if c.name == "gaussian_k" else {})
+    return compression.make_compressor(c.name, c.density, **options)
+
+  def _compressed(self, by: str, key: str) -> T.WorkerTransform:
+    self.compression_used = True
+    c = self.cfg.compression
+    comm = SparseAllGather(self.n, self.axis_name, key, self.weighted)
+    return T.error_feedback(self.compressor(), axis_name=self.axis_name, flatten=c.flatten,
+                            seed=self.cfg.seed, use_residual=c.error_feedback,
+                            communication=comm, weight_by=by)
+
+  def gradient_reducer(self, allreduce: AllReduce) -> T.WorkerTransform:
+    """The mean gradient: ``allreduce`` (count-weighted under Non-blocking SGD), or the
+    compressed mean with error feedback when compression is on."""
+    if self.compressed:
+      return self._compressed("count", "sparse_allgather")
+    return T.mean_of(allreduce, "count")
+
+  def delta_reducer(self, allreduce: AllReduce) -> T.WorkerTransform:
+    """The mean of model differences (pseudo-gradients) over the live workers: ``allreduce``,
+    or compressed with error feedback."""
+    if self.compressed:
+      return self._compressed("alive", "sparse_allgather")
+    return T.mean_of(allreduce, "alive")
+
+  def model_reducer(self, allreduce: AllReduce) -> T.WorkerTransform:
+    """The model average over the live workers: ``allreduce`` of the models, or, compressed,
+    the compressed mean of the differences to the last average
+    (:func:`~nbsgd_jax.transforms.via_anchor`)."""
+    if self.compressed:
+      return T.via_anchor(self.delta_reducer(allreduce))
+    return T.mean_of(allreduce, "alive")
+
+
+# ----------------------------------------------------------------------------- recipes
+
+
+def _centralized(b: Builder, ring: bool) -> Recipe:
+  comm = b.allreduce(ring=ring)
+  return Recipe(T.chain(b.gradient_reducer(comm), b.optimizer("global")), decentralized=False,
+                primary=comm)
+
+
+@register("allreduce")
+def allreduce(b: Builder) -> Recipe:
+  """All-Reduce SGD, ``g = (1/n) sum_i g_i`` by ``lax.psum`` (or compressed with EF)."""
+  return _centralized(b, ring=False)
+
+
+@register("allreduce_ring")
+def allreduce_ring(b: Builder) -> Recipe:
+  """All-Reduce SGD by the explicit ring (reduce-scatter + all-gather of ``ppermute`` s)."""
+  return _centralized(b, ring=True)
+
+
+@register("dpsgd", gossips=True, no_compression=GOSSIP_REASON)
+def dpsgd(b: Builder) -> Recipe:
+  """D-PSGD (Lian et al. 2017) over the topology's W or W_t."""
+  g = b.gossip()
+  return Recipe(T.gossip_step(b.optimizer("local"), g, b.cfg.dpsgd.order), decentralized=True,
+                gossip=g, primary=g)
+
+
+@register("matcha", gossips=True, no_compression=GOSSIP_REASON)
+def matcha(b: Builder) -> Recipe:
+  """MATCHA (Wang et al. 2019): gossip over randomly activated matchings; consensus control
+  gossips over the static base graph."""
+  m = b.matchings()
+  return Recipe(T.gossip_step(b.optimizer("local"), m, b.cfg.dpsgd.order), decentralized=True,
+                gossip=b.gossip(), primary=m)
+
+
+def _local_sgd_reason(cfg) -> Optional[str]:
+  if cfg.local_sgd.averaging == "gossip":
+    return "config.local_sgd.averaging='gossip' exchanges models by " + GOSSIP_REASON
+  return None
+
+
+@register("local_sgd", no_compression=_local_sgd_reason)
+def local_sgd(b: Builder) -> Recipe:
+  """Local SGD / LUPA-SGD (Haddadpour et al. 2019): local steps, a model average (or one
+  gossip round) at every period end."""
+  c, opt = b.cfg.local_sgd, b.optimizer("local")
+  comm = b.gossip() if c.averaging == "gossip" else b.allreduce()
+  plain = T.gossip_of(comm) if c.averaging == "gossip" else T.mean_of(comm, "alive")
+  reducer = plain if c.averaging == "gossip" else b.model_reducer(comm)
+  sync = T.average_models(reducer, c.opt_state, local_init=opt.init, opt_reducer=plain)
+  return Recipe(T.periodic(opt, sync), decentralized=True, primary=comm, periodic=True)
+
+
+@register("diloco")
+def diloco(b: Builder) -> Recipe:
+  """DiLoCo (Douillard et al. 2023): H inner steps, then an outer optimizer step on the
+  averaged pseudo-gradient."""
+  d = b.cfg.diloco
+  outer = optax.sgd(d.outer_lr, momentum=d.outer_momentum or None,
+                    nesterov=bool(d.outer_momentum) and d.outer_nesterov)
+  comm = b.allreduce()
+  return Recipe(T.periodic(b.optimizer("local"), T.outer_step(b.delta_reducer(comm), outer)),
+                decentralized=True, primary=comm, periodic=True)
+
+
+# ----------------------------------------------------------------------------- assembly
+
+
+def _reason(entry: Entry, cfg) -> Optional[str]:
+  r = entry.no_compression
+  return r(cfg) if callable(r) else r
+
+
+def gossip_recipes() -> list[str]:
+  """Names of the recipes that gossip every step (consensus control applies)."""
+  return [n for n, e in REGISTRY.items() if e.gossips]
+
+
+def combination_errors(cfg: ml_collections.ConfigDict) -> list[str]:
+  """The config's combinations that are mathematically undefined, one line each, with the
+  reason (:func:`nbsgd_jax.config.validate` calls this)."""
+  name = cfg.get("algorithm")
+  if name not in REGISTRY:
+    return [f"config.algorithm={name!r} is not allowed: use one of {list(REGISTRY)}"]
+  errs: list = []
+  reason = _reason(REGISTRY[name], cfg)
+  if cfg.compression.name != "none" and reason:
+    errs.append(f"config.compression.name={cfg.compression.name!r} is not allowed with "
+                f"config.algorithm={name!r}: {reason}")
+  gossipers = gossip_recipes()
+  if cfg.consensus.control is True and name not in gossipers:
+    errs.append(f"config.consensus.control=True is not allowed with config.algorithm={name!r}: "
+                "consensus control repeats the gossip of a recipe that gossips every step; "
+                f"consensus control runs on {' and '.join(map(repr, gossipers))}")
+  return errs
+
+
+def build(cfg: ml_collections.ConfigDict, topology=None, plan=None,
+          axis_name: Any = AXIS) -> Recipe:
+  """The recipe of ``cfg.algorithm`` with the cross-cutting pieces applied (module docstring).
+
+  Raises:
+    ValueError: an unknown algorithm or an undefined combination (:func:`combination_errors`),
+      or a recipe that declares compression but never asks for a reducer.
+  """
+  errs = combination_errors(cfg)
+  if errs:
+    raise ValueError("\n".join(errs))
+  b = Builder(cfg, topology, plan, axis_name)
+  recipe = REGISTRY[cfg.algorithm].build(b)
+  if b.compressed and not b.compression_used:
+    raise ValueError(f"recipe {cfg.algorithm!r} accepts compression but asked for no reducer")
+  cs = cfg.consensus
+  if cs.control:
+    from nbsgd_jax import consensus
+    control = consensus.Control(cs.max_gossip_steps, cs.measure, cs.sketch_size, cfg.seed,
+                                gradient_stats=cs.critical)
+    from nbsgd_jax.transforms.consensus import consensus_control
+    recipe = recipe._replace(transform=consensus_control(
+        recipe.transform, recipe.gossip, control, cfg.num_workers, cs.log_every_step))
+  elif cs.log_every_step and recipe.decentralized:
+    from nbsgd_jax.transforms.consensus import log_consensus_distance
+    recipe = recipe._replace(transform=log_consensus_distance(recipe.transform, axis_name))
+  return recipe

@@ -1,0 +1,126 @@
+"""Backends: how the worker program runs over the workers.
+
+``"simulate"``: ``jax.vmap(..., axis_name="workers")`` on one device; ``"mesh"``:
+``jax.shard_map`` over a device mesh (k workers per device with a ``vmap`` inside);
+``"multihost"``: the mesh over every device of every process (:mod:`nbsgd_jax.multihost`).
+The same worker program gives the same numbers on each.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax.axis import AXIS
+
+
+class Backend(NamedTuple):
+  """How the worker program is executed.
+
+  Attributes:
+    name: ``"simulate"``, ``"mesh"`` or ``"multihost"``.
+    num_workers: n.
+    mesh: the device mesh (mesh backend) or None.
+    axis_name: the worker axis of the worker program: ``"workers"``, or
+      ``("devices", "workers")`` with several workers per device.
+    spmd: ``worker_fn -> fn`` running a per-worker function on arrays with a leading
+      worker axis (not jitted).
+    place: ``pytree -> pytree`` putting arrays with a leading worker axis where the
+      backend wants them.
+    replicate: ``pytree -> pytree`` putting arrays whole on every device of the backend
+      (evaluation data, the stacked models for evaluation).
+    fetch: ``array -> np.ndarray``, the whole value on the host (an all-gather across
+      processes for ``"multihost"``: every process must call it at the same point).
+  """
+
+  name: str
+  num_workers: int
+  mesh: Any
+  spmd: Callable[[Callable], Callable]
+  place: Callable[[Any], Any]
+  axis_name: Any = AXIS
+  replicate: Callable[[Any], Any] = jax.device_put
+  fetch: Callable[[Any], np.ndarray] = np.asarray
+
+
+DEVICE_AXIS = "devices"
+
+
+def workers_per_device(num_workers: int, num_devices: int, requested: int = 0) -> int:
+  """k, workers per device of the mesh backend: ``requested`` if > 0, else the smallest k
+  dividing n with n / k <= devices.
+
+  Raises:
+    ValueError: k does not divide n, or n / k devices are more than there are.
+  """
+  if requested:
+    k = requested
+  else:
+    k = next(k for k in range(1, num_workers + 1)
+             if num_workers % k == 0 and num_workers // k <= num_devices)
+  if num_workers % k or num_workers // k > num_devices:
+    raise ValueError(f"workers_per_device={k} is not allowed with num_workers={num_workers} "
+                     f"on {num_devices} devices: it must divide num_workers and leave at most "
+                     f"{num_devices} devices")
+  return k
+
+
+def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
+  """``"simulate"``: ``jax.vmap(..., axis_name="workers")`` on one device; ``"mesh"``:
+  ``jax.shard_map`` over a 1-D mesh of the first n / k devices, k workers each
+  (:func:`workers_per_device`; ``per_device`` = 0 picks k). With k = 1 the mesh axis is
+  ``"workers"``; with k > 1 it is ``"devices"`` and each device runs
+  ``vmap(..., axis_name="workers")`` over its k workers: the worker program's axis is the pair
+  ``("devices", "workers")`` (:mod:`nbsgd_jax.collectives`). ``"multihost"``: the mesh
+  backend over every device of every process (``jax.distributed``, :mod:`nbsgd_jax.multihost`),
+  n / devices workers per device; each process holds the workers of its own devices.
+
+  Raises:
+    ValueError: unknown backend, or workers that do not fit the devices.
+  """
+  if name == "simulate":
+    return Backend(name, num_workers, None, lambda f: jax.vmap(f, axis_name=AXIS),
+                   lambda tree: tree)
+  if name not in ("mesh", "multihost"):
+    raise ValueError(f"backend={name!r} is not allowed: use one of {list(config_lib.BACKENDS)}")
+  devices = jax.devices()
+  if name == "multihost":
+    nd = len(devices)
+    if num_workers % nd or (per_device and per_device * nd != num_workers):
+      raise ValueError(
+          f"num_workers={num_workers} is not allowed with backend='multihost' on {nd} devices "
+          f"({jax.process_count()} processes): every device must hold the same number of "
+          f"workers (num_workers a multiple of {nd}"
+          + (f", workers_per_device = num_workers / {nd}" if per_device else "") + ")")
+    per_device = num_workers // nd
+  k = workers_per_device(num_workers, len(devices), per_device)
+  axis = DEVICE_AXIS if k > 1 else AXIS
+  mesh = jax.make_mesh((num_workers // k,), (axis,), devices=devices[:num_workers // k])
+  sharding = NamedSharding(mesh, P(axis))
+  replicated = NamedSharding(mesh, P())
+  extra = dict(replicate=lambda tree: jax.device_put(tree, replicated))
+  if name == "multihost":
+    from nbsgd_jax import multihost
+    extra["fetch"] = multihost.fetch
+  if k > 1:
+    def spmd_k(f):
+      # check_vma=False: the worker values vary over the vmap axis too, which the
+      # varying-axes type system does not track through psum over the axis pair
+      return jax.shard_map(jax.vmap(f, axis_name=AXIS), mesh=mesh, in_specs=P(DEVICE_AXIS),
+                           out_specs=P(DEVICE_AXIS), check_vma=False)
+
+    return Backend(name, num_workers, mesh, spmd_k,
+                   lambda tree: jax.device_put(tree, sharding), (DEVICE_AXIS, AXIS), **extra)
+
+  def spmd(f):
+    def local(*args):
+      out = f(*jax.tree.map(lambda a: a[0], args))
+      return jax.tree.map(lambda a: a[None], out)
+    return jax.shard_map(local, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+
+  return Backend(name, num_workers, mesh, spmd, lambda tree: jax.device_put(tree, sharding),
+                 **extra)

@@ -1,0 +1,250 @@
+"""The training loop: host inputs -> the compiled worker program -> reports back to the host
+parts -> evaluation, records and checkpoints on their cadence.
+
+Per-step outputs stay on the device until they are read (at each evaluation, or after every
+step when a host part is ``immediate``): on the mesh backend an extra program between
+in-flight steps can starve XLA:CPU's collective rendezvous.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from typing import Optional
+
+import jax
+import ml_collections
+import numpy as np
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import metrics as metrics_lib
+from nbsgd_jax.run import evaluation as evaluation_lib
+from nbsgd_jax.run import setup as setup_lib
+from nbsgd_jax.run.evaluation import TrainingDiverged
+from nbsgd_jax.run.records import Records, check_same_run, check_tensorboard
+from nbsgd_jax.run.stopwatch import Stopwatch
+
+SUMMED = ("bytes_sent",)
+
+
+class Run:
+  """The state of one run on the host: the set-up, the device state and what reads it."""
+
+  def __init__(self, s: setup_lib.Setup, host, records: Records, watch: Stopwatch):
+    self.s, self.host, self.records, self.watch = s, host, records, watch
+    self.state = setup_lib.init_state(s)
+    self.pending: list = []  # (step, inputs, (loss, report)) not yet read
+    ds, cfg = s.dataset, s.cfg
+    sub = np.random.default_rng(cfg.seed).permutation(len(ds.train_labels))
+    sub = sub[:min(cfg.eval_train_examples, len(sub))]
+    self.test = s.backend.replicate(evaluation_lib.chunked(ds.test_images, ds.test_labels, 500))
+    self.train_sub = s.backend.replicate(
+        evaluation_lib.chunked(ds.train_images[sub], ds.train_labels[sub], 500))
+    self.eval_fn = evaluation_lib.make_eval_fn(s.model, s.recipe.decentralized)
+    self.finite_fn = evaluation_lib.make_finite_fn()
+    self._loss_fn = self._smooth_fn = None
+
+  # ---------------------------------------------------------------- off-clock measurements
+
+  def models(self):
+    """The stacked models, whole on every device (evaluation reads whole models)."""
+    p = self.state.params
+    return p if self.s.backend.mesh is None else self.s.backend.replicate(p)
+
+  def train_loss(self) -> float:
+    """``F`` of the averaged model on the fixed training examples (ADA-LUPA), off the clock."""
+    if self._loss_fn is None:
+      self._loss_fn = evaluation_lib.make_train_loss_fn(self.s.model)
+    return self.watch.off_clock(self.state, lambda: float(self._loss_fn(self.models(),
+                                                                        self.train_sub)))
+
+  def smoothness(self) -> float:
+    """L of the averaged model (Hessian power iteration; the critical target), off the clock."""
+    cfg = self.s.cfg
+    if self._smooth_fn is None:
+      from nbsgd_jax import consensus as consensus_lib
+      self._smooth_fn = jax.jit(lambda params, chunks: consensus_lib.smoothness_estimate(
+          lambda p: evaluation_lib.loss_acc(self.s.model, p, chunks)[0],
+          metrics_lib.average_model(params), cfg.consensus.smoothness_iters, cfg.seed)
+          + cfg.weight_decay)
+    return self.watch.off_clock(self.state, lambda: float(self._smooth_fn(self.models(),
+                                                                          self.train_sub)))
+
+  # ---------------------------------------------------------------- the step and its reports
+
+  def step(self, step: int) -> None:
+    """Run (0-based) ``step``: host inputs, the compiled program, the pending report."""
+    inputs = self.host.inputs(step, self)
+    ctx = setup_lib.device_context(self.s, inputs)
+    self.state, out = self.step_fn(self.state, self.s.worker_data, ctx,
+                                   inputs.get("period_end", True))
+    self.pending.append((step, inputs, out))
+    if self.host.immediate:
+      self.flush()
+
+  def flush(self) -> Optional[float]:
+    """Read the pending reports: the host parts observe them in order, ``steps.jsonl`` gets
+    one line per step. Returns the mean mini-batch loss (None when nothing was pending).
+
+    Raises:
+      TrainingDiverged: a non-finite step loss.
+    """
+    fetch, losses = self.s.backend.fetch, []
+    for step, inputs, (loss, report) in self.pending:
+      loss = fetch(loss).astype(np.float64)
+      if not np.all(np.isfinite(loss)):
+        raise TrainingDiverged(step + 1, np.flatnonzero(~np.isfinite(loss)).tolist(), "loss")
+      report = {k: fetch(v) for k, v in report.items()}
+      fields = self.host.observe(step, inputs, report, self)
+      losses.append(loss.mean())
+      rec = {"step": step + 1, "train_batch_loss": float(loss.mean())}
+      rec.update({k: float(v[0]) for k, v in report.items()
+                  if k not in SUMMED and not k.startswith(("bytes/", "rounds/"))})
+      self.records.step({**rec, **fields})
+    self.pending.clear()
+    return float(np.mean(losses)) if losses else None
+
+  def evaluate(self, step: int) -> dict:
+    """The evaluation record after ``step`` steps (written to the records).
+
+    Raises:
+      TrainingDiverged: a non-finite model or loss of the averaged model.
+    """
+    batch_loss = self.flush()
+    params = self.models()
+    finite = np.asarray(self.finite_fn(params))
+    if not finite.all():
+      raise TrainingDiverged(step, np.flatnonzero(~finite).tolist(), "model")
+    ev = {k: float(v) for k, v in self.eval_fn(params, self.test, self.train_sub).items()}
+    bad = [k for k in ("train_loss", "test_loss") if not math.isfinite(ev.get(k, 0.0))]
+    if bad:  # finite workers whose average overflows the loss
+      raise TrainingDiverged(step, [], bad[0])
+    rec = {"step": step, "wall_time": self.watch.seconds, "train_batch_loss": batch_loss,
+           **ev, **self.host.record()}
+    if self.s.cfg.consensus.per_layer:
+      rec["consensus_distance_layers"] = {
+          k: float(v) for k, v in metrics_lib.consensus_distance_per_layer(params).items()}
+    self.records.evaluation(rec)
+    return rec
+
+
+def _open_checkpoints(cfg, workdir, stack):
+  """``(checkpointer, resume step)``; both None without checkpoints."""
+  if not (workdir and cfg.checkpoint_every):
+    return None, None
+  from nbsgd_jax import checkpoint as checkpoint_lib
+  ckpt = checkpoint_lib.Checkpointer(workdir)  # every process takes part
+  stack.callback(ckpt.close)
+  resume = ckpt.latest_step()
+  if resume is not None:
+    check_same_run(cfg, workdir)
+    if jax.process_index() == 0:
+      print(f"resuming from the checkpoint of step {resume} in {ckpt.directory}",
+            file=sys.stderr, flush=True)
+  return ckpt, resume
+
+
+def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
+          hooks: tuple = ()) -> dict:
+  """Run one training job.
+
+  Writes ``workdir/config.json``, ``workdir/metrics.jsonl`` (one object per evaluation:
+  ``step``, ``sim_time`` (s on the simulated cluster, :class:`nbsgd_jax.host.Clock`),
+  ``wall_time`` s, ``train_loss``, ``train_batch_loss``, ``test_loss``, ``test_accuracy``,
+  ``consensus_distance``, ``bytes_sent`` (bytes per worker, cumulative), ``rounds``
+  (communication rounds so far) and, for decentralized recipes, ``worker_test_accuracy``),
+  ``workdir/steps.jsonl`` (per step, with consensus control or ``consensus.log_every_step``)
+  and ``workdir/summary.json`` (with ``periods`` for periodic recipes). ``wall_time`` counts
+  the training steps (compilation included), not evaluation, hooks or host measurements.
+
+  Args:
+    cfg: a config from :func:`nbsgd_jax.config.default_config` (possibly changed).
+    workdir: output directory (created), or None to write nothing.
+    hooks: callables ``hook(step, state, setup)`` run on the host before step ``step``
+      (0-based) with the state after ``step`` steps (and once after the last step, with
+      ``step = num_steps``); a hook must not keep ``state`` (its buffers are donated to the
+      next step); its time is not counted in ``wall_time``.
+
+  Returns:
+    the summary dict (last evaluation plus run facts), with ``history`` (every evaluation).
+
+  Raises:
+    ConfigError: bad configuration, before anything is compiled or written.
+    TrainingDiverged: a non-finite loss or model (the last good checkpoint is kept).
+  """
+  with contextlib.ExitStack() as stack:  # checkpoints and writers closed on any exit
+    return _run(cfg, workdir, hooks, stack)
+
+
+def _run(cfg, workdir, hooks, stack) -> dict:
+  from tqdm.auto import tqdm
+  s = setup_lib.setup(cfg)
+  host = setup_lib.make_host(s)  # may refuse the config: before any file is touched
+  if cfg.tensorboard and workdir:
+    check_tensorboard()
+  main_process = jax.process_index() == 0
+  if main_process:
+    config_lib.warn_inactive(cfg)
+  ckpt, resume = _open_checkpoints(cfg, workdir, stack)
+  per_step = cfg.consensus.log_every_step or cfg.consensus.control
+  records = Records(cfg, workdir if main_process else None, resume, per_step, stack, workdir)
+  watch = Stopwatch()
+  run = Run(s, host, records, watch)
+  run.step_fn = setup_lib.make_train_step(s)
+  start = 0
+  if resume is not None:
+    run.state, saved = ckpt.restore(resume, run.state)
+    host.load_state_dict(saved["host"])
+    watch.seconds, start = saved["wall"], resume
+    rec = records.history[-1]
+  else:
+    host.begin(run)
+    rec = run.evaluate(0)
+  bar = stack.enter_context(tqdm(
+      total=cfg.num_steps, initial=start, disable=not cfg.progress or not main_process,
+      desc=cfg.algorithm, unit="step", dynamic_ncols=True, mininterval=1.0))
+
+  def run_hooks(step: int) -> None:
+    for hook in hooks:
+      watch.off_clock(run.state, lambda hook=hook: hook(step, run.state, s))
+
+  watch.resume()
+  for step in range(start, cfg.num_steps):
+    run_hooks(step)
+    run.step(step)
+    done = step + 1
+    if done % cfg.eval_every == 0 or done == cfg.num_steps:
+      watch.pause(run.state)
+      rec = run.evaluate(done)
+      bar.set_postfix(loss=f"{rec['train_loss']:.4f}", acc=f"{rec['test_accuracy']:.4f}")
+      if ckpt is not None and done % cfg.checkpoint_every == 0 and done < cfg.num_steps:
+        ckpt.save(done, run.state, {"host": host.state_dict(), "wall": watch.seconds})
+      watch.resume()
+    bar.update(1)
+  watch.pause(run.state)
+  run_hooks(cfg.num_steps)
+  return _summary(cfg, s, run, rec)
+
+
+def _summary(cfg, s, run: Run, rec: dict) -> dict:
+  """The last evaluation plus the run's facts; written to ``summary.json``."""
+  params = run.state.params  # sizes from shapes: indexing a mesh-sharded worker needs a gather
+  periods = {}
+  if s.recipe.periodic:
+    periods = {"periods": run.host.part("planner").planner.periods}
+  wall = run.watch.seconds
+  summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
+             "backend": cfg.backend, "model": cfg.model, "dataset": cfg.dataset,
+             "model_params": int(sum(np.prod(x.shape[1:]) for x in jax.tree.leaves(params))),
+             **periods,
+             "bytes_per_step": rec["bytes_sent"] / cfg.num_steps if cfg.num_steps else 0.0,
+             "samples_per_second": (cfg.num_steps * cfg.batch_size * cfg.num_workers / wall
+                                    if wall > 0 else None)}
+  run.records.summary(summary)
+  summary["history"] = list(run.records.history)
+  return summary
+
+
+__all__ = ["Run", "TrainingDiverged", "train"]
+

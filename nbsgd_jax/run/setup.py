@@ -1,0 +1,306 @@
+"""Everything a run needs, built from a config before any compilation: data, model, topology,
+recipe, backend, the compiled worker program and the host parts.
+
+The worker program of one step (on the ``"workers"`` axis)::
+
+    batch = worker_batch(...)                                   # the task
+    loss, grads = gradient_source(loss_fn, params, batch, ctx)  # full batch | mini-batches
+    updates, state, report = recipe.transform.update(grads, state, params, ctx)
+    params = optax.apply_updates(params, updates)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from nbsgd_jax import cluster as cluster_lib
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import data as data_lib
+from nbsgd_jax import host as host_lib
+from nbsgd_jax import models as models_lib
+from nbsgd_jax import recipes as recipes_lib
+from nbsgd_jax import topology as topology_lib
+from nbsgd_jax import transforms
+from nbsgd_jax.axis import AXIS
+from nbsgd_jax.run import task as task_lib
+from nbsgd_jax.run.backends import Backend, make_backend
+from nbsgd_jax.transforms import StepContext
+
+
+class TrainState(NamedTuple):
+  """Per-worker train state; every leaf has a leading worker axis ``[n, ...]``.
+
+  Attributes:
+    params: model parameters of each worker.
+    opt_state: each worker's transform state.
+    step: int32 ``[n]``, steps taken (the same on every worker).
+  """
+
+  params: Any
+  opt_state: Any
+  step: jax.Array
+
+
+def make_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
+  """Learning rate per step: optional linear warm-up, then constant or cosine decay to 0."""
+  decay_steps = max(cfg.num_steps - cfg.warmup_steps, 1)
+  if cfg.lr_schedule == "cosine":
+    main = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps)
+  else:
+    main = optax.constant_schedule(cfg.learning_rate)
+  if cfg.warmup_steps:
+    warm = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
+    return optax.join_schedules([warm, main], [cfg.warmup_steps])
+  return main
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """Local optimizer: L2 weight decay added to the gradient, then SGD with momentum."""
+  return optax.chain(
+      optax.add_decayed_weights(cfg.weight_decay) if cfg.weight_decay else optax.identity(),
+      optax.sgd(make_schedule(cfg), momentum=cfg.momentum or None, nesterov=cfg.nesterov))
+
+
+# ----------------------------------------------------------------------------- gradient sources
+
+
+def full_batch(loss_fn, params, batch, ctx):
+  """``(loss, grads)`` of the whole batch."""
+  del ctx
+  return jax.value_and_grad(loss_fn)(params, batch)
+
+
+def minibatches(num_minibatches: int) -> Callable:
+  """Non-blocking SGD's gradient source (He & Dube 2022): the mean over the first
+  ``ctx.count`` of ``M`` mini-batches (:func:`nbsgd_jax.transforms.minibatch_mean_gradient`);
+  the loss is the mean over the finished mini-batches (0 if none)."""
+
+  def source(loss_fn, params, batch, ctx):
+    grads, loss, _ = transforms.minibatch_mean_gradient(
+        loss_fn, params, batch, num_minibatches, ctx.count, weighting="local")
+    return loss, grads
+
+  return source
+
+
+def gradient_source(cfg: ml_collections.ConfigDict) -> Callable:
+  """Mini-batches whenever some may be missing (Non-blocking SGD, failures), else the batch."""
+  if cfg.nonblocking.enabled or cfg.cluster.failures:
+    return minibatches(cfg.nonblocking.num_minibatches)
+  return full_batch
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+class Setup(NamedTuple):
+  """Everything a run needs, built from a config before any compilation."""
+
+  cfg: ml_collections.ConfigDict
+  dataset: data_lib.Dataset
+  worker_data: task_lib.WorkerData
+  model: Any
+  topology: topology_lib.Topology
+  recipe: recipes_lib.Recipe
+  backend: Backend
+  plan: Any  # MATCHA's MatchaPlan, or None
+
+
+def _config_error(prefix: str):
+  def raise_(e):
+    raise config_lib.ConfigError([f"{prefix}{e}"]) from None
+  return raise_
+
+
+def setup(cfg: ml_collections.ConfigDict) -> Setup:
+  """Validate the config, load and partition the data, build model, recipe and backend.
+
+  Raises:
+    ConfigError: any bad key, including a ``batch_size`` larger than some worker's shard.
+  """
+  if cfg.get("backend") == "multihost":  # before anything initializes a JAX backend
+    from nbsgd_jax import multihost
+    try:
+      multihost.initialize()
+    except ValueError as e:
+      raise config_lib.ConfigError([f"backend='multihost': {e}"]) from None
+  config_lib.validate(cfg)
+  try:
+    dataset = data_lib.load_dataset(cfg.dataset, data_dir=cfg.data_dir or None)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.dataset={cfg.dataset!r}: {e}"]) from None
+  n = cfg.num_workers
+  if n > len(dataset.train_labels):
+    raise config_lib.ConfigError(
+        [f"config.num_workers={n} is not allowed: the training set has only "
+         f"{len(dataset.train_labels)} examples"])
+  try:
+    shards = data_lib.partition(dataset.train_labels, n, scheme=cfg.partition,
+                                alpha=cfg.dirichlet_alpha, seed=cfg.seed,
+                                min_size=cfg.batch_size if cfg.partition == "dirichlet" else 1)
+  except ValueError as e:
+    raise config_lib.ConfigError(
+        [f"config.partition={cfg.partition!r} with config.batch_size={cfg.batch_size}: {e}"]
+    ) from None
+  smallest = min(len(s) for s in shards)
+  if cfg.batch_size > smallest:
+    raise config_lib.ConfigError(
+        [f"config.batch_size={cfg.batch_size} is not allowed: the smallest worker shard has "
+         f"{smallest} examples ({len(dataset.train_labels)} examples over {n} workers); use "
+         f"batch_size <= {smallest}"])
+  model = models_lib.make_model(cfg.model, dataset.num_classes, mlp_hidden=cfg.mlp_hidden,
+                                cnn_channels=cfg.cnn_channels)
+  try:
+    topo = topology_lib.make(cfg.topology, n, weights=cfg.mixing_weights, p=cfg.topology_p,
+                             seed=cfg.topology_seed, rows=cfg.topology_rows or None,
+                             cols=cfg.topology_cols or None)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.topology={cfg.topology!r}: {e}"]) from None
+  plan = None
+  if cfg.algorithm == "matcha":  # MATCHA's set-up: matchings, probabilities, alpha (cvxpy)
+    from nbsgd_jax import matcha as matcha_lib
+    plan = matcha_lib.plan(topo.n, topo.edges, cfg.matcha.budget)
+  try:
+    backend = make_backend(cfg.backend, n, cfg.workers_per_device)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.{e}"]) from None
+  try:
+    recipe = recipes_lib.build(cfg, topo, plan, backend.axis_name)
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e).splitlines()) from None
+  if backend.name == "multihost":
+    worker_data = task_lib.process_local_data(dataset, shards, backend)
+  else:
+    images, labels, sizes = data_lib.stack_shards(dataset.train_images, dataset.train_labels,
+                                                  shards)
+    worker_data = task_lib.WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),
+                                                      jnp.asarray(sizes))))
+  return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, plan)
+
+
+def init_state(s: Setup) -> TrainState:
+  """Identical initial models on every worker (seeded), each with its own transform state."""
+  n = s.cfg.num_workers
+  sample = jnp.zeros((1,) + s.dataset.train_images.shape[1:], jnp.float32)
+  params = s.model.init(jax.random.key(s.cfg.seed), sample)
+  params = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), params)
+  opt_state = jax.vmap(s.recipe.transform.init)(params)
+  # Own buffers for every leaf: a state that starts as a copy of the params (an anchor) must
+  # not alias them, or donating the train state would donate one buffer twice.
+  opt_state = jax.tree.map(lambda x: jnp.array(x, copy=True), opt_state)
+  return s.backend.place(TrainState(params, opt_state, jnp.zeros((n,), jnp.int32)))
+
+
+def make_worker_step(s: Setup, period_end: bool = True) -> Callable:
+  """The program of one worker for one step (module docstring).
+
+  Returns:
+    ``(state, data, ctx) -> (state, (loss, report))`` on one worker's (unbatched) state,
+    shard and :class:`~nbsgd_jax.transforms.StepContext`; ``loss`` is the float32 mini-batch
+    loss before the update, ``report`` the recipe's (``bytes_sent`` ...).
+  """
+  cfg, model = s.cfg, s.model
+  source, transform = gradient_source(cfg), s.recipe.transform
+  capacity = s.worker_data.labels.shape[1]
+
+  def loss_fn(params, batch):
+    x, y = batch
+    return task_lib.cross_entropy(model.apply(params, x), y)
+
+  def step_fn(state: TrainState, data: task_lib.WorkerData, ctx: StepContext):
+    ctx = ctx._replace(period_end=period_end)
+    batch = task_lib.worker_batch(data, cfg.seed, cfg.batch_size, capacity, state.step,
+                                  s.backend.axis_name)
+    loss, grads = source(loss_fn, state.params, batch, ctx)
+    updates, opt_state, report = transform.update(grads, state.opt_state, state.params, ctx)
+    params = optax.apply_updates(state.params, updates)
+    return TrainState(params, opt_state, state.step + 1), (loss, report)
+
+  return step_fn
+
+
+def make_train_step(s: Setup) -> Callable:
+  """Jitted ``(state, data, ctx, period_end=True) -> (state, (loss [n], report))`` on the
+  backend (state donated); ``ctx`` from :func:`device_context`. Periodic recipes have two
+  programs (a local step and a synchronising step), each compiled on first use."""
+  programs: dict = {}
+
+  def step(state, data, ctx, period_end=True):
+    key = bool(period_end) if s.recipe.periodic else True
+    if key not in programs:
+      programs[key] = jax.jit(s.backend.spmd(make_worker_step(s, key)), donate_argnums=(0,))
+    return programs[key](state, data, ctx)
+
+  return step
+
+
+def make_host(s: Setup) -> host_lib.Host:
+  """The host parts of the run (:mod:`nbsgd_jax.host`), built from the config and the
+  recipe's communications.
+
+  Raises:
+    ConfigError: a bad consensus target set-up (named).
+  """
+  cfg, n = s.cfg, s.cfg.num_workers
+  comms = list(dict.fromkeys(s.recipe.transform.communications))
+  cluster = config_lib.make_cluster(cfg)
+  parts = [host_lib.Failures(cluster_lib.parse_failures(cfg.cluster.failures, n), n),
+           host_lib.Activations(comms)]
+  if s.recipe.periodic:
+    from nbsgd_jax import local_sgd as local_sgd_lib
+    parts.append(host_lib.Periods(local_sgd_lib.make_planner(cfg)))
+  parts.append(host_lib.Workload(cluster, cfg.nonblocking.enabled, cfg.nonblocking.deadline,
+                                 cfg.nonblocking.deadline_group, s.recipe.primary))
+  if cfg.consensus.control:
+    parts.append(_targets(cfg))
+  parts += [host_lib.Clock(cluster, comms), host_lib.Totals()]
+  return host_lib.Host(parts)
+
+
+def _targets(cfg) -> host_lib.Targets:
+  from nbsgd_jax import consensus as consensus_lib
+  cs = cfg.consensus
+  try:
+    if cs.critical:
+      schedule = consensus_lib.CriticalTarget(cfg.num_workers, cs.critical_scale, cs.smoothness,
+                                              cs.until_step, cs.critical_ema)
+    else:
+      schedule = consensus_lib.TargetSchedule(cs.target, cs.target_ratio, cs.reference_workdir,
+                                              cs.until_step)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.{e}"]) from None
+  lr = make_schedule(cfg)
+  return host_lib.Targets(cfg.num_workers, schedule,
+                          lambda t: float(lr(t)) / (1.0 - cfg.momentum),
+                          0 if cs.smoothness else cs.smoothness_every, cs.until_step)
+
+
+def device_context(s: Setup, inputs: dict) -> StepContext:
+  """The host inputs of a step as the workers' :class:`~nbsgd_jax.transforms.StepContext`
+  (arrays with a leading worker axis, placed for the backend): ``count`` is per worker,
+  the other values the same for every worker."""
+  n = s.cfg.num_workers
+
+  def per_worker(x, dtype):
+    if x is None:
+      return None
+    x = np.asarray(x, dtype)
+    return jnp.asarray(np.broadcast_to(x, (n,) + x.shape).copy())
+
+  ctx = StepContext(per_worker(inputs["step"], np.int32),
+                    jnp.asarray(np.asarray(inputs["count"], np.int32)),  # already per worker
+                    per_worker(inputs["total"], np.int32), per_worker(inputs["active"], bool),
+                    per_worker(inputs.get("alive"), bool),
+                    per_worker(inputs.get("target"), np.float32))
+  return s.backend.place(ctx)
+
+
+__all__ = ["AXIS", "Setup", "TrainState", "device_context", "full_batch", "gradient_source",
+           "init_state", "make_host", "make_optimizer", "make_schedule", "make_train_step",
+           "make_worker_step", "minibatches", "setup"]

@@ -1,0 +1,32 @@
+"""Worker transforms: the device side of every algorithm, composed like optax.
+
+* :mod:`~nbsgd_jax.transforms.base`: the protocol (:class:`WorkerTransform`,
+  :class:`StepContext`, :func:`chain`, :func:`from_optax`, :func:`skip_when_idle`);
+* :mod:`~nbsgd_jax.transforms.minibatches`: Non-blocking SGD's gradient source (He & Dube
+  2022);
+* :mod:`~nbsgd_jax.transforms.error_feedback`: compression with error feedback (Shi et al.
+  2019);
+* :mod:`~nbsgd_jax.transforms.wrappers`: reducers, gossip, periodic synchronisation (local
+  SGD, DiLoCo);
+* :mod:`~nbsgd_jax.transforms.consensus`: consensus control (Kong et al. 2021).
+"""
+
+from nbsgd_jax.transforms.base import (StepContext, WorkerTransform, as_worker_transform, chain,
+                                       from_optax, merge_reports, no_state, param_transform,
+                                       replace_params, single_context, skip_when_idle)
+from nbsgd_jax.transforms.error_feedback import ErrorFeedbackState, densify, error_feedback
+from nbsgd_jax.transforms.minibatches import (AccumulateState, accumulate_minibatches,
+                                              minibatch_mean_gradient, split_minibatches)
+from nbsgd_jax.transforms.wrappers import (AnchorState, OuterState, PeriodicState,
+                                           Synchronisation, average_models, gossip_of,
+                                           gossip_step, mean_of, outer_step, periodic,
+                                           via_anchor)
+
+__all__ = [
+    "AccumulateState", "AnchorState", "ErrorFeedbackState", "OuterState", "PeriodicState",
+    "StepContext", "Synchronisation", "WorkerTransform", "accumulate_minibatches",
+    "as_worker_transform", "average_models", "chain", "densify", "error_feedback",
+    "from_optax", "gossip_of", "gossip_step", "mean_of", "merge_reports",
+    "minibatch_mean_gradient", "no_state", "outer_step", "param_transform", "periodic",
+    "replace_params", "single_context", "skip_when_idle", "split_minibatches", "via_anchor",
+]

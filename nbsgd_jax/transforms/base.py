@@ -1,0 +1,202 @@
+"""The worker-transform protocol: optax's ``GradientTransformation`` with a step context and a
+report.
+
+A :class:`WorkerTransform` is the program of ONE worker for one part of a step. It runs inside
+``jax.vmap`` / ``jax.shard_map`` over the worker axis and may use collectives on it::
+
+    update(updates, state, params, ctx) -> (updates, state, report)
+
+* ``updates``: what flows down the chain (gradients at the top, a parameter change at the
+  bottom: the new parameters are ``optax.apply_updates(params, updates)``);
+* ``ctx``: the step's :class:`StepContext`, drawn on the host (one typed object, the same
+  for every transform of the chain);
+* ``report``: a dict of float/int scalars. ``report["bytes_sent"]`` (bytes this worker sent
+  in this step) and the per-communication keys ``"bytes/<key>"``, ``"rounds/<key>"`` are
+  *summed* over a chain; every other key is owned by one transform (a duplicate is an
+  error) and is logged per step (``steps.jsonl``).
+
+:func:`chain` composes transforms (and plain optax ``GradientTransformation`` s, wrapped by
+:func:`from_optax`) like ``optax.chain``. ``communications`` lists the
+:class:`~nbsgd_jax.communications.Communication` objects a transform uses, so the host (the
+simulated clock) can ask each one for its pattern.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+Report = dict
+SUMMED_PREFIXES = ("bytes/", "rounds/")
+
+
+class StepContext(NamedTuple):
+  """Per-step inputs of one worker, drawn on the host (array inputs of the jitted step: a new
+  value never recompiles).
+
+  Attributes:
+    step: int32 scalar, the (0-based) step number.
+    count: int32 scalar, mini-batches this worker finished by the deadline (Non-blocking SGD,
+      He & Dube 2022); ``M`` when blocking; 0 for a failed worker.
+    total: int32 scalar, ``sum_i count_i`` over all workers (the same on every worker).
+    active: bool ``[K]``, MATCHA's matching activations ``B_j`` of this step (the same on
+      every worker); ``[1]`` and unused without MATCHA.
+    alive: bool ``[n]``, the workers up at this step, or None when the run simulates no
+      failures (``cluster.failures``).
+    target: float32 scalar, the consensus-control target Xi (``inf``: not controlled at this
+      step), or None when the run has no consensus control.
+    period_end: static Python bool, whether this step ends a communication period (periodic
+      synchronisation: local SGD, DiLoCo); True for every step of other recipes. The trainer
+      compiles one program per value; on the host side it is None.
+  """
+
+  step: jax.Array
+  count: jax.Array
+  total: jax.Array
+  active: jax.Array
+  alive: Any = None
+  target: Any = None
+  period_end: Any = None
+
+
+def single_context(step: int = 0, count: int = 1, total: int = 1,
+                   period_end: bool = True) -> StepContext:
+  """A :class:`StepContext` for one worker outside a run (tests, notebooks)."""
+  return StepContext(jnp.int32(step), jnp.int32(count), jnp.int32(total),
+                     jnp.zeros((1,), bool), period_end=period_end)
+
+
+class WorkerTransform(NamedTuple):
+  """One worker's transformation of a step (see module docstring).
+
+  Attributes:
+    init: ``params -> state`` for one worker.
+    update: ``(updates, state, params, ctx) -> (updates, state, report)``.
+    communications: the communication objects used (host halves: the clock's patterns).
+  """
+
+  init: Callable[[Any], Any]
+  update: Callable[[Any, Any, Any, StepContext], tuple[Any, Any, Report]]
+  communications: tuple = ()
+
+
+def merge_reports(*reports: Report) -> Report:
+  """One report from several: ``bytes_sent``, ``bytes/*`` and ``rounds/*`` are summed.
+
+  Raises:
+    ValueError: another key appears in two reports (each transform owns its keys).
+  """
+  out: Report = {}
+  for rep in reports:
+    for k, v in rep.items():
+      if k in out:
+        if k != "bytes_sent" and not k.startswith(SUMMED_PREFIXES):
+          raise ValueError(f"report key {k!r} is written by two transforms of one chain")
+        out[k] = out[k] + v
+      else:
+        out[k] = v
+  return out
+
+
+def from_optax(tx: optax.GradientTransformation) -> WorkerTransform:
+  """Any optax ``GradientTransformation`` as a :class:`WorkerTransform` (no communication,
+  empty report)."""
+
+  def update(updates, state, params, ctx):
+    del ctx
+    updates, state = tx.update(updates, state, params)
+    return updates, state, {}
+
+  return WorkerTransform(tx.init, update)
+
+
+def as_worker_transform(t) -> WorkerTransform:
+  """``t`` itself if it is a :class:`WorkerTransform`, else :func:`from_optax` of it.
+
+  Raises:
+    TypeError: ``t`` is neither.
+  """
+  if isinstance(t, WorkerTransform):
+    return t
+  if isinstance(t, optax.GradientTransformation):
+    return from_optax(t)
+  raise TypeError(f"{t!r} is neither a WorkerTransform nor an optax GradientTransformation")
+
+
+def chain(*transforms) -> WorkerTransform:
+  """Apply transforms in sequence (``optax.chain`` for worker transforms); optax
+  ``GradientTransformation`` s may be mixed in. The state is the tuple of the states, the
+  report :func:`merge_reports` of the reports, ``communications`` the concatenation."""
+  ts = tuple(as_worker_transform(t) for t in transforms)
+
+  def init(params):
+    return tuple(t.init(params) for t in ts)
+
+  def update(updates, state, params, ctx):
+    new_states, reports = [], []
+    for t, s in zip(ts, state):
+      updates, s, r = t.update(updates, s, params, ctx)
+      new_states.append(s)
+      reports.append(r)
+    return updates, tuple(new_states), merge_reports(*reports)
+
+  return WorkerTransform(init, update, sum((t.communications for t in ts), ()))
+
+
+def skip_when_idle(inner, scope: str = "local") -> WorkerTransform:
+  """No step at all (zero updates, state unchanged) when no mini-batch was finished.
+
+  The rule of Non-blocking SGD (He & Dube 2022, Sec. 3) and of a failed worker, in the spirit
+  of ``optax.MultiSteps``' skip: ``scope="local"`` skips where this worker finished nothing
+  (``ctx.count == 0``; decentralized form), ``"global"`` where no worker did
+  (``ctx.total == 0``; all-reduce form, the same on every worker).
+
+  Raises:
+    ValueError: unknown ``scope``.
+  """
+  if scope not in ("local", "global"):
+    raise ValueError(f"scope={scope!r} is not allowed: use 'local' or 'global'")
+  inner = as_worker_transform(inner)
+
+  def update(updates, state, params, ctx):
+    keep = (ctx.count if scope == "local" else ctx.total) > 0
+    new_updates, new_state, report = inner.update(updates, state, params, ctx)
+    new_updates = jax.tree.map(lambda u: jnp.where(keep, u, jnp.zeros_like(u)), new_updates)
+    new_state = jax.tree.map(lambda a, b: jnp.where(keep, a, b), new_state, state)
+    return new_updates, new_state, report
+
+  return WorkerTransform(inner.init, update, inner.communications)
+
+
+def replace_params(params, new_params):
+  """The updates that turn ``params`` into ``new_params`` (a transform that computes new
+  parameters, e.g. a gossip or a synchronisation, returns these)."""
+  return jax.tree.map(lambda new, old: new - old, new_params, params)
+
+
+def param_transform(init: Callable[[Any], Any],
+                    apply: Callable[[Any, Any, StepContext], tuple[Any, Any, Report]],
+                    communications: Sequence = ()) -> WorkerTransform:
+  """A transform written on parameters (gossip, synchronisations, consensus control).
+
+  ``apply(x, state, ctx) -> (x_new, state, report)`` receives ``x = params + updates`` (the
+  parameters the chain so far would give) and returns new parameters; the transform's
+  updates are ``x_new - params``.
+  """
+
+  def update(updates, state, params, ctx):
+    x = optax.apply_updates(params, updates)
+    x_new, state, report = apply(x, state, ctx)
+    return replace_params(params, x_new), state, report
+
+  return WorkerTransform(init, update, tuple(communications))
+
+
+def no_state(params) -> tuple:
+  """``init`` of a stateless transform."""
+  del params
+  return ()
+

@@ -1,0 +1,237 @@
+"""Wrappers and reducers: the pieces recipes are composed of.
+
+* Reducers (a :class:`~nbsgd_jax.transforms.WorkerTransform` whose ``update`` maps a tree to
+  its combination over the workers): :func:`mean_of` (an all-reduce), :func:`gossip_of` (one
+  gossip round), :func:`~nbsgd_jax.transforms.error_feedback` (a compressed mean), and
+  :func:`via_anchor` (a model average sent as the difference to the last synchronised model,
+  so that a compressor can act on it).
+* :func:`gossip_step`: decentralized SGD, D-PSGD (Lian et al., NeurIPS 2017, Algorithm 1) with
+  any gossip communication: ``order="parallel"`` (their Eq. (2)) ``x_i <- sum_j W_ij x_j + u_i``
+  (the exchange of x does not depend on the gradient, so it overlaps the computation) or
+  ``"atc"`` (adapt-then-combine, as in BlueFog) ``x_i <- sum_j W_ij (x_j + u_j)``.
+* :func:`periodic`: local steps with a synchronisation at the end of every period (the host's
+  planner sets ``ctx.period_end``): local SGD / LUPA-SGD (Haddadpour et al., NeurIPS 2019,
+  Algorithm 1) with :func:`average_models`, DiLoCo (Douillard et al. 2023, Algorithm 1) with
+  :func:`outer_step`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
+                                       no_state, replace_params)
+
+ORDERS = ("parallel", "atc")
+OPT_STATE_SYNCS = ("keep", "average", "reset")
+
+
+# ----------------------------------------------------------------------------- reducers
+
+
+def mean_of(allreduce, by: str = "count") -> WorkerTransform:
+  """Reducer: the (weighted) mean over the workers by an
+  :class:`~nbsgd_jax.communications.AllReduce` (``by``: see its ``weight``)."""
+
+  def update(tree, state, params, ctx):
+    del params
+    out, report = allreduce.mean(tree, ctx, by)
+    return out, state, report
+
+  return WorkerTransform(no_state, update, (allreduce,))
+
+
+def gossip_of(gossip) -> WorkerTransform:
+  """Reducer: one round of a :class:`~nbsgd_jax.communications.Gossip` or
+  :class:`~nbsgd_jax.communications.Matchings`."""
+
+  def update(tree, state, params, ctx):
+    del params
+    out, report = gossip.mix(tree, ctx)
+    return out, state, report
+
+  return WorkerTransform(no_state, update, (gossip,))
+
+
+class AnchorState(NamedTuple):
+  """State of :func:`via_anchor`: ``anchor`` (the last synchronised model, the same on every
+  worker) and the inner reducer's state."""
+
+  anchor: Any
+  inner: Any
+
+
+def via_anchor(reducer: WorkerTransform) -> WorkerTransform:
+  """Reducer of models through their difference to the last synchronised model:
+  ``x_avg = anchor - R(anchor - x_i)``, ``anchor <- x_avg``. With a plain mean this is the model
+  average; with :func:`~nbsgd_jax.transforms.error_feedback` it sends a compressed model
+  difference (compressed local SGD)."""
+
+  def init(params):
+    return AnchorState(params, reducer.init(params))
+
+  def update(x, state, params, ctx):
+    delta = jax.tree.map(lambda a, b: a - b, state.anchor, x)
+    mean_delta, inner, report = reducer.update(delta, state.inner, params, ctx)
+    x_avg = jax.tree.map(lambda a, d: a - d, state.anchor, mean_delta)
+    return x_avg, AnchorState(x_avg, inner), report
+
+  return WorkerTransform(init, update, reducer.communications)
+
+
+# ----------------------------------------------------------------------------- gossip
+
+
+def gossip_step(local, gossip, order: str = "parallel") -> WorkerTransform:
+  """Decentralized SGD (module docstring): the local transform ``local`` (e.g. an optax
+  optimizer; its updates ``u_i`` from this worker's gradient) and one round of ``gossip``.
+
+  Raises:
+    ValueError: unknown ``order``.
+  """
+  if order not in ORDERS:
+    raise ValueError(f"dpsgd.order={order!r} is not allowed: use one of {list(ORDERS)}")
+  local = as_worker_transform(local)
+
+  def update(grads, state, params, ctx):
+    updates, state, report = local.update(grads, state, params, ctx)
+    if order == "parallel":
+      mixed, comm = gossip.mix(params, ctx)
+      new = optax.apply_updates(mixed, updates)
+    else:
+      new, comm = gossip.mix(optax.apply_updates(params, updates), ctx)
+    return replace_params(params, new), state, merge_reports(report, comm)
+
+  return WorkerTransform(local.init, update, local.communications + (gossip,))
+
+
+# ----------------------------------------------------------------------------- periodic
+
+
+class Synchronisation(NamedTuple):
+  """The end of a communication period.
+
+  Attributes:
+    init: ``params -> state``.
+    apply: ``(x, local_state, state, ctx) -> (x, local_state, state, report)``: the models
+      after the period's last local step in, the synchronised ones out (it may also change
+      the local transform's state: optimizer-state averaging or reset).
+    communications: as :class:`~nbsgd_jax.transforms.WorkerTransform`.
+  """
+
+  init: Callable[[Any], Any]
+  apply: Callable
+  communications: tuple = ()
+
+
+class PeriodicState(NamedTuple):
+  """State of :func:`periodic`: the local transform's and the synchronisation's."""
+
+  local: Any
+  sync: Any
+
+
+def periodic(local, sync: Synchronisation) -> WorkerTransform:
+  """Local steps of ``local``; at the end of a period (``ctx.period_end``, static: the trainer
+  compiles one program for local steps and one for synchronising steps, so local steps
+  dispatch no collective) the local step is followed by ``sync``."""
+  local = as_worker_transform(local)
+
+  def init(params):
+    return PeriodicState(local.init(params), sync.init(params))
+
+  def update(grads, state, params, ctx):
+    updates, local_state, report = local.update(grads, state.local, params, ctx)
+    if not ctx.period_end:
+      return updates, state._replace(local=local_state), report
+    x = optax.apply_updates(params, updates)
+    x, local_state, sync_state, more = sync.apply(x, local_state, state.sync, ctx)
+    return (replace_params(params, x), PeriodicState(local_state, sync_state),
+            merge_reports(report, more))
+
+  return WorkerTransform(init, update, local.communications + tuple(sync.communications))
+
+
+def _floats(tree) -> list:
+  return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+
+
+def _replace_floats(tree, new: list):
+  it = iter(new)
+  return jax.tree.map(lambda x: next(it) if jnp.issubdtype(x.dtype, jnp.inexact) else x, tree)
+
+
+def average_models(reducer: WorkerTransform, opt_state: str = "keep",
+                   local_init: Optional[Callable] = None,
+                   opt_reducer: Optional[WorkerTransform] = None) -> Synchronisation:
+  """Local SGD's synchronisation (Haddadpour et al. 2019, Algorithm 1): the models are
+  replaced by ``reducer`` of them (a mean, one gossip round, or a compressed mean
+  :func:`via_anchor`).
+
+  Args:
+    reducer: the model reducer.
+    opt_state: what happens to the local optimizer state: ``"keep"`` (local momentum buffers
+      stay), ``"average"`` (its floating-point leaves go through ``opt_reducer``, default
+      ``reducer``) or ``"reset"`` (``local_init`` of the synchronised models).
+    local_init: the local transform's ``init`` (for ``"reset"``).
+    opt_reducer: the reducer of the optimizer state (``"average"``).
+
+  Raises:
+    ValueError: unknown ``opt_state`` or ``"reset"`` without ``local_init``.
+  """
+  if opt_state not in OPT_STATE_SYNCS:
+    raise ValueError(f"local_sgd.opt_state={opt_state!r} is not allowed: use one of "
+                     f"{list(OPT_STATE_SYNCS)}")
+  if opt_state == "reset" and local_init is None:
+    raise ValueError("average_models(opt_state='reset') needs local_init")
+  opt_reducer = opt_reducer or reducer
+  comms = reducer.communications + (opt_reducer.communications if opt_state == "average"
+                                    else ())
+
+  def init(params):
+    return reducer.init(params)
+
+  def apply(x, local_state, state, ctx):
+    x, state, report = reducer.update(x, state, None, ctx)
+    if opt_state == "average" and _floats(local_state):
+      mixed, _, more = opt_reducer.update(_floats(local_state), (), None, ctx)
+      local_state = _replace_floats(local_state, mixed)
+      report = merge_reports(report, more)
+    elif opt_state == "reset":
+      local_state = local_init(x)
+    return x, local_state, state, report
+
+  return Synchronisation(init, apply, tuple(dict.fromkeys(comms)))
+
+
+class OuterState(NamedTuple):
+  """State of :func:`outer_step`: ``anchor`` = ``x_outer`` (the same on every worker), the
+  outer optimizer's state and the pseudo-gradient reducer's state."""
+
+  anchor: Any
+  outer: Any
+  reducer: Any
+
+
+def outer_step(reducer: WorkerTransform, outer: optax.GradientTransformation) -> Synchronisation:
+  """DiLoCo's synchronisation (Douillard et al. 2023, Algorithm 1): the pseudo-gradient
+  ``Delta = x_outer - R(x_i)`` where ``R`` averages ``x_outer - x_i`` over the workers
+  (``reducer``: a mean or a compressed mean), ``x_outer <- x_outer + outer.update(Delta)``,
+  and every worker restarts from ``x_outer``. With outer lr 1 and no momentum this is the
+  model average."""
+
+  def init(params):
+    return OuterState(params, outer.init(params), reducer.init(params))
+
+  def apply(x, local_state, state, ctx):
+    delta = jax.tree.map(lambda a, b: a - b, state.anchor, x)
+    delta, red, report = reducer.update(delta, state.reducer, None, ctx)
+    updates, outer_state = outer.update(delta, state.outer, state.anchor)
+    anchor = optax.apply_updates(state.anchor, updates)
+    return anchor, local_state, OuterState(anchor, outer_state, red), report
+
+  return Synchronisation(init, apply, reducer.communications)

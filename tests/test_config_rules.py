@@ -1,0 +1,209 @@
+"""The rules of ``nbsgd_jax.config``: every section checks its values also when it is off, a
+changed key of a section that is off gets a warning, the batch has to split into
+``nonblocking.num_minibatches`` only when it is split, and the combinations of sections are
+the recipe registry's (``_combination_errors``)."""
+
+import io
+import sys
+import types
+
+import pytest
+
+import nbsgd_jax
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import recipes
+
+
+def cfg_with(**overrides):
+  """The default config with ``overrides`` (``section__key`` for ``section.key``), bypassing
+  ConfigDict's type safety as a config file could."""
+  cfg = config_lib.default_config()
+  with cfg.ignore_type():
+    for name, value in overrides.items():
+      *sections, key = name.split("__")
+      node = cfg
+      for sec in sections:
+        node = node[sec]
+      assert key in node, name
+      node[key] = value
+  return cfg
+
+
+def errors_of(cfg):
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg)
+  return e.value.errors
+
+
+# ------------------------------------------------------- bad values in sections that are off
+
+
+@pytest.mark.parametrize("overrides,line", [
+    ({"compression__density": 2.0},
+     "config.compression.density=2.0 is not allowed: it must be a number > 0 and <= 1"),
+    ({"compression__gaussian_rounds": 100},
+     "config.compression.gaussian_rounds=100 is not allowed: it must be an int in [0, 64]"),
+    ({"compression__gaussian_correction": "newton"},
+     "config.compression.gaussian_correction='newton' is not allowed: use 'bracket' or 'paper'"),
+    ({"algorithm": "dpsgd", "diloco__outer_lr": -1.0},
+     "config.diloco.outer_lr=-1.0 is not allowed: it must be a number > 0"),
+    ({"algorithm": "allreduce", "local_sgd__tau": 0},
+     "config.local_sgd.tau=0 is not allowed: it must be an integer >= 1"),
+    ({"algorithm": "allreduce", "matcha__budget": 0.0},
+     "config.matcha.budget=0.0 is not allowed: it must be a number > 0 and <= 1"),
+    ({"consensus__max_gossip_steps": 0},
+     "config.consensus.max_gossip_steps=0 is not allowed: it must be an integer >= 1"),
+    ({"nonblocking__deadline_group": "some"},
+     "config.nonblocking.deadline_group='some' is not allowed: use one of ['all', 'neighbours']"),
+])
+def test_bad_value_in_a_section_that_is_off_is_an_error(overrides, line):
+  assert errors_of(cfg_with(**overrides)) == [line]
+
+
+def test_every_section_has_a_check():
+  sections = {k for k, v in config_lib.default_config().items() if hasattr(v, "items")}
+  assert sections <= set(config_lib.SECTION_CHECKS), sections - set(config_lib.SECTION_CHECKS)
+
+
+# ------------------------------------------------- changed keys of sections that are off
+
+
+@pytest.mark.parametrize("overrides,line", [
+    ({"compression__density": 0.05},
+     "config.compression.density=0.05 has no effect: config.compression.name='none'"),
+    ({"algorithm": "dpsgd", "local_sgd__tau": 8},
+     "config.local_sgd.tau=8 has no effect: config.algorithm='dpsgd'"),
+    ({"algorithm": "allreduce", "matcha__budget": 0.25},
+     "config.matcha.budget=0.25 has no effect: config.algorithm='allreduce'"),
+    ({"algorithm": "allreduce", "dpsgd__order": "atc"},
+     "config.dpsgd.order='atc' has no effect: config.algorithm='allreduce'"),
+    ({"nonblocking__deadline": "kth:2"},
+     "config.nonblocking.deadline='kth:2' has no effect: config.nonblocking.enabled=False"),
+    ({"consensus__critical_scale": 0.5},  # off twice (control and critical): named once
+     "config.consensus.critical_scale=0.5 has no effect: config.consensus.control=False"),
+    ({"consensus__control": True, "consensus__critical": False, "consensus__target": 0.1,
+      "consensus__critical_ema": 0.5},
+     "config.consensus.critical_ema=0.5 has no effect: config.consensus.critical=False"),
+    ({"topology": "ring", "topology_p": 0.5},
+     "config.topology_p=0.5 has no effect: config.topology='ring'"),
+    ({"topology": "ring", "topology_rows": 2},
+     "config.topology_rows=2 has no effect: config.topology='ring'"),
+    ({"cluster__slow_factor": 8.0},
+     "config.cluster.slow_factor=8.0 has no effect: config.cluster.scenario='homogeneous'"),
+    ({"cluster__scenario": "one_slow", "cluster__spread": 1.0},
+     "config.cluster.spread=1.0 has no effect: config.cluster.scenario='one_slow'"),
+    ({"cluster__delay_mean": 0.1},
+     "config.cluster.delay_mean=0.1 has no effect: config.cluster.delay='none'"),
+])
+def test_changed_key_of_a_section_that_is_off_warns_once(overrides, line):
+  assert config_lib.inactive_warnings(cfg_with(**overrides)) == [line]
+
+
+@pytest.mark.parametrize("overrides", [
+    {},  # every key at its default
+    {"algorithm": "allreduce", "compression__name": "top_k", "compression__density": 0.05},
+    {"algorithm": "local_sgd", "local_sgd__tau": 8},
+    {"algorithm": "matcha", "matcha__budget": 0.25},
+    {"algorithm": "matcha", "dpsgd__order": "atc"},
+    {"nonblocking__enabled": True, "nonblocking__deadline": "kth:2"},
+    {"nonblocking__num_minibatches": 8},  # the simulated clock charges M mini-batches
+    {"consensus__control": True, "consensus__critical": True, "consensus__critical_scale": 0.5},
+    {"consensus__log_every_step": True, "consensus__per_layer": True},  # not control's keys
+    {"topology": "erdos_renyi", "topology_p": 0.5},
+    {"topology": "torus", "topology_rows": 2},
+    {"cluster__scenario": "lognormal", "cluster__spread": 1.0},
+    {"cluster__delay": "shifted_exponential", "cluster__delay_mean": 0.1},
+])
+def test_no_warning_when_the_section_is_on_or_the_key_at_its_default(overrides):
+  assert config_lib.inactive_warnings(cfg_with(**overrides)) == []
+
+
+def test_warn_inactive_prints_warning_lines():
+  stream = io.StringIO()
+  cfg = cfg_with(algorithm="dpsgd", compression__density=0.05, local_sgd__tau=8)
+  lines = config_lib.warn_inactive(cfg, stream=stream)
+  assert stream.getvalue().splitlines() == [f"warning: {line}" for line in lines]
+  assert len(lines) == 2
+  config_lib.validate(cfg)  # a warning, not an error
+
+
+# ------------------------------------------------------------------ batch_size vs num_minibatches
+
+SPLIT = ("config.batch_size=30 is not allowed with config.nonblocking.num_minibatches=4: the "
+         "batch must split into M equal mini-batches (batch_size divisible by num_minibatches)")
+
+
+def test_batch_not_divisible_by_m_is_fine_without_nonblocking():
+  config_lib.validate(cfg_with(batch_size=30, nonblocking__num_minibatches=4))
+
+
+def test_batch_not_divisible_by_m_is_refused_with_nonblocking():
+  cfg = cfg_with(batch_size=30, nonblocking__num_minibatches=4, nonblocking__enabled=True)
+  assert errors_of(cfg) == [SPLIT]
+
+
+def test_batch_not_divisible_by_m_is_refused_with_failures():
+  """Simulated failures split the batch too (train.make_worker_step)."""
+  cfg = cfg_with(batch_size=30, nonblocking__num_minibatches=4, cluster__failures="1:0:2")
+  assert errors_of(cfg) == [SPLIT]
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_num_minibatches_is_checked_always(enabled):
+  cfg = cfg_with(nonblocking__num_minibatches=0, nonblocking__enabled=enabled)
+  assert errors_of(cfg) == [
+      "config.nonblocking.num_minibatches=0 is not allowed: it must be an integer >= 1"]
+
+
+# ------------------------------------------------------------------ combinations of sections
+
+
+def install_recipes(monkeypatch, module):
+  """``module`` as ``nbsgd_jax.recipes`` (None: no such module) for this test."""
+  monkeypatch.setitem(sys.modules, "nbsgd_jax.recipes", module)
+  if module is None:
+    monkeypatch.delattr(nbsgd_jax, "recipes", raising=False)
+  else:
+    monkeypatch.setattr(nbsgd_jax, "recipes", module, raising=False)
+
+
+def test_combination_errors_come_from_the_recipe_registry(monkeypatch):
+  seen = []
+  fake = types.ModuleType("nbsgd_jax.recipes")
+  fake.REGISTRY = dict(recipes.REGISTRY)
+  fake.gossip_recipes = recipes.gossip_recipes
+  fake.combination_errors = lambda cfg: seen.append(cfg) or ["x"]
+  install_recipes(monkeypatch, fake)
+  cfg = cfg_with(learning_rate=-1.0)
+  errors = errors_of(cfg)
+  assert "x" in errors and len(errors) == 2, errors
+  assert seen == [cfg]
+  assert errors_of(cfg_with()) == ["x"]  # the registry alone can refuse a config
+
+
+@pytest.mark.parametrize("overrides,line", [
+    ({"algorithm": "allreduce", "consensus__control": True, "consensus__target": 0.1},
+     "config.consensus.control=True is not allowed with config.algorithm='allreduce': "
+     "consensus control repeats the gossip of a recipe that gossips every step; consensus "
+     "control runs on 'dpsgd' and 'matcha'"),
+    ({"algorithm": "dpsgd", "compression__name": "top_k"},
+     "config.compression.name='top_k' is not allowed with config.algorithm='dpsgd': gossip "
+     "exchanges models, not gradients; compressed gossip needs CHOCO-SGD's public copies x_hat"),
+    ({"algorithm": "matcha", "compression__name": "random_k"},
+     "config.compression.name='random_k' is not allowed with config.algorithm='matcha': gossip "
+     "exchanges models, not gradients; compressed gossip needs CHOCO-SGD's public copies x_hat"),
+])
+def test_registry_refuses_undefined_combinations(overrides, line):
+  assert errors_of(cfg_with(**overrides)) == [line]
+
+
+@pytest.mark.parametrize("overrides", [
+    {"algorithm": "allreduce_ring", "compression__name": "top_k"},
+    {"algorithm": "allreduce", "compression__name": "top_k", "nonblocking__enabled": True},
+    {"algorithm": "diloco", "nonblocking__enabled": True},
+    {"algorithm": "local_sgd", "cluster__failures": "1:0:2"},
+    {"algorithm": "allreduce", "compression__name": "top_k", "cluster__failures": "1:0:2"},
+    {"algorithm": "diloco", "compression__name": "top_k"},
+])
+def test_registry_accepts_defined_combinations(overrides):
+  config_lib.validate(cfg_with(**overrides))
