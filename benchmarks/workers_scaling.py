@@ -41,19 +41,20 @@ def main_job(n: int, backend: str, algorithm: str):
 
 
 def time_per_step(cfg, steps: int, reps: int) -> float:
-  """Median seconds per step of ``steps`` steps (the trainer's step function and simulator,
+  """Median seconds per step of ``steps`` steps (the trainer's step function and host parts,
   no evaluation), over ``reps`` runs after a warm-up run."""
   s = train.setup(cfg)
   step = train.make_train_step(s)
-  sim = train.make_simulator(s, 4.0)
+  host = train.make_host(s)
   times = []
   for r in range(reps + 1):
     state = train.init_state(s)
     jax.block_until_ready(state)
     t0 = time.perf_counter()
     for t in range(steps):
-      inputs, _ = sim.step(t)
-      state, _ = step(state, s.worker_data, train.step_inputs(s, inputs))
+      inputs = host.inputs(t)
+      state, _ = step(state, s.worker_data, train.device_context(s, inputs),
+                      inputs.get("period_end", True))
     jax.block_until_ready(state)
     if r:  # the first run compiles
       times.append((time.perf_counter() - t0) / steps)

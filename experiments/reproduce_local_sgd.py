@@ -40,9 +40,10 @@ import common  # noqa: E402  (experiments/common.py)
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from nbsgd_jax import algorithms as algos  # noqa: E402
 from nbsgd_jax import config as config_lib  # noqa: E402
 from nbsgd_jax import local_sgd, problems, train  # noqa: E402
+from nbsgd_jax import transforms as T  # noqa: E402
+from nbsgd_jax.communications import AllReduce  # noqa: E402
 
 
 def make_problem(a, heterogeneity: float = 0.0) -> problems.SyntheticProblem:
@@ -55,6 +56,17 @@ def lr_schedule(problem):
   mu, lip = problems.pl_constants(problem)
   a = 8.0 * lip / mu
   return lambda t: 2.0 / (mu * (t + a))
+
+
+def local_sgd_transform(opt, p: int) -> T.WorkerTransform:
+  """Local SGD on p workers: local steps of ``opt``, a model average at every period end."""
+  return T.periodic(opt, T.average_models(T.mean_of(AllReduce(p), "alive"),
+                                          local_init=opt.init))
+
+
+def allreduce_transform(opt, p: int) -> T.WorkerTransform:
+  """Synchronous SGD on p workers: the mean gradient, then ``opt``."""
+  return T.chain(T.mean_of(AllReduce(p)), opt)
 
 
 def slope(x, y) -> float:
@@ -72,7 +84,7 @@ def speedup(a) -> dict:
   for p in a.workers:
     prob = problems.regroup(base, p)
     tau = max(1, round(a.steps ** (2 / 3) / p ** (1 / 3)))
-    alg = algos.local_sgd(optax.sgd(sched), p)
+    alg = local_sgd_transform(optax.sgd(sched), p)
     gaps, rounds = [], None
     for seed in range(a.seeds):
       r = problems.run(prob, alg, a.steps, 1, planner=local_sgd.SyncPlanner("fixed", tau),
@@ -117,9 +129,9 @@ def communication(a) -> dict:
     histories, periods = [], None
     for seed in range(a.seeds):
       if kind == "allreduce":
-        alg, planner = algos.allreduce(optax.sgd(sched), p), None
+        alg, planner = allreduce_transform(optax.sgd(sched), p), None
       else:
-        alg = algos.local_sgd(optax.sgd(sched), p)
+        alg = local_sgd_transform(optax.sgd(sched), p)
         if isinstance(plan, tuple):
           sch, tau0, off = plan
           planner = (local_sgd.SyncPlanner(sch, tau0, loss_offset=off) if sch == "ada_lupa"

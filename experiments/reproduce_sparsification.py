@@ -49,7 +49,7 @@ from jax.flatten_util import ravel_pytree  # noqa: E402
 
 from nbsgd_jax import compression  # noqa: E402
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import error_feedback as ef_lib  # noqa: E402
+from nbsgd_jax import transforms as transforms_lib  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
 
 COMPRESSORS = ("top_k", "gaussian_k", "random_k")
@@ -90,6 +90,18 @@ def topk_residual_ratio(p: np.ndarray, k: int) -> np.ndarray:
   return np.where(tot > 0, 1.0 - top / np.maximum(tot, 1e-300), 0.0)
 
 
+def _find_state(tree, kind):
+  """The first node of type ``kind`` in a transform state (depth first), or None."""
+  if isinstance(tree, kind):
+    return tree
+  if isinstance(tree, (tuple, list)):
+    for sub in tree:
+      found = _find_state(sub, kind)
+      if found is not None:
+        return found
+  return None
+
+
 class GradientProbe:
   """A ``train`` hook measuring the error-fed vector p = g + e of every worker.
 
@@ -119,8 +131,8 @@ class GradientProbe:
       x, y = train.worker_batch(data, cfg.seed, cfg.batch_size, capacity, state.step)
       g = jax.grad(lambda prm: train.cross_entropy(s.model.apply(prm, x), y))(state.params)
       p, _ = ravel_pytree(g)
-      ef = state.opt_state[0] if isinstance(state.opt_state, tuple) else None
-      if isinstance(ef, ef_lib.ErrorFeedbackState):
+      ef = _find_state(state.opt_state, transforms_lib.ErrorFeedbackState)
+      if ef is not None:
         p = p + ravel_pytree(ef.residual)[0]
         return p, ef.sent_count
       return p, jnp.zeros((), jnp.int32)

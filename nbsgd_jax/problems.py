@@ -71,6 +71,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import scipy.optimize
 import scipy.special
 
@@ -429,68 +430,72 @@ def regroup(problem: SyntheticProblem, num_workers: int) -> SyntheticProblem:
                           targets=problem.targets.reshape(p, (n // p) * m))
 
 
-def run(problem: SyntheticProblem, algorithm, num_steps: int, batch_size: int,
+def run(problem: SyntheticProblem, transform, num_steps: int, batch_size: int,
         planner=None, eval_steps=(), seed: int = 0, record_syncs: bool = False) -> dict:
-  """Train ``algorithm`` on a synthetic problem with ``jax.vmap`` workers (one per shard).
+  """Train a worker transform on a synthetic problem with ``jax.vmap`` workers (one per shard).
 
   Each worker draws batches of ``batch_size`` uniformly with replacement from its own shard
   (i.i.d. unbiased stochastic gradients, as in the analysis), computes the gradient of
-  :func:`loss_fn` and runs ``algorithm.update`` (or ``sync_update`` at the steps where
-  ``planner.sync_now`` says so; ADA-LUPA's ``planner.observe`` gets ``F`` of the averaged
-  model, float64, at step 0 and after every sync).
+  :func:`loss_fn` and runs ``transform`` (a :class:`~nbsgd_jax.transforms.WorkerTransform`,
+  e.g. a recipe's) with ``ctx.period_end`` True at the steps where ``planner.sync_now`` says
+  so (every step without a planner); ADA-LUPA's ``planner.observe`` gets ``F`` of the averaged
+  model, float64, at step 0 and after every sync.
 
   Args:
     problem: the problem; its number of workers is n.
-    algorithm: an :class:`nbsgd_jax.algorithms.Algorithm` built for n workers.
+    transform: the worker transform, built for n workers on the axis ``"workers"``.
     num_steps: local steps T.
     batch_size: examples per worker per step (<= examples per worker).
-    planner: a :class:`nbsgd_jax.local_sgd.SyncPlanner` for periodic algorithms, else None.
+    planner: a :class:`nbsgd_jax.local_sgd.SyncPlanner` for periodic transforms, else None.
     eval_steps: steps after which to record ``F(mean x) - F*`` (0 = the start).
     seed: data-order seed.
-    record_syncs: also record after every synchronisation (every step for non-periodic
-      algorithms), for rounds-to-target measurements.
+    record_syncs: also record after every synchronisation (every step without a planner),
+      for rounds-to-target measurements.
 
   Returns:
     ``{"history": [{"step", "rounds", "gap"}...] (by step), "gap": final F(mean x) - F*,
     "rounds": communication rounds, "periods": planner.periods or None}``.
 
   Raises:
-    ValueError: ``batch_size`` larger than a shard, or a periodic algorithm without planner.
+    ValueError: ``batch_size`` larger than a shard, or a periodic transform
+      (:func:`nbsgd_jax.transforms.periodic`) without a planner.
   """
-  from nbsgd_jax import train  # deferred: train imports the data pipeline
-  from nbsgd_jax.algorithms.base import AXIS, StepInputs
+  from nbsgd_jax import transforms as T
+  from nbsgd_jax.axis import AXIS
+  from nbsgd_jax.run.task import data_key
+  from nbsgd_jax.transforms import StepContext
   _check_problem(problem)
   n, m, _ = problem.features.shape
   batch_size = _check_int("batch_size", batch_size, 1)
   if batch_size > m:
     raise _err("batch_size", batch_size, f"it must be <= the {m} examples per worker")
-  if algorithm.sync_update is not None and planner is None:
-    raise ValueError(f"algorithm {algorithm.name!r} is periodic: pass a SyncPlanner")
   loss = loss_fn(problem)
   feats, targs = jnp.asarray(problem.features), jnp.asarray(problem.targets)
 
-  def worker(update):
+  def worker(period_end: bool):
     def one(t, carry):
       params, opt_state = carry
       i = jax.lax.axis_index(AXIS)
       # with replacement, as in the analysis (i.i.d. unbiased stochastic gradients)
-      idx = jax.random.randint(jax.random.fold_in(train.data_key(seed, i), t), (batch_size,),
-                               0, m)
+      idx = jax.random.randint(jax.random.fold_in(data_key(seed, i), t), (batch_size,), 0, m)
       g = jax.grad(loss)(params, (feats[i][idx], targs[i][idx]))
-      inputs = StepInputs(t, jnp.int32(1), jnp.zeros((1,), bool))
-      params, opt_state, _ = update(g, opt_state, params, inputs)
-      return params, opt_state
+      ctx = StepContext(t, jnp.int32(1), jnp.int32(n), jnp.zeros((1,), bool),
+                        period_end=period_end)
+      updates, opt_state, _ = transform.update(g, opt_state, params, ctx)
+      return optax.apply_updates(params, updates), opt_state
 
     def steps(params, opt_state, t0, k):  # k steps from t0, one dispatch (a while loop)
       return jax.lax.fori_loop(t0, t0 + k, one, (params, opt_state))
 
     return jax.jit(jax.vmap(steps, axis_name=AXIS, in_axes=(0, 0, None, None)))
 
-  local = worker(algorithm.update)
-  synced = worker(algorithm.sync_update) if algorithm.sync_update is not None else None
+  local = worker(planner is None)
+  synced = worker(True) if planner is not None else None
   params = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), init_params(problem))
-  opt_state = jax.vmap(algorithm.init)(params)
-
+  if planner is None and isinstance(jax.eval_shape(transform.init, init_params(problem)),
+                                    T.PeriodicState):
+    raise ValueError("the transform is periodic: pass a SyncPlanner")
+  opt_state = jax.vmap(transform.init)(params)
   def gap(params):
     w = np.asarray(params["w"], np.float64).mean(axis=0)
     return objective(problem, w) - problem.f_star

@@ -28,15 +28,15 @@ def test_bad_density_raises(density):
     C.num_selected(10, density)
   for name in C.COMPRESSORS:
     with pytest.raises(ValueError, match="density"):
-      C.COMPRESSORS[name](_normal(10), density, jax.random.key(0))
+      C.COMPRESSORS[name](_normal(10), jax.random.key(0), density=density)
 
 
 def test_bad_inputs_raise():
   for fn in C.COMPRESSORS.values():
     with pytest.raises(ValueError, match="x must"):
-      fn(jnp.ones((3, 4)), 0.5, jax.random.key(0))
+      fn(jnp.ones((3, 4)), jax.random.key(0), density=0.5)
     with pytest.raises(ValueError, match="x must"):
-      fn(jnp.arange(10), 0.5, jax.random.key(0))
+      fn(jnp.arange(10), jax.random.key(0), density=0.5)
   with pytest.raises(ValueError, match="key"):
     C.random_k(_normal(10), density=0.5)
   with pytest.raises(ValueError, match="capacity_factor"):

@@ -9,10 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nbsgd_jax import algorithms as algos
 from nbsgd_jax import collectives, consensus, metrics, topology, train
 from nbsgd_jax import config as config_lib
-from nbsgd_jax.algorithms.base import AXIS, StepInputs
+from nbsgd_jax.axis import AXIS
+from nbsgd_jax.communications import Gossip
+from nbsgd_jax.transforms import StepContext
+from nbsgd_jax.transforms.consensus import ControlRounds
 
 from tests.test_train import small_cfg
 
@@ -26,8 +28,20 @@ def _tree(seed, n=N):
 
 
 def _inputs(target, step=0, n=N):
-  return StepInputs(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
-                    jnp.zeros((n, 1), bool), jnp.full((n,), target, jnp.float32))
+  return StepContext(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
+                     jnp.full((n,), n, jnp.int32), jnp.zeros((n, 1), bool),
+                     target=jnp.full((n,), target, jnp.float32))
+
+
+def _static_mixer(w):
+  """The gossip over a static W as ``consensus.control``'s mixer: ``(mixed, bytes)``."""
+  comm = Gossip([w])
+
+  def mix(params, ctx):
+    mixed, report = comm.mix(params, ctx)
+    return mixed, report["bytes_sent"]
+
+  return mix
 
 
 def test_exact_measure_matches_numpy_and_metrics():
@@ -56,7 +70,7 @@ def test_sketch_measure_is_unbiased():
 @pytest.mark.parametrize("target", [0.5, 1.0, 3.0])
 def test_control_gossips_until_target_like_numpy(target):
   w = np.asarray(topology.make("ring", N).mixing_matrix)
-  mix = algos.static_mixer(w)
+  mix = _static_mixer(w)
   p = _tree(2)
   c = consensus.Control(max_gossip_steps=20)
   out, sent, aux = jax.vmap(lambda x, i: consensus.control(x, mix, i, N, c), axis_name=AXIS)(
@@ -80,7 +94,7 @@ def test_control_gossips_until_target_like_numpy(target):
 
 def test_control_off_at_infinite_target_and_capped_at_k():
   w = np.asarray(topology.make("ring", N).mixing_matrix)
-  mix = algos.static_mixer(w)
+  mix = _static_mixer(w)
   p = _tree(3)
   f = jax.vmap(lambda x, i: consensus.control(x, mix, i, N, consensus.Control(2)),
                axis_name=AXIS)
@@ -162,26 +176,43 @@ def run_steps_with_targets(cfg, steps):
   s = train.setup(cfg)
   state = train.init_state(s)
   step = train.make_train_step(s)
-  sim = train.make_simulator(s, 4.0)
+  host = train.make_host(s)
   for t in range(steps):
-    inputs, _ = sim.step(t)
-    inputs["target"] = np.full(cfg.num_workers, cfg.consensus.target, np.float32)
-    state, (_, _, aux) = step(state, s.worker_data, train.step_inputs(s, inputs))
-    assert int(np.asarray(aux["gossip_steps"])[0]) == 3  # unreachable target: K steps
+    inputs = host.inputs(t)
+    inputs["target"] = np.float32(cfg.consensus.target)
+    inputs["target_value"] = float(cfg.consensus.target)
+    state, (_, report) = step(state, s.worker_data, train.device_context(s, inputs),
+                              inputs.get("period_end", True))
+    report = {k: np.asarray(v) for k, v in report.items()}
+    host.observe(t, inputs, report)
+    assert int(report["gossip_steps"][0]) == 3  # unreachable target: K steps
   return state
 
 
 def test_simulator_extra_charges_measurements_and_gossip():
-  cfg = small_cfg(algorithm="dpsgd", num_workers=4, topology="ring")
+  """The host's clock charges consensus control's rounds from the step's report (Kong et al.
+  2021): first a measurement, then per extra gossip round one gossip and a measurement."""
+  cfg = small_cfg(algorithm="dpsgd", num_workers=4, topology="ring",
+                  **{"consensus.control": True, "consensus.target": 1.0})
   s = train.setup(cfg)
-  sim = train.make_simulator(s, 1000.0)
-  sim.step(0)
-  t0 = sim.sim_time
-  sim.extra(0, gossip_rounds=2, measurements=3, measure_bytes=500.0)
+  host = train.make_host(s)
+  clock = host.part("clock")
+  assert any(isinstance(c, ControlRounds) for c in clock.communications)
+  n, model = cfg.num_workers, 1000.0
+  per_gossip = np.full(n, 2 * model)  # one 1000-byte model to each of two neighbours
+  inputs = host.inputs(0)
+  # the step itself: its gossip round (the recipe's communication), nothing controlled
+  clock.observe(0, inputs, {"bytes/gossip": per_gossip, "rounds/gossip": np.ones(n, np.int32)},
+                None)
+  t0 = clock.sim_time
+  # consensus control after it: 2 extra gossip rounds and 3 measurements of 500 bytes each
+  report = {"gossip_steps": np.full(n, 2, np.int32), "measurements": np.full(n, 3, np.int32),
+            "bytes/consensus.gossip": 2 * per_gossip, "bytes/consensus.measure": np.full(n, 1500.0)}
+  clock.observe(0, {**inputs, "compute": np.zeros(n)}, report, None)
   lat, bw = cfg.cluster.latency, cfg.cluster.bandwidth
   meas = lat * 4 * 3 + 500.0 / bw  # vector + scalar ring all-reduce: 2 * 2(n - 1) messages
   gossip = lat * 2 + 2 * 1000.0 / bw  # two neighbours
-  assert sim.sim_time - t0 == pytest.approx(3 * meas + 2 * gossip, rel=1e-9)
+  assert clock.sim_time - t0 == pytest.approx(3 * meas + 2 * gossip, rel=1e-9)
 
 
 @pytest.mark.parametrize("override,needle", [

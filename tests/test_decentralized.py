@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nbsgd_jax import algorithms as algos
-from nbsgd_jax import collectives, matcha, simulation, topology, train
+from nbsgd_jax import collectives, matcha, topology, train
+from nbsgd_jax.communications import Matchings
+from nbsgd_jax.transforms import StepContext
 from tests.test_train import run_steps, small_cfg
 
 TOPOLOGY_ARGS = {
@@ -45,8 +46,9 @@ def test_gossip_uses_matchings_on_star():
 
 
 def _inputs(n, step, active):
-  return algos.StepInputs(jnp.full((n,), step, jnp.int32), jnp.zeros((n,), jnp.int32),
-                          jnp.asarray(np.broadcast_to(active, (n, len(active)))))
+  return StepContext(jnp.full((n,), step, jnp.int32), jnp.zeros((n,), jnp.int32),
+                     jnp.zeros((n,), jnp.int32),
+                     jnp.asarray(np.broadcast_to(active, (n, len(active)))))
 
 
 def test_matcha_mixer_matches_sampled_dense_matrix():
@@ -54,14 +56,14 @@ def test_matcha_mixer_matches_sampled_dense_matrix():
   n = 8
   topo = topology.erdos_renyi(n, 0.5, seed=3)
   plan = matcha.plan(n, topo.edges, 0.4)
-  mix = jax.jit(jax.vmap(algos.matcha_mixer(plan.matchings, plan.alpha, n),
-                         axis_name="workers"))
+  mix = jax.jit(jax.vmap(Matchings(plan, n).mix, axis_name="workers"))
   x = np.random.default_rng(0).normal(size=(n, 5)).astype(np.float32)
   seen = set()
   for step in range(12):
     active = matcha.sample_activations(plan, 7, step)
     seen.add(tuple(active))
-    out, sent = mix(jnp.asarray(x), _inputs(n, step, active))
+    out, report = mix(jnp.asarray(x), _inputs(n, step, active))
+    sent = report["bytes_sent"]
     np.testing.assert_allclose(np.asarray(out), matcha.sample_mixing_matrix(plan, active) @ x,
                                rtol=1e-5, atol=1e-5)
     matched = np.zeros(n)
@@ -81,7 +83,10 @@ def test_matcha_activations_match_probabilities_and_expected_bytes():
   steps = 4000
   draws = np.array([matcha.sample_activations(plan, 0, t) for t in range(steps)])
   np.testing.assert_allclose(draws.mean(0), plan.probs, atol=0.03)
-  total = sum(simulation.comm_pattern("matcha", t, n, 4.0, topo, plan).num_bytes.mean()
+  # the host half of MATCHA's communication (what the simulated clock charges): one model of
+  # 4.0 bytes per message, the step's activations drawn by the communication itself
+  comm = Matchings(plan, n, seed=0)
+  total = sum(4.0 * comm.pattern(t, comm.host_inputs(t)["active"]).messages.mean()
               for t in range(steps))
   assert total / steps == pytest.approx(matcha.expected_bytes_per_step(plan, 4.0), rel=0.05)
 
@@ -107,9 +112,12 @@ def test_one_peer_exponential_dpsgd_cycles_phases():
   state = state._replace(params=params)
   mean0 = jax.tree.map(lambda v: np.asarray(v).mean(0), params)
   step = train.make_train_step(s)
-  sim = train.make_simulator(s, 4.0)
+  host = train.make_host(s)
   for t in range(3):
-    state, _ = step(state, s.worker_data, train.step_inputs(s, sim.step(t)[0]))
+    inputs = host.inputs(t)
+    state, (_, report) = step(state, s.worker_data, train.device_context(s, inputs),
+                              inputs.get("period_end", True))
+    host.observe(t, inputs, {k: np.asarray(v) for k, v in report.items()})
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(mean0)):
     np.testing.assert_allclose(np.asarray(got), np.broadcast_to(want, got.shape), atol=1e-5)
 

@@ -1,4 +1,4 @@
-"""Tests for nbsgd_jax.error_feedback and collectives.sparse_all_gather."""
+"""Tests for nbsgd_jax.transforms.error_feedback and collectives.sparse_all_gather."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from nbsgd_jax import collectives
-from nbsgd_jax.error_feedback import ErrorFeedbackState, densify, error_feedback
+from nbsgd_jax import transforms as T
+from nbsgd_jax.transforms import ErrorFeedbackState, densify, error_feedback
 
 AXIS = "workers"
 N = 4
@@ -108,7 +109,7 @@ def test_mass_conservation(compressor):
     key, sub = jax.random.split(key)
     g = _rand_like(params, sub)
     e_old = state.residual
-    u, state = update(g, state)
+    u, state, _ = update(g, state)
     lhs = jax.tree_util.tree_map(lambda r, s: r + s, state.residual, u)
     rhs = jax.tree_util.tree_map(lambda a, b: a + b, g, e_old)
     chex.assert_trees_all_close(lhs, rhs, atol=1e-6)
@@ -123,8 +124,8 @@ def test_mass_conservation(compressor):
 def test_key_is_split_each_update():
   tx = error_feedback(topk, seed=3)
   state = tx.init(_tree())
-  _, s1 = tx.update(_rand_like(_tree(), jax.random.PRNGKey(0)), state)
-  _, s2 = tx.update(_rand_like(_tree(), jax.random.PRNGKey(0)), s1)
+  _, s1, _ = tx.update(_rand_like(_tree(), jax.random.PRNGKey(0)), state)
+  _, s2, _ = tx.update(_rand_like(_tree(), jax.random.PRNGKey(0)), s1)
   assert not np.array_equal(np.asarray(state.key), np.asarray(s1.key))
   assert not np.array_equal(np.asarray(s1.key), np.asarray(s2.key))
 
@@ -136,7 +137,7 @@ def test_identity_compressor_is_identity(flatten):
   state = tx.init(params)
   for step in range(3):
     g = _rand_like(params, jax.random.PRNGKey(step))
-    u, state = jax.jit(tx.update)(g, state)
+    u, state, _ = jax.jit(tx.update)(g, state)
     chex.assert_trees_all_close(u, g, atol=0)
     chex.assert_trees_all_close(state.residual, jax.tree_util.tree_map(jnp.zeros_like, g),
                                 atol=0)
@@ -149,7 +150,7 @@ def test_no_residual_keeps_zero():
   state = tx.init(params)
   for step in range(3):
     g = _rand_like(params, jax.random.PRNGKey(step))
-    u, state = jax.jit(tx.update)(g, state)
+    u, state, _ = jax.jit(tx.update)(g, state)
     chex.assert_trees_all_close(state.residual, jax.tree_util.tree_map(jnp.zeros_like, g),
                                 atol=0)
     flat = np.asarray(ravel_pytree(g)[0])
@@ -165,7 +166,7 @@ def test_per_leaf_matches_numpy():
   e_ref = {k: np.zeros(v.shape) for k, v in params.items()}
   for step in range(4):
     g = _rand_like(params, jax.random.PRNGKey(10 + step))
-    u, state = jax.jit(tx.update)(g, state)
+    u, state, _ = jax.jit(tx.update)(g, state)
     for name in ("a", "b"):
       p = np.asarray(g[name], np.float64).reshape(-1) + e_ref[name].reshape(-1)
       vals, idx = np_topk(p, 3)
@@ -213,7 +214,7 @@ def _worker_program(tx):
     state = tx.init({"w": gs[0]})
 
     def body(state, g):
-      u, state = tx.update({"w": g}, state)
+      u, state, _ = tx.update({"w": g}, state)
       return state, (u["w"], state.residual["w"], state.sent_count)
 
     _, out = lax.scan(body, state, gs)
@@ -264,7 +265,7 @@ def test_workers_get_independent_keys():
 
   def run(g):
     state = tx.init(g)
-    _, state = tx.update(g, state)
+    _, state, _ = tx.update(g, state)
     return state.residual
 
   g = jnp.tile(jnp.arange(1.0, 65.0), (N, 1))
@@ -278,14 +279,14 @@ def test_workers_get_independent_keys():
 def test_chain_with_sgd_under_jit():
   params = _rand_like(_tree(), jax.random.PRNGKey(42))
   lr, wd = 0.1, 1e-2
-  tx = optax.chain(error_feedback(topk), optax.add_decayed_weights(wd),
-                   optax.sgd(lr, momentum=0.9))
+  tx = T.chain(error_feedback(topk), optax.add_decayed_weights(wd),
+               optax.sgd(lr, momentum=0.9))
   state = tx.init(params)
   g = _rand_like(params, jax.random.PRNGKey(5))
 
   @jax.jit
   def step(params, state, g):
-    u, state = tx.update(g, state, params)
+    u, state, _ = tx.update(g, state, params, None)
     return optax.apply_updates(params, u), state
 
   new_params, state = step(params, state, g)

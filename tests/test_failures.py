@@ -8,10 +8,12 @@ import numpy as np
 import optax
 import pytest
 
-from nbsgd_jax import algorithms as algos
 from nbsgd_jax import cluster, collectives, matcha, topology, train
 from nbsgd_jax import config as config_lib
-from nbsgd_jax.algorithms.base import AXIS, StepInputs
+from nbsgd_jax import transforms as T
+from nbsgd_jax.axis import AXIS
+from nbsgd_jax.communications import AllReduce, Gossip, Matchings
+from nbsgd_jax.transforms import StepContext
 
 from tests.test_train import small_cfg
 
@@ -19,9 +21,19 @@ N, D, LR = 6, 5, 0.1
 
 
 def _inputs(alive, k=1, step=0):
+  """Per-worker contexts: a failed worker finished 0 mini-batches, the live ones 1 each."""
   alive = np.asarray(alive, bool)
-  return StepInputs(jnp.full((N,), step, jnp.int32), jnp.asarray(alive.astype(np.int32)),
-                    jnp.zeros((N, k), bool), None, jnp.asarray(np.broadcast_to(alive, (N, N))))
+  count = alive.astype(np.int32)
+  return StepContext(jnp.full((N,), step, jnp.int32), jnp.asarray(count),
+                     jnp.full((N,), count.sum(), jnp.int32), jnp.zeros((N, k), bool),
+                     alive=jnp.asarray(np.broadcast_to(alive, (N, N))))
+
+
+def _step(alg, g, x, ctx):
+  """One vmapped step of a worker transform: (new params, bytes sent per worker)."""
+  state = jax.vmap(alg.init)(x)
+  updates, _, report = jax.vmap(alg.update, axis_name=AXIS)(g, state, x, ctx)
+  return optax.apply_updates(x, updates), report["bytes_sent"]
 
 
 def _xg(seed):
@@ -65,11 +77,10 @@ def test_gossip_renormalises_over_live_neighbours(topo):
 
 def test_dpsgd_step_with_failures_against_numpy():
   w = np.asarray(topology.make("ring", N).mixing_matrix)
-  alg = algos.gossip_sgd("dpsgd", optax.sgd(LR), algos.static_mixer(w), nonblocking=True)
+  alg = T.gossip_step(T.skip_when_idle(optax.sgd(LR), "local"), Gossip([w]), "parallel")
   x, g = _xg(1)
   alive = np.array([1, 1, 0, 1, 1, 1], bool)
-  state = jax.vmap(alg.init)(x)
-  new, _, sent = jax.vmap(alg.update, axis_name=AXIS)(g, state, x, _inputs(alive))
+  new, sent = _step(alg, g, x, _inputs(alive))
   ref = _renormalised(w, alive) @ np.asarray(x, np.float64) - LR * np.asarray(g) * alive[:, None]
   np.testing.assert_allclose(np.asarray(new), ref, rtol=1e-5, atol=1e-6)
   nbytes = 4 * D
@@ -81,15 +92,17 @@ def test_time_varying_gossip_with_failures_counts_live_neighbours():
   """one_peer_exponential (W_t = (I + P_t) / 2): each phase mixes over live partners only and a
   live worker is charged for its live partners, the rule of the static mixer."""
   phases = [np.asarray(w) for w in topology.make("one_peer_exponential", 8).phases]
-  mix = algos.time_varying_mixer(phases)
+  comm = Gossip(phases)
   n = len(phases[0])
   x = jnp.asarray(np.random.default_rng(2).standard_normal((n, D)), jnp.float32)
   alive = np.array([1, 1, 0, 1, 1, 1, 0, 1], bool)
   nbytes = 4 * D
   for step in range(len(phases)):
-    inputs = StepInputs(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
-                        jnp.zeros((n, 1), bool), None, jnp.asarray(np.broadcast_to(alive, (n, n))))
-    out, sent = jax.vmap(mix, axis_name=AXIS)(x, inputs)
+    inputs = StepContext(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
+                         jnp.full((n,), n, jnp.int32), jnp.zeros((n, 1), bool),
+                         alive=jnp.asarray(np.broadcast_to(alive, (n, n))))
+    out, report = jax.vmap(comm.mix, axis_name=AXIS)(x, inputs)
+    sent = report["bytes_sent"]
     w = phases[step]
     ref = _renormalised(w, alive) @ np.asarray(x, np.float64)
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-6)
@@ -100,13 +113,12 @@ def test_time_varying_gossip_with_failures_counts_live_neighbours():
 
 @pytest.mark.parametrize("ring", [False, True])
 def test_allreduce_averages_over_live_workers(ring):
-  make = algos.allreduce_ring if ring else algos.allreduce
-  alg = make(optax.sgd(LR), N, nonblocking=True)
+  alg = T.chain(T.mean_of(AllReduce(N, ring=ring, weighted=True)),
+                T.skip_when_idle(optax.sgd(LR), "global"))
   x, g = _xg(2)
   x = jnp.broadcast_to(x[0], (N, D))  # replicas
   alive = np.array([1, 0, 1, 1, 1, 0], bool)
-  state = jax.vmap(alg.init)(x)
-  new, _, sent = jax.vmap(alg.update, axis_name=AXIS)(g, state, x, _inputs(alive))
+  new, sent = _step(alg, g, x, _inputs(alive))
   ref = np.asarray(x[0]) - LR * np.asarray(g)[alive].mean(axis=0)
   np.testing.assert_allclose(np.asarray(new), np.broadcast_to(ref, (N, D)), rtol=1e-5,
                              atol=1e-6)
@@ -116,12 +128,12 @@ def test_allreduce_averages_over_live_workers(ring):
 def test_matcha_mixing_skips_pairs_with_a_failed_worker():
   topo = topology.make("ring", N)
   plan = matcha.plan(N, topo.edges, 1.0)
-  mix = algos.matcha_mixer(plan.matchings, plan.alpha, N)
+  comm = Matchings(plan, N)
   x, _ = _xg(3)
   alive = np.array([1, 1, 1, 0, 1, 1], bool)
   k = len(plan.matchings)
   inputs = _inputs(alive, k)._replace(active=jnp.ones((N, k), bool))
-  out, _ = jax.vmap(mix, axis_name=AXIS)(x, inputs)
+  out, _ = jax.vmap(comm.mix, axis_name=AXIS)(x, inputs)
   lap = np.zeros((N, N))
   for m in plan.matchings:
     for a, b in m:
@@ -158,9 +170,17 @@ def test_training_continues_through_a_failure(algorithm):
 @pytest.mark.parametrize("override,needle", [
     ({"cluster.failures": "9:0:1"}, "config.cluster.failures='9:0:1' is not allowed"),
     ({"cluster.failures": "1:2"}, "worker:start:duration"),
-    ({"cluster.failures": "1:0:3", "algorithm": "local_sgd"},
-     "simulated failures run on"),
 ])
 def test_bad_failures_config(override, needle):
   with pytest.raises(config_lib.ConfigError, match=needle):
     config_lib.validate(small_cfg(**override))
+
+
+def test_failures_run_with_local_sgd():
+  """``cluster.failures`` works with every algorithm (it used to be refused for local SGD):
+  local SGD with a failed worker validates and trains with a finite loss."""
+  cfg = small_cfg(algorithm="local_sgd", num_steps=6, eval_every=6,
+                  **{"cluster.failures": "1:0:3"})
+  config_lib.validate(cfg)
+  out = train.train(cfg)
+  assert np.isfinite(out["train_loss"])

@@ -9,10 +9,12 @@ import numpy as np
 import optax
 import pytest
 
-from nbsgd_jax import algorithms as algos
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import local_sgd, topology, train
-from nbsgd_jax.algorithms.base import AXIS, StepInputs
+from nbsgd_jax import transforms as T
+from nbsgd_jax.axis import AXIS
+from nbsgd_jax.communications import AllReduce, Gossip
+from nbsgd_jax.transforms import StepContext
 
 from tests.test_train import run_steps, small_cfg
 
@@ -20,18 +22,45 @@ N = 4
 
 
 def _inputs(n=N, step=0):
-  return StepInputs(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
-                    jnp.zeros((n, 1), bool))
+  """Per-worker contexts (leading axis n); ``period_end`` is set inside the vmap."""
+  return StepContext(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
+                     jnp.full((n,), n, jnp.int32), jnp.zeros((n, 1), bool))
 
 
-def _run(algorithm, params, grads_seq, syncs):
-  """Drive ``algorithm`` under vmap with given per-step grads [n, d] and sync flags."""
-  opt_state = jax.vmap(algorithm.init)(params)
+def _local_sgd(opt, n, opt_state_sync="keep", reducer=None):
+  """Local SGD with a model average (or ``reducer``) at every period end."""
+  reducer = reducer if reducer is not None else T.mean_of(AllReduce(n), "alive")
+  return T.periodic(opt, T.average_models(reducer, opt_state_sync, local_init=opt.init))
+
+
+def _allreduce(opt, n):
+  return T.chain(T.mean_of(AllReduce(n)), opt)
+
+
+def _diloco(inner, n, outer):
+  return T.periodic(inner, T.outer_step(T.mean_of(AllReduce(n), "alive"), outer))
+
+
+def _step(transform, period_end):
+  """One worker's step: ``(g, state, params, ctx) -> (params, state, bytes_sent)``."""
+
+  def fn(g, state, params, ctx):
+    updates, state, report = transform.update(g, state, params,
+                                              ctx._replace(period_end=period_end))
+    return (optax.apply_updates(params, updates), state,
+            report.get("bytes_sent", jnp.float32(0.0)))
+
+  return fn
+
+
+def _run(transform, params, grads_seq, syncs):
+  """Drive ``transform`` under vmap with given per-step grads [n, d] and sync flags."""
+  opt_state = jax.vmap(transform.init)(params)
   sent = []
   for t, (g, sync) in enumerate(zip(grads_seq, syncs)):
-    fn = algorithm.sync_update if sync else algorithm.update
-    params, opt_state, b = jax.vmap(fn, axis_name=AXIS)(g, opt_state, params, _inputs(step=t))
-    sent.append(np.asarray(b))
+    params, opt_state, b = jax.vmap(_step(transform, sync), axis_name=AXIS)(
+        g, opt_state, params, _inputs(step=t))
+    sent.append(np.broadcast_to(np.asarray(b), (N,)))
   return params, opt_state, np.stack(sent)
 
 
@@ -118,7 +147,6 @@ def test_planner_bad_input(kwargs, needle):
     ({"algorithm": "diloco", "diloco.inner_steps": 0},
      "config.diloco.inner_steps=0 is not allowed"),
     ({"algorithm": "diloco", "diloco.outer_lr": 0.0}, "config.diloco.outer_lr=0.0 is not allowed"),
-    ({"algorithm": "diloco", "nonblocking.enabled": True}, "not combined yet"),
 ])
 def test_bad_config(override, needle):
   with pytest.raises(config_lib.ConfigError) as e:
@@ -126,12 +154,19 @@ def test_bad_config(override, needle):
   assert any(needle in line for line in e.value.errors), e.value.errors
 
 
+def test_diloco_with_nonblocking_trains():
+  """DiLoCo with Non-blocking SGD (once refused as "not combined yet") now trains."""
+  s = train.train(small_cfg(algorithm="diloco", num_steps=4, eval_every=4,
+                            **{"nonblocking.enabled": True, "diloco.inner_steps": 2}))
+  assert np.isfinite(s["train_loss"]), s["train_loss"]
+
+
 # ------------------------------------------------------------------ local SGD
 
 
 def test_local_steps_are_local_and_sync_averages():
   opt = optax.sgd(0.1)
-  alg = algos.local_sgd(opt, N)
+  alg = _local_sgd(opt, N)
   params = {"w": jnp.zeros((N, 6))}
   gs = _grads(3)
   out, _, sent = _run(alg, params, gs, [False, False, True])
@@ -148,10 +183,10 @@ def test_local_steps_are_local_and_sync_averages():
 @pytest.mark.parametrize("opt_state_sync", ["keep", "average", "reset"])
 def test_opt_state_options(opt_state_sync):
   opt = optax.sgd(0.1, momentum=0.9)
-  alg = algos.local_sgd(opt, N, opt_state_sync=opt_state_sync)
+  alg = _local_sgd(opt, N, opt_state_sync=opt_state_sync)
   gs = _grads(2)
   _, st, _ = _run(alg, {"w": jnp.zeros((N, 6))}, gs, [False, True])
-  trace = np.asarray(st[0].trace["w"])
+  trace = np.asarray(st.local[0].trace["w"])
   local = 0.9 * np.asarray(gs[0]["w"]) + np.asarray(gs[1]["w"])  # heavy-ball buffers
   expected = {"keep": local, "average": np.broadcast_to(local.mean(0), local.shape),
               "reset": np.zeros_like(local)}[opt_state_sync]
@@ -161,8 +196,7 @@ def test_opt_state_options(opt_state_sync):
 def test_gossip_averaging_is_one_mixing_step():
   topo = topology.make("ring", N)
   w = np.asarray(topo.mixing_matrix)
-  alg = algos.local_sgd(optax.sgd(0.1), N, averaging="gossip",
-                        mixer=algos.static_mixer(w))
+  alg = _local_sgd(optax.sgd(0.1), N, reducer=T.gossip_of(Gossip([w])))
   gs = _grads(2, seed=3)
   out, _, _ = _run(alg, {"w": jnp.zeros((N, 6))}, gs, [False, True])
   local = -0.1 * (np.asarray(gs[0]["w"]) + np.asarray(gs[1]["w"]))
@@ -170,10 +204,14 @@ def test_gossip_averaging_is_one_mixing_step():
 
 
 def test_local_sgd_bad_options():
-  with pytest.raises(ValueError, match="local_sgd.averaging='all' is not allowed"):
-    algos.local_sgd(optax.sgd(0.1), N, averaging="all")
-  with pytest.raises(ValueError, match="needs a mixer"):
-    algos.local_sgd(optax.sgd(0.1), N, averaging="gossip")
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(small_cfg(algorithm="local_sgd", **{"local_sgd.averaging": "all"}))
+  assert any("config.local_sgd.averaging='all' is not allowed" in line
+             for line in e.value.errors), e.value.errors
+  with pytest.raises(ValueError, match="needs at least one mixing matrix"):
+    Gossip([])  # gossip averaging without a mixer
+  with pytest.raises(ValueError, match="local_sgd.opt_state='bogus' is not allowed"):
+    T.average_models(T.mean_of(AllReduce(N), "alive"), "bogus")
 
 
 # ------------------------------------------------------------------ DiLoCo
@@ -187,17 +225,18 @@ def test_diloco_pseudo_gradient_closed_form_and_sign():
   rng = np.random.default_rng(1)
   c = rng.standard_normal((N, 6)).astype(np.float32)
   x0 = rng.standard_normal(6).astype(np.float32)
-  alg = algos.diloco(optax.sgd(eta), N, outer=optax.sgd(outer_lr))
+  alg = _diloco(optax.sgd(eta), N, outer=optax.sgd(outer_lr))
   params = {"w": jnp.broadcast_to(jnp.asarray(x0), (N, 6))}
   state = jax.vmap(alg.init)(params)
   for t in range(H):
     g = {"w": params["w"] - c}
-    fn = alg.sync_update if t == H - 1 else alg.update
+    fn = _step(alg, period_end=t == H - 1)
     params, state, _ = jax.vmap(fn, axis_name=AXIS)(g, state, params, _inputs(step=t))
   delta = (1 - (1 - eta) ** H) * (x0 - c.mean(0))
   np.testing.assert_allclose(np.asarray(params["w"]),
                              np.broadcast_to(x0 - outer_lr * delta, (N, 6)), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(state.anchor["w"][0]), x0 - outer_lr * delta, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(state.sync.anchor["w"][0]), x0 - outer_lr * delta,
+                             rtol=1e-5)
   # the outer step moved x_outer against grad F(x_outer) everywhere
   assert np.all(np.sign(x0 - np.asarray(params["w"][0])) == np.sign(x0 - c.mean(0)))
 
@@ -218,7 +257,8 @@ def test_diloco_outer_lr_1_equals_local_sgd_tau_h():
                                 **{"diloco.inner_steps": 3, "diloco.outer_lr": 1.0,
                                    "diloco.outer_momentum": 0.0}), 9)
   chex.assert_trees_all_close(out.params, ref.params, rtol=1e-5, atol=1e-6)
-  chex.assert_trees_all_close(out.opt_state.inner, ref.opt_state, rtol=1e-5, atol=1e-6)
+  # the inner (local) optimizer states agree too
+  chex.assert_trees_all_close(out.opt_state.local, ref.opt_state.local, rtol=1e-5, atol=1e-6)
 
 
 def test_train_counts_rounds_bytes_and_time_only_at_syncs():
@@ -270,21 +310,26 @@ def test_regroup_keeps_the_global_problem():
 def test_run_tau_1_local_sgd_equals_allreduce_and_ada_lupa_grows():
   from nbsgd_jax import problems
   prob = problems.regroup(_ls(heterogeneity=1.0), 4)
-  ref = problems.run(prob, algos.allreduce(optax.sgd(0.05), 4), 40, 2, eval_steps=(0, 20))
-  out = problems.run(prob, algos.local_sgd(optax.sgd(0.05), 4), 40, 2,
+  ref = problems.run(prob, _allreduce(optax.sgd(0.05), 4), 40, 2, eval_steps=(0, 20))
+  out = problems.run(prob, _local_sgd(optax.sgd(0.05), 4), 40, 2,
                      planner=local_sgd.SyncPlanner("fixed", 1), eval_steps=(0, 20))
   assert [h["step"] for h in out["history"]] == [0, 20, 40]
   np.testing.assert_allclose([h["gap"] for h in out["history"]],
                              [h["gap"] for h in ref["history"]], rtol=1e-5)
   assert out["rounds"] == ref["rounds"] == 40
-  ada = problems.run(prob, algos.local_sgd(optax.sgd(0.05), 4), 200, 2,
+  ada = problems.run(prob, _local_sgd(optax.sgd(0.05), 4), 200, 2,
                      planner=local_sgd.SyncPlanner("ada_lupa", 2), record_syncs=True)
   assert ada["periods"][0] == 2 and max(ada["periods"]) > 2
   assert ada["rounds"] == len(ada["periods"]) - (sum(ada["periods"]) > 200)
   with pytest.raises(ValueError, match="batch_size=999 is not allowed"):
-    problems.run(prob, algos.allreduce(optax.sgd(0.05), 4), 1, 999)
+    problems.run(prob, _allreduce(optax.sgd(0.05), 4), 1, 999)
+
+
+def test_run_periodic_transform_needs_a_planner():
+  from nbsgd_jax import problems
+  prob = problems.regroup(_ls(heterogeneity=1.0), 4)
   with pytest.raises(ValueError, match="pass a SyncPlanner"):
-    problems.run(prob, algos.local_sgd(optax.sgd(0.05), 4), 1, 1)
+    problems.run(prob, _local_sgd(optax.sgd(0.05), 4), 1, 1)
 
 
 def test_linear_speed_up_on_least_squares():
@@ -299,7 +344,7 @@ def test_linear_speed_up_on_least_squares():
   for p in (1, 16):
     tau = round(T ** (2 / 3) / p ** (1 / 3))
     gap[p] = np.mean([problems.run(problems.regroup(base, p),
-                                   algos.local_sgd(optax.sgd(sched), p), T, 1,
+                                   _local_sgd(optax.sgd(sched), p), T, 1,
                                    planner=local_sgd.SyncPlanner("fixed", tau), seed=s)["gap"]
                       for s in range(3)])
   assert gap[16] <= gap[1] / 8, gap

@@ -26,9 +26,9 @@ def test_homogeneous_nonblocking_equals_blocking(algorithm):
 
 def _finished_counts(cfg, step):
   s = train.setup(cfg)
-  sim = train.make_simulator(s, 4.0)
+  host = train.make_host(s)
   for t in range(step + 1):
-    inputs, _ = sim.step(t)
+    inputs = host.inputs(t)
   return inputs["count"]
 
 
@@ -128,7 +128,7 @@ def test_nonblocking_is_faster_on_a_straggler_cluster():
 
 @pytest.mark.parametrize("key,value,needle", [
     ("nonblocking.num_minibatches", 0, "config.nonblocking.num_minibatches=0 is not allowed"),
-    ("nonblocking.num_minibatches", 3, "batch_size divisible by num_minibatches"),
+    ("nonblocking.num_minibatches", 3, "batch_size divisible by num_minibatches"),  # on below
     ("cluster.delay_mean", -0.1, "config.cluster.delay_mean=-0.1 is not allowed"),
     ("cluster.slowdown", (1.0, -2.0, 1.0, 1.0), "config.cluster.slowdown"),
     ("nonblocking.deadline", "0.001", "config.nonblocking.deadline=0.001 is not allowed: no "
@@ -136,7 +136,7 @@ def test_nonblocking_is_faster_on_a_straggler_cluster():
     ("nonblocking.deadline", "kth:9", "config.nonblocking.deadline"),
 ])
 def test_bad_nonblocking_input(key, value, needle):
-  cfg = small_cfg(num_workers=4, batch_size=8)
+  cfg = small_cfg(num_workers=4, batch_size=8, **{"nonblocking.enabled": True})
   sec, k = key.split(".")
   cfg[sec][k] = value
   with pytest.raises(config_lib.ConfigError, match=None) as e:

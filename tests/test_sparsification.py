@@ -34,7 +34,7 @@ def test_sparse_bytes_count_values_and_indices():
     ({"compression.name": "top_k", "compression.density": 0.0},
      "config.compression.density=0.0 is not allowed"),
     ({"compression.name": "top_k", "algorithm": "dpsgd"},
-     "sparsification runs on 'allreduce'"),
+     "gossip exchanges models, not gradients"),
     ({"compression.name": "gaussian_k", "compression.gaussian_rounds": -1},
      "config.compression.gaussian_rounds=-1 is not allowed"),
     ({"compression.name": "gaussian_k", "compression.gaussian_correction": "newton"},

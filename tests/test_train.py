@@ -25,19 +25,18 @@ def small_cfg(**overrides):
 
 
 def run_steps(cfg, steps):
-  """``steps`` steps of the trainer's step function (periodic algorithms: with the config's
-  sync planner)."""
-  from nbsgd_jax import local_sgd
+  """``steps`` steps of the trainer's step function, driven by the run's host parts
+  (periodic recipes: with the config's sync planner)."""
   s = train.setup(cfg)
   state = train.init_state(s)
   step = train.make_train_step(s)
-  sim = train.make_simulator(s, 4.0)
-  planner = local_sgd.make_planner(cfg) if s.algorithm.sync_update else None
+  host = train.make_host(s)
   losses = []
   for t in range(steps):
-    sync = planner.sync_now(t) if planner else True
-    inputs, _ = sim.step(t, communicate=sync)
-    state, (loss, _, _) = step(state, s.worker_data, train.step_inputs(s, inputs), sync)
+    inputs = host.inputs(t)
+    state, (loss, report) = step(state, s.worker_data, train.device_context(s, inputs),
+                                 inputs.get("period_end", True))
+    host.observe(t, inputs, {k: np.asarray(v) for k, v in report.items()})
     losses.append(np.asarray(loss))
   return s, state, np.stack(losses)
 

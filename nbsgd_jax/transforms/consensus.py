@@ -105,7 +105,7 @@ def consensus_control(inner, gossip: Communication, control: consensus_lib.Contr
       return jnp.float32(0.0), jnp.float32(0.0), jnp.float32(0.0), jnp.int32(0)
 
     gs, noise, sent, used = lax.cond(jnp.isfinite(ctx.target), on, off, grads)
-    sent = varying_like(sent, grads)
+    sent = stats.charge(varying_like(sent, grads), ctx)
     return {"grad_sq": gs, "grad_noise": noise, **stats.report(sent, used)}
 
   def mix_bytes(p, ctx):
@@ -119,9 +119,12 @@ def consensus_control(inner, gossip: Communication, control: consensus_lib.Contr
     x, sent, aux = consensus_lib.control(x, mix_bytes, ctx, num_workers, control, axis)
     measure = aux["measurements"].astype(jnp.float32) * jnp.float32(
         consensus_lib.measure_bytes(tree_bytes(x), num_workers, control))
+    gossiped = sent - measure  # already 0 for a failed worker (Gossip.mix)
+    measure = rounds.charge(measure, ctx)  # a failed worker's model counts in Xi, unsent
     ctl = {"gossip_steps": aux["gossip_steps"], "measurements": aux["measurements"],
-           "measured_consensus_distance": aux["consensus_distance"], "bytes_sent": sent,
-           f"bytes/{rounds.key}.gossip": sent - measure, f"bytes/{rounds.key}.measure": measure}
+           "measured_consensus_distance": aux["consensus_distance"],
+           "bytes_sent": gossiped + measure, f"bytes/{rounds.key}.gossip": gossiped,
+           f"bytes/{rounds.key}.measure": measure}
     report = merge_reports(report, ctl, extra)
     if log_consensus:
       report["consensus_distance"] = exact_distance(x, axis)

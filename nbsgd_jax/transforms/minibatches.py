@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from nbsgd_jax.axis import varying_like
+
 __all__ = [
     "AccumulateState",
     "accumulate_minibatches",
@@ -154,7 +156,9 @@ def minibatch_mean_gradient(
     loss_sum = jnp.where(keep, loss_sum + loss.astype(jnp.float32), loss_sum)
     return (grad_sum, loss_sum), None
 
-  init = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
+  # the loss varies over the worker axis like the params (shard_map's varying types)
+  init = (jax.tree_util.tree_map(jnp.zeros_like, params),
+          varying_like(jnp.zeros((), jnp.float32), params))
   xs = (jnp.arange(num_minibatches, dtype=jnp.int32), minibatches)
   (grad_sum, loss_sum), _ = lax.scan(body, init, xs)
 

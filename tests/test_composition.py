@@ -1,0 +1,218 @@
+"""The composition matrix: every recipe x non-blocking x compression x failures x consensus
+control trains, with the device's bytes equal to the bytes the clock charges, or is refused
+with its mathematical reason; a subset runs on the mesh and equals simulate; a new algorithm
+defined in this file alone trains through ``train()``."""
+
+import itertools
+
+import chex
+import jax
+import numpy as np
+import optax
+import pytest
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import recipes, train
+from nbsgd_jax import transforms as T
+from nbsgd_jax.communications import AllReduce, Communication, Pattern
+
+ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha", "local_sgd", "diloco")
+GOSSIP = ("dpsgd", "matcha")
+STEPS = 4
+
+
+def cell_cfg(algorithm, nonblocking, compression, failures, control, **kw):
+  c = config_lib.default_config()
+  over = {"algorithm": algorithm, "model": "logreg", "num_workers": 4, "batch_size": 8,
+          "num_steps": STEPS, "eval_every": STEPS, "eval_train_examples": 32,
+          "progress": False, "topology": "ring", "learning_rate": 0.1,
+          "local_sgd.tau": 2, "diloco.inner_steps": 2,
+          "nonblocking.enabled": nonblocking, "nonblocking.num_minibatches": 2,
+          "compression.name": "top_k" if compression else "none",
+          "compression.density": 0.1,
+          "cluster.failures": "1:1:2" if failures else "",
+          "cluster.scenario": "lognormal", "cluster.spread": 0.5,
+          "consensus.control": control, "consensus.target": 1e-4 if control else 0.0,
+          "consensus.max_gossip_steps": 2, **kw}
+  return config_lib.override(c, over)
+
+
+CELLS = [cell for cell in itertools.product(ALGORITHMS, (False, True), (False, True),
+                                            (False, True), (False, True))
+         if not cell[4] or cell[0] in GOSSIP]
+
+
+def refusal(algorithm, compression):
+  """The mathematical reason a cell is refused, or None."""
+  if compression and algorithm in GOSSIP:
+    return "gossip exchanges models, not gradients"
+  return None
+
+
+def run_cell(cfg, steps=STEPS):
+  """Steps through the run's parts; checks device bytes == clock bytes at every step.
+
+  Returns the final state and the host."""
+  s = train.setup(cfg)
+  state = train.init_state(s)
+  step_fn = train.make_train_step(s)
+  host = train.make_host(s)
+  clock = host.part("clock")
+  for t in range(steps):
+    inputs = host.inputs(t)
+    state, (loss, report) = step_fn(state, s.worker_data, train.device_context(s, inputs),
+                                    inputs.get("period_end", True))
+    report = {k: np.asarray(v) for k, v in report.items()}
+    assert np.all(np.isfinite(np.asarray(loss)))
+    device = report.get("bytes_sent", np.zeros(cfg.num_workers))
+    charged = sum((r.num_bytes for r in clock.rounds(t, inputs, report)),
+                  np.zeros(cfg.num_workers))
+    np.testing.assert_allclose(charged, device, rtol=1e-6, err_msg=f"step {t}")
+    if "alive" in inputs:  # a failed worker sends nothing
+      assert np.all(device[~inputs["alive"]] == 0)
+    host.observe(t, inputs, report)
+  return state, host
+
+
+@pytest.mark.parametrize("algorithm,nonblocking,compression,failures,control", CELLS)
+def test_composition_cell(algorithm, nonblocking, compression, failures, control):
+  cfg = cell_cfg(algorithm, nonblocking, compression, failures, control)
+  reason = refusal(algorithm, compression)
+  if reason:
+    with pytest.raises(config_lib.ConfigError) as e:
+      train.setup(cfg)
+    assert any(reason in line for line in e.value.errors), e.value.errors
+    return
+  state, host = run_cell(cfg)
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state.params))
+  rec = host.record()
+  assert rec["sim_time"] > 0 and rec["bytes_sent"] > 0, rec
+  if control:
+    assert rec["extra_gossip_steps"] > 0  # the unreachable target binds
+
+
+def test_refused_cells_are_only_compressed_gossip():
+  """No combination is refused as "not combined yet": only compressed gossip, whose reason
+  is mathematical (it needs CHOCO-SGD's public copies)."""
+  for algorithm, nb, comp, fail, ctl in CELLS:
+    errs = recipes.combination_errors(cell_cfg(algorithm, nb, comp, fail, ctl))
+    assert bool(errs) == bool(refusal(algorithm, comp)), (algorithm, nb, comp, fail, ctl, errs)
+    assert not any("not combined yet" in e for e in errs)
+
+
+MESH_CELLS = [("allreduce", True, True, False, False), ("dpsgd", True, False, True, True),
+              ("local_sgd", True, True, False, False), ("diloco", False, False, True, False),
+              ("matcha", False, False, True, True)]
+
+
+@pytest.mark.parametrize("algorithm,nonblocking,compression,failures,control", MESH_CELLS)
+def test_mesh_equals_simulate(algorithm, nonblocking, compression, failures, control):
+  out = {}
+  for backend in ("simulate", "mesh"):
+    cfg = cell_cfg(algorithm, nonblocking, compression, failures, control, backend=backend)
+    out[backend], _ = run_cell(cfg)
+  chex.assert_trees_all_close(jax.device_get(out["simulate"].params),
+                              jax.device_get(out["mesh"].params), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ a new algorithm, from outside
+
+
+class Broadcast(Communication):
+  """A toy communication: worker 0's tree to everyone (one all-gather; worker 0 sends
+  ``(n - 1) S`` bytes, the others nothing; everyone waits for worker 0)."""
+
+  def pattern(self, step, active):
+    adj = np.eye(self.n, dtype=bool)
+    adj[:, 0] = True
+    return Pattern(adj, np.where(np.arange(self.n) == 0, self.n - 1.0, 0.0))
+
+  def send(self, tree, ctx):
+    from nbsgd_jax import collectives
+    from nbsgd_jax.axis import tree_bytes
+    out = jax.tree.map(lambda x: collectives.all_gather(x, self.axis_name)[0], tree)
+    me = self.index()
+    sent = (me == 0).astype(np.float32) * (self.n - 1) * tree_bytes(tree)
+    return out, self.report(self.charge(sent, ctx))
+
+
+def leader_sgd(b: recipes.Builder) -> recipes.Recipe:
+  """Everyone takes worker 0's gradient step (a worse All-Reduce SGD, for the test)."""
+  comm = Broadcast(b.n, b.axis_name, "broadcast")
+
+  def update(grads, state, params, ctx):
+    del state, params
+    out, report = comm.send(grads, ctx)
+    return out, (), report
+
+  follow = T.WorkerTransform(T.no_state, update, (comm,))
+  return recipes.Recipe(T.chain(follow, b.optimizer("global")), decentralized=False,
+                        primary=comm)
+
+
+@pytest.fixture
+def leader_registered():
+  recipes.register("leader_sgd")(leader_sgd)
+  yield
+  del recipes.REGISTRY["leader_sgd"]
+
+
+def test_new_algorithm_from_outside_trains(leader_registered):
+  cfg = cell_cfg("leader_sgd", False, False, False, False, num_steps=6, eval_every=3)
+  out = train.train(cfg)
+  assert np.isfinite(out["train_loss"]) and out["train_loss"] < out["history"][0]["train_loss"]
+  # worker 0 sends (n - 1) S per step, the others nothing: the mean over workers is (n - 1)/n S
+  s_bytes = 4 * out["model_params"]
+  assert out["bytes_sent"] == pytest.approx(6 * (4 - 1) / 4 * s_bytes)
+  assert out["consensus_distance"] == pytest.approx(0.0, abs=1e-6)
+  # and the clock: each step the workers wait for worker 0, which sends 3 messages of S
+  cl = cfg.cluster
+  _, host = run_cell(cfg, steps=1)
+  assert host.part("clock").sim_time > cl.latency * 3 + 3 * s_bytes / cl.bandwidth
+
+
+def test_error_feedback_api_as_written():
+  """The issue's API: ``error_feedback(partial(top_k, density=0.01))`` composed with optax
+  transforms in ``chain``; against a numpy transcription of p = g + e, s = Top_k(p),
+  e <- p - s, u = sgd(s + wd x)."""
+  import functools
+  from nbsgd_jax.compression import top_k
+  wd, lr = 0.1, 0.5
+  tx = T.chain(T.error_feedback(functools.partial(top_k, density=0.25)),
+               optax.add_decayed_weights(wd), optax.sgd(lr))
+  rng = np.random.default_rng(0)
+  x = {"w": rng.normal(size=8).astype(np.float32)}
+  state = tx.init(x)
+  e = np.zeros(8)
+  for _ in range(3):
+    g = rng.normal(size=8).astype(np.float32)
+    u, state, report = tx.update({"w": g}, state, x, None)
+    p = g + e
+    keep = np.argsort(-np.abs(p))[:2]
+    sent = np.zeros(8)
+    sent[keep] = p[keep]
+    e = p - sent
+    np.testing.assert_allclose(np.asarray(u["w"]), -lr * (sent + wd * x["w"]), rtol=1e-5,
+                               atol=1e-6)
+    x = {"w": np.asarray(optax.apply_updates(x, u)["w"])}
+  assert report == {}  # no axis: nothing sent
+
+
+def test_unknown_report_key_twice_is_an_error():
+  def t(name):
+    return T.WorkerTransform(T.no_state, lambda u, s, p, c: (u, s, {name: 1.0}))
+  with pytest.raises(ValueError, match="written by two transforms"):
+    T.chain(t("x"), t("x")).update({"w": np.zeros(2)}, ((), ()), None, None)
+  _, _, rep = T.chain(t("bytes_sent"), t("bytes_sent")).update({"w": np.zeros(2)}, ((), ()),
+                                                               None, None)
+  assert rep == {"bytes_sent": 2.0}
+
+
+def test_allreduce_weights_written_once():
+  """``Communication.weight``: count weights under non-blocking, live-worker weights for
+  models, against closed forms."""
+  comm = AllReduce(4, weighted=True)
+  ctx = T.StepContext(0, np.int32(3), np.int32(6), np.zeros(1, bool),
+                      alive=np.array([True, False, True, True]))
+  assert float(comm.weight(ctx, "count")) == pytest.approx(0.5)
+  assert AllReduce(4).weight(ctx, "count") is None
