@@ -38,12 +38,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (experiments/common.py)
 
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import local_sgd, problems, train  # noqa: E402
-from nbsgd_jax import transforms as T  # noqa: E402
-from nbsgd_jax.communications import AllReduce  # noqa: E402
+from nbsgd_jax import problems, train  # noqa: E402
 
 
 def make_problem(a, heterogeneity: float = 0.0) -> problems.SyntheticProblem:
@@ -51,22 +48,22 @@ def make_problem(a, heterogeneity: float = 0.0) -> problems.SyntheticProblem:
                                 heterogeneity=heterogeneity, seed=a.seed)
 
 
-def lr_schedule(problem):
-  """eta_t = 2 / (mu (t + a)), a = 8 L / mu: the decaying step of the PL analysis."""
-  mu, lip = problems.pl_constants(problem)
-  a = 8.0 * lip / mu
-  return lambda t: 2.0 / (mu * (t + a))
-
-
-def local_sgd_transform(opt, p: int) -> T.WorkerTransform:
-  """Local SGD on p workers: local steps of ``opt``, a model average at every period end."""
-  return T.periodic(opt, T.average_models(T.mean_of(AllReduce(p), "alive"),
-                                          local_init=opt.init))
-
-
-def allreduce_transform(opt, p: int) -> T.WorkerTransform:
-  """Synchronous SGD on p workers: the mean gradient, then ``opt``."""
-  return T.chain(T.mean_of(AllReduce(p)), opt)
+def pl_config(a, base, algorithm: str, p: int, seed: int, heterogeneity: float = 0.0,
+              eval_every: int = 0, **kw):
+  """The least-squares task of :func:`make_problem` on p workers through the training loop:
+  plain SGD, batch 1, eta_t = 2 / (mu (t + a)) with a = 8 L / mu (the decaying step of the PL
+  analysis, ``lr_schedule='inverse_time'``)."""
+  mu, lip = problems.pl_constants(base)
+  t0 = 8.0 * lip / mu
+  c = config_lib.default_config()
+  over = {"dataset": "least_squares", "algorithm": algorithm, "num_workers": p,
+          "batch_size": 1, "num_steps": a.steps, "eval_every": eval_every or a.steps,
+          "momentum": 0.0, "seed": seed, "progress": False, "lr_schedule": "inverse_time",
+          "learning_rate": 2.0 / (mu * t0), "lr_t0": t0, "problem.shards": 16,
+          "problem.examples_per_worker": a.examples, "problem.dim": a.dim,
+          "problem.noise": a.noise, "problem.condition": a.condition, "problem.l2": 0.0,
+          "problem.heterogeneity": heterogeneity, "problem.seed": a.seed, **kw}
+  return config_lib.override(c, over)
 
 
 def slope(x, y) -> float:
@@ -79,16 +76,12 @@ def slope(x, y) -> float:
 
 def speedup(a) -> dict:
   base = make_problem(a)
-  sched = lr_schedule(base)
   rows = []
   for p in a.workers:
-    prob = problems.regroup(base, p)
     tau = max(1, round(a.steps ** (2 / 3) / p ** (1 / 3)))
-    alg = local_sgd_transform(optax.sgd(sched), p)
     gaps, rounds = [], None
     for seed in range(a.seeds):
-      r = problems.run(prob, alg, a.steps, 1, planner=local_sgd.SyncPlanner("fixed", tau),
-                       seed=seed)
+      r = train.train(pl_config(a, base, "local_sgd", p, seed, **{"local_sgd.tau": tau}))
       gaps.append(r["gap"])
       rounds = r["rounds"]
     rows.append({"p": p, "tau": tau, "rounds": rounds, "gap_mean": float(np.mean(gaps)),
@@ -114,33 +107,25 @@ def rounds_to(history: list, target: float):
 def communication(a) -> dict:
   base = make_problem(a, a.heterogeneity)
   p = a.comm_workers
-  prob = problems.regroup(base, p)
-  sched = lr_schedule(base)
-  runs = {"sync SGD (tau=1)": ("allreduce", None)}
+  runs = {"sync SGD (tau=1)": ("allreduce", {})}
   for tau in a.taus:
-    runs[f"LUPA tau={tau}"] = ("local", local_sgd.SyncPlanner("fixed", tau))
+    runs[f"LUPA tau={tau}"] = ("local_sgd", {"local_sgd.tau": tau})
   for tau0 in a.ada_taus:
-    runs[f"ADA-LUPA tau0={tau0}"] = ("local", ("ada_lupa", tau0, 0.0))
-    runs[f"ADA-LUPA tau0={tau0}, F-F*"] = ("local", ("ada_lupa", tau0, base.f_star))
+    ada = {"local_sgd.schedule": "ada_lupa", "local_sgd.tau": tau0}
+    runs[f"ADA-LUPA tau0={tau0}"] = ("local_sgd", ada)
+    runs[f"ADA-LUPA tau0={tau0}, F-F*"] = ("local_sgd", {**ada, "local_sgd.offset_optimum": True})
   runs[f"linear ramp tau0={a.ada_taus[0]}, alpha=0.1"] = (
-      "local", ("linear", a.ada_taus[0], 0.1))
+      "local_sgd", {"local_sgd.schedule": "linear", "local_sgd.tau": a.ada_taus[0],
+                    "local_sgd.alpha": 0.1})
   out = {}
-  for name, (kind, plan) in runs.items():
+  for name, (algorithm, kw) in runs.items():
     histories, periods = [], None
-    for seed in range(a.seeds):
-      if kind == "allreduce":
-        alg, planner = allreduce_transform(optax.sgd(sched), p), None
-      else:
-        alg = local_sgd_transform(optax.sgd(sched), p)
-        if isinstance(plan, tuple):
-          sch, tau0, off = plan
-          planner = (local_sgd.SyncPlanner(sch, tau0, loss_offset=off) if sch == "ada_lupa"
-                     else local_sgd.SyncPlanner(sch, tau0, alpha=off))
-        else:
-          planner = local_sgd.SyncPlanner("fixed", plan.tau)
-      r = problems.run(prob, alg, a.steps, 1, planner=planner, seed=seed, record_syncs=True)
-      histories.append(r["history"])
-      periods = r["periods"]
+    for seed in range(a.seeds):  # an evaluation after every step: rounds to the target
+      r = train.train(pl_config(a, base, algorithm, p, seed, a.heterogeneity, eval_every=1,
+                                **kw))
+      histories.append([{"step": h["step"], "rounds": h["rounds"], "gap": h["gap"]}
+                        for h in r["history"]])
+      periods = r.get("periods")
     out[name] = {"histories": histories, "periods": periods,
                  "final_gap": float(np.mean([h[-1]["gap"] for h in histories]))}
     print(f"  (b) {name:28s} final F-F*={out[name]['final_gap']:.3e} "

@@ -39,7 +39,8 @@ BACKENDS = ("simulate", "mesh", "multihost")
 MODELS = ("logreg", "mlp", "cnn")
 PARTITIONS = ("iid", "dirichlet")
 DPSGD_ORDERS = ("parallel", "atc")
-LR_SCHEDULES = ("constant", "cosine")
+LR_SCHEDULES = ("constant", "cosine", "inverse_time")
+SYNTHETIC = ("least_squares", "logistic")  # nbsgd_jax.problems, with their known F*
 COMPRESSIONS = ("none", "top_k", "gaussian_k", "random_k")
 
 
@@ -61,13 +62,16 @@ def default_config() -> ml_collections.ConfigDict:
   c.model = "cnn"                # logreg | mlp | cnn
   c.mlp_hidden = (256,)          # hidden sizes of the MLP
   c.cnn_channels = (6, 16)       # conv widths of the CNN
-  c.dataset = "mnist10k"         # mnist10k (embedded) | tfds:<name>
+  c.dataset = "mnist10k"         # mnist10k (embedded) | tfds:<name> | least_squares |
+                                 # logistic (synthetic PL problems, config.problem, known F*)
   c.data_dir = ""                # tfds data_dir ("" = tfds default)
   c.partition = "iid"            # iid | dirichlet (over labels)
   c.dirichlet_alpha = 0.5        # concentration of the Dirichlet partition (> 0)
   c.batch_size = 32              # examples per worker per step
   c.learning_rate = 0.05         # SGD step size (peak value of the schedule)
-  c.lr_schedule = "constant"     # constant | cosine (decay to 0 at num_steps)
+  c.lr_schedule = "constant"     # constant | cosine (decay to 0 at num_steps) |
+                                 # inverse_time: learning_rate * lr_t0 / (step + lr_t0)
+  c.lr_t0 = 100.0                # steps, t0 of inverse_time
   c.warmup_steps = 0             # linear warm-up from 0 over this many steps
   c.momentum = 0.9               # heavy-ball momentum in [0, 1) (0 = plain SGD)
   c.nesterov = False             # Nesterov momentum
@@ -98,7 +102,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.cluster.bandwidth = 1e9      # bytes/s (1 / beta)
   c.cluster.seed = 0             # seed of the delays and of lognormal speeds
   c.cluster.failures = ""        # simulated failures "worker:start:duration,...": the worker
-                                 # is down for those steps (allreduce*, dpsgd, matcha)
+                                 # is down for those steps (every algorithm)
   c.nonblocking = ml_collections.ConfigDict()  # Non-blocking SGD (He & Dube 2022)
   c.nonblocking.enabled = False  # accumulate only the mini-batches finished by the deadline
   c.nonblocking.num_minibatches = 4  # M: mini-batches per worker batch (divides batch_size)
@@ -106,7 +110,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.nonblocking.deadline_group = "all"  # all: one deadline for every worker | neighbours:
                                         # each worker's over itself and its neighbours
   c.compression = ml_collections.ConfigDict()  # gradient sparsification (Shi et al. 2019)
-  c.compression.name = "none"    # none | top_k | gaussian_k | random_k (with allreduce)
+  c.compression.name = "none"    # none | top_k | gaussian_k | random_k: the gradients of
+                                 # allreduce*, the model differences of local_sgd / diloco
   c.compression.density = 0.01   # k / d, in (0, 1]
   c.compression.error_feedback = True  # keep the unsent residual and add it next step
   c.compression.flatten = True   # one selection over the whole model (False: per layer)
@@ -120,13 +125,15 @@ def default_config() -> ml_collections.ConfigDict:
   c.local_sgd.max_tau = 0        # cap on any period (0: none)
   c.local_sgd.averaging = "mean"  # mean (exact average) | gossip (one step over topology)
   c.local_sgd.opt_state = "keep"  # at a sync: keep local | average | reset the optimizer state
+  c.local_sgd.offset_optimum = False  # ada_lupa: observe F - F* (synthetic problems) not F
   c.diloco = ml_collections.ConfigDict()  # DiLoCo (Douillard et al. 2023)
   c.diloco.inner_steps = 50      # H: inner steps per round
   c.diloco.outer_lr = 0.7        # outer SGD learning rate
   c.diloco.outer_momentum = 0.9  # outer momentum (0: plain SGD)
   c.diloco.outer_nesterov = True  # Nesterov outer momentum
   c.consensus = ml_collections.ConfigDict()  # consensus distance (Kong et al. 2021)
-  c.consensus.control = False    # dpsgd / matcha: gossip again while Xi > target
+  c.consensus.control = False    # recipes that gossip (dpsgd, matcha): gossip again while
+                                 # Xi > target
   c.consensus.target = 0.0       # absolute target Xi (parameter units); 0: use target_ratio
   c.consensus.target_ratio = 0.0  # target = ratio x reference run's Xi at each step
   c.consensus.reference_workdir = ""  # the reference run (its steps.jsonl or metrics.jsonl)
@@ -144,6 +151,18 @@ def default_config() -> ml_collections.ConfigDict:
   c.consensus.sketch_size = 1024  # r, coordinates of a sketch measurement
   c.consensus.log_every_step = False  # write workdir/steps.jsonl (Xi of every step)
   c.consensus.per_layer = False  # add consensus_distance_layers to every evaluation
+  c.problem = ml_collections.ConfigDict()  # synthetic PL problems (dataset least_squares |
+                                           # logistic; Haddadpour et al. 2019)
+  c.problem.examples_per_worker = 256  # examples of each of problem.shards shards
+  c.problem.shards = 0           # shards the problem is drawn with (0: num_workers); a
+                                 # multiple of num_workers: consecutive shards are merged, so
+                                 # runs with different num_workers share one global problem
+  c.problem.dim = 10             # features d
+  c.problem.noise = 0.1          # least_squares: std of the target noise
+  c.problem.l2 = 0.01            # l2 regularisation of the objective
+  c.problem.heterogeneity = 0.0  # h: shift of each shard's feature mean (0: iid)
+  c.problem.condition = 10.0     # least_squares: condition number of the feature covariance
+  c.problem.seed = 0             # seed of the problem's data
   c.matcha = ml_collections.ConfigDict()
   c.matcha.budget = 0.5          # communication budget C_b in (0, 1]: expected fraction of
                                  # matchings active per step (1 = D-PSGD with W = I - alpha L)
@@ -287,9 +306,12 @@ def _check_top_level(cfg, errs: Errors) -> None:
     _boolean(cfg, errs, key)
   _string(cfg, errs, "data_dir")
   ds = cfg.get("dataset")
-  if not isinstance(ds, str) or not (ds == "mnist10k" or (ds.startswith("tfds:") and len(ds) > 5)):
-    errs.append(f"config.dataset={ds!r} is not allowed: use 'mnist10k' or 'tfds:<name>' "
-                "(e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10')")
+  if not isinstance(ds, str) or not (ds in ("mnist10k",) + SYNTHETIC
+                                     or (ds.startswith("tfds:") and len(ds) > 5)):
+    errs.append(f"config.dataset={ds!r} is not allowed: use 'mnist10k', 'tfds:<name>' "
+                "(e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10'), 'least_squares' "
+                "or 'logistic'")
+  _number(cfg, errs, "lr_t0", 0, lo_open=True)
   for key, length in (("mlp_hidden", 0), ("cnn_channels", 2)):
     v = cfg.get(key)
     if (not isinstance(v, (tuple, list)) or not all(_is_int(x) and x >= 1 for x in v)
@@ -447,6 +469,23 @@ def _check_local_sgd(cfg, errs: Errors) -> None:
   for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0)):
     _integer(cfg, errs, f"local_sgd.{key}", lo)
   _number(cfg, errs, "local_sgd.alpha", 0)
+  if (_boolean(cfg, errs, "local_sgd.offset_optimum") and cfg.local_sgd.offset_optimum
+      and cfg.get("dataset") not in SYNTHETIC):
+    errs.append(f"config.local_sgd.offset_optimum=True is not allowed with config.dataset="
+                f"{cfg.get('dataset')!r}: F* is known only for {list(SYNTHETIC)}")
+
+
+def _check_problem(cfg, errs: Errors) -> None:
+  """problem.*: the synthetic problem's size and data (:mod:`nbsgd_jax.problems`)."""
+  for key, lo in (("examples_per_worker", 1), ("shards", 0), ("dim", 1), ("seed", 0)):
+    _integer(cfg, errs, f"problem.{key}", lo)
+  for key in ("noise", "l2", "heterogeneity"):
+    _number(cfg, errs, f"problem.{key}", 0)
+  _number(cfg, errs, "problem.condition", 1)
+  shards, n = cfg.problem.get("shards"), cfg.get("num_workers")
+  if _is_int(shards) and shards and _is_int(n) and n >= 1 and shards % n:
+    errs.append(f"config.problem.shards={shards} is not allowed with config.num_workers={n}: "
+                "it must be a multiple of num_workers (0: num_workers)")
 
 
 def _check_diloco(cfg, errs: Errors) -> None:
@@ -513,6 +552,7 @@ SECTION_CHECKS: dict[str, Callable[[ml_collections.ConfigDict, Errors], None]] =
     "consensus": _check_consensus,
     "matcha": _check_matcha,
     "dpsgd": _check_dpsgd,
+    "problem": _check_problem,
 }
 
 
@@ -594,6 +634,11 @@ SWITCHES = (
            lambda v: v in importlib.import_module("nbsgd_jax.recipes").gossip_recipes()),
     Switch(CONTROL_KEYS, "consensus.control", lambda v: v is True),
     Switch(CRITICAL_KEYS, "consensus.critical", lambda v: v is True),
+    Switch(("problem.*",), "dataset", lambda v: v in SYNTHETIC),
+    Switch(("model", "mlp_hidden", "cnn_channels", "partition", "dirichlet_alpha", "data_dir",
+            "eval_train_examples"), "dataset", lambda v: v not in SYNTHETIC),
+    Switch(("lr_t0",), "lr_schedule", lambda v: v == "inverse_time"),
+    Switch(("local_sgd.offset_optimum",), "local_sgd.schedule", lambda v: v == "ada_lupa"),
     Switch(("topology_p", "topology_seed"), "topology", lambda v: v == "erdos_renyi"),
     Switch(("topology_rows", "topology_cols"), "topology", lambda v: v == "torus"),
     Switch(("cluster.slow_factor",), "cluster.scenario", lambda v: v == "one_slow"),

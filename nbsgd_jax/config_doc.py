@@ -15,10 +15,9 @@ Every key of :func:`nbsgd_jax.config.default_config` (dotted, nested sections in
   otherwise default config, and the part after ``is not allowed:`` of every error that
   ``validate`` reports for that key is kept (``it must be an integer >= 1``,
   ``use one of ['ring', 'torus', ...]``: the choice lists are the tuples of
-  :mod:`nbsgd_jax.config`). Keys that ``validate`` checks only in some settings (the
-  ``compression.*`` keys are checked when a compressor is on) are probed again in the
-  :data:`CONTEXTS`. Rules between keys (``checkpoint_every`` a multiple of ``eval_every``,
-  compression only with ``allreduce``, ...) are not in the table;
+  :mod:`nbsgd_jax.config`). Keys are probed again in the :data:`CONTEXTS`. Rules between
+  keys (``checkpoint_every`` a multiple of ``eval_every``, the combinations the recipe
+  registry refuses, ...) are not in the table;
 * **unit**: read off the comment by the rules of :data:`UNIT_RULES` (``s``, ``bytes/s``,
   ``steps``, ...; ``-`` when the comment names none).
 
@@ -293,8 +292,8 @@ def render(docs: Sequence[KeyDoc]) -> str:
       "* **allowed**: what `validate()` accepts, in the words of its error messages (each key "
       "was given bad values and the messages about it collected); `-`: not checked beyond "
       "its type. Rules between keys (e.g. `checkpoint_every` a multiple of `eval_every`, "
-      "compression only with `allreduce`, `batch_size` divisible by "
-      "`nonblocking.num_minibatches`) are checked too but not listed here; a bad value stops "
+      "compressed gossip refused by the recipe registry, `batch_size` divisible by "
+      "`nonblocking.num_minibatches` with non-blocking on) are checked too but not listed here; a bad value stops "
       "the run before compilation with one `error:` line per problem.",
       "* **unit**: as the comment names it; `-`: none (a count, a factor, a name).",
       "* **meaning**: the comment beside the key in `default_config()`.",

@@ -465,6 +465,7 @@ def label_histogram(
 
 
 # Synthetic PL problems with a known optimum F* (least squares, l2-regularised logistic
-# regression) live in nbsgd_jax.problems, with their objective, loss and a runner; the
+# regression) live in nbsgd_jax.problems, with their objective and loss; the training loop
+# runs them as tasks (config.dataset='least_squares' | 'logistic', nbsgd_jax.run.task); the
 # builders are re-exported here, next to the other data sets.
 from nbsgd_jax.problems import least_squares, logistic  # noqa: E402,F401

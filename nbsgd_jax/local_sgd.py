@@ -146,11 +146,12 @@ def _is_int(x) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
 
-def make_planner(cfg) -> SyncPlanner:
+def make_planner(cfg, loss_offset: float = 0.0) -> SyncPlanner:
   """The :class:`SyncPlanner` of a config: ``local_sgd.*`` for ``local_sgd``; for ``diloco``
-  a fixed period of ``diloco.inner_steps``."""
+  a fixed period of ``diloco.inner_steps``. ``loss_offset``: ADA-LUPA's ``F*`` when
+  ``local_sgd.offset_optimum`` (a synthetic task)."""
   if cfg.algorithm == "diloco":
     return SyncPlanner("fixed", cfg.diloco.inner_steps)
   c = cfg.local_sgd
   return SyncPlanner(c.schedule, c.tau, alpha=c.alpha, switch_step=c.switch_step,
-                     max_tau=c.max_tau)
+                     max_tau=c.max_tau, loss_offset=loss_offset)

@@ -38,7 +38,7 @@ _PROCESS_ID = flags.DEFINE_integer(
 def _summary_table(summary: dict) -> str:
   keys = ["algorithm", "num_workers", "backend", "model", "dataset", "step", "sim_time",
           "wall_time",
-          "train_loss", "test_loss", "test_accuracy", "worker_test_accuracy",
+          "train_loss", "gap", "f_star", "test_loss", "test_accuracy", "worker_test_accuracy",
           "consensus_distance", "bytes_sent", "rounds", "samples_per_second"]
   rows = ["| metric | value |", "|---|---|"]
   for k in keys:
@@ -46,7 +46,7 @@ def _summary_table(summary: dict) -> str:
     if v is None:
       continue
     if isinstance(v, float):
-      v = f"{v:.4g}" if k != "bytes_sent" else f"{v:.4e}"
+      v = f"{v:.4e}" if k in ("bytes_sent", "gap") else f"{v:.4g}"
     rows.append(f"| {k} | {v} |")
   return "\n".join(rows)
 

@@ -48,6 +48,24 @@ def test_main_job_smoke(tmp_path):
   assert summary["algorithm"] == "dpsgd" and summary["num_workers"] == 8
 
 
+@pytest.mark.parametrize("dataset,lr", [("least_squares", 0.1), ("logistic", 2.0)])
+def test_synthetic_problem_through_the_cli(tmp_path, dataset, lr):
+  """A synthetic PL problem is a task of the same loop: ``gap = F(x_bar) - F*`` falls, and
+  equals the problem's objective at the averaged model minus its F* (numpy float64)."""
+  r = run_main(tmp_path, f"--config.dataset={dataset}", "--config.algorithm=local_sgd",
+               "--config.num_workers=4", "--config.batch_size=8", "--config.num_steps=60",
+               "--config.eval_every=30", "--config.momentum=0.0", f"--config.learning_rate={lr}",
+               "--config.model=logreg", "--config.checkpoint_every=30")
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "| gap |" in r.stdout and "has no effect: config.dataset=" in r.stderr  # model
+  lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert [l["step"] for l in lines] == [0, 30, 60]
+  assert lines[-1]["gap"] < 0.5 * lines[0]["gap"] and lines[-1]["gap"] > 0
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert summary["gap"] == pytest.approx(summary["train_loss"] - summary["f_star"], rel=1e-9)
+  assert summary["rounds"] == 15  # tau = 4
+
+
 def test_main_job_on_mesh_backend(tmp_path):
   """The CLI on 8 host devices (conftest's XLA_FLAGS reaches the subprocess): steps are
   dispatched asynchronously back to back and must not deadlock XLA:CPU's collectives."""

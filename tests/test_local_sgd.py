@@ -307,29 +307,34 @@ def test_regroup_keeps_the_global_problem():
     problems.regroup(base, 3)
 
 
-def test_run_tau_1_local_sgd_equals_allreduce_and_ada_lupa_grows():
-  from nbsgd_jax import problems
-  prob = problems.regroup(_ls(heterogeneity=1.0), 4)
-  ref = problems.run(prob, _allreduce(optax.sgd(0.05), 4), 40, 2, eval_steps=(0, 20))
-  out = problems.run(prob, _local_sgd(optax.sgd(0.05), 4), 40, 2,
-                     planner=local_sgd.SyncPlanner("fixed", 1), eval_steps=(0, 20))
+def _ls_cfg(**kw):
+  """The synthetic least-squares task of :func:`_ls` (16 shards of 64 examples, d = 8,
+  noise 1) as a config of the training loop, plain SGD."""
+  c = config_lib.default_config()
+  over = {"dataset": "least_squares", "problem.shards": 16, "problem.examples_per_worker": 64,
+          "problem.dim": 8, "problem.noise": 1.0, "problem.l2": 0.0, "problem.seed": 0,
+          "momentum": 0.0, "progress": False, "learning_rate": 0.05, **kw}
+  return config_lib.override(c, over)
+
+
+def test_tau_1_local_sgd_equals_allreduce_and_ada_lupa_grows():
+  kw = {"problem.heterogeneity": 1.0, "num_workers": 4, "batch_size": 2, "num_steps": 40,
+        "eval_every": 20}
+  ref = train.train(_ls_cfg(algorithm="allreduce", **kw))
+  out = train.train(_ls_cfg(algorithm="local_sgd", **{"local_sgd.tau": 1}, **kw))
   assert [h["step"] for h in out["history"]] == [0, 20, 40]
   np.testing.assert_allclose([h["gap"] for h in out["history"]],
                              [h["gap"] for h in ref["history"]], rtol=1e-5)
   assert out["rounds"] == ref["rounds"] == 40
-  ada = problems.run(prob, _local_sgd(optax.sgd(0.05), 4), 200, 2,
-                     planner=local_sgd.SyncPlanner("ada_lupa", 2), record_syncs=True)
+  # the gap is F(x_bar) - F* of the stored problem (an independent float64 evaluation)
+  assert ref["f_star"] == _ls(heterogeneity=1.0).f_star
+  ada = train.train(_ls_cfg(algorithm="local_sgd", **{
+      **kw, "num_steps": 200, "eval_every": 200, "local_sgd.schedule": "ada_lupa",
+      "local_sgd.tau": 2}))
   assert ada["periods"][0] == 2 and max(ada["periods"]) > 2
   assert ada["rounds"] == len(ada["periods"]) - (sum(ada["periods"]) > 200)
-  with pytest.raises(ValueError, match="batch_size=999 is not allowed"):
-    problems.run(prob, _allreduce(optax.sgd(0.05), 4), 1, 999)
-
-
-def test_run_periodic_transform_needs_a_planner():
-  from nbsgd_jax import problems
-  prob = problems.regroup(_ls(heterogeneity=1.0), 4)
-  with pytest.raises(ValueError, match="pass a SyncPlanner"):
-    problems.run(prob, _local_sgd(optax.sgd(0.05), 4), 1, 1)
+  with pytest.raises(config_lib.ConfigError, match="batch_size=999 is not allowed"):
+    train.train(_ls_cfg(algorithm="allreduce", **{**kw, "batch_size": 999}))
 
 
 def test_linear_speed_up_on_least_squares():
@@ -338,13 +343,14 @@ def test_linear_speed_up_on_least_squares():
   from nbsgd_jax import problems
   base = problems.least_squares(16, 256, 10, noise=1.0, seed=0)
   mu, lip = problems.pl_constants(base)
-  sched = lambda t: 2.0 / (mu * (t + 8.0 * lip / mu))
+  a = 8.0 * lip / mu  # eta_t = 2 / (mu (t + a)) = (2 / (mu a)) a / (t + a)
   T = 1000
   gap = {}
   for p in (1, 16):
     tau = round(T ** (2 / 3) / p ** (1 / 3))
-    gap[p] = np.mean([problems.run(problems.regroup(base, p),
-                                   _local_sgd(optax.sgd(sched), p), T, 1,
-                                   planner=local_sgd.SyncPlanner("fixed", tau), seed=s)["gap"]
-                      for s in range(3)])
+    gap[p] = np.mean([train.train(_ls_cfg(
+        algorithm="local_sgd", num_workers=p, batch_size=1, num_steps=T, eval_every=T,
+        seed=s, lr_schedule="inverse_time", learning_rate=2.0 / (mu * a), lr_t0=a,
+        **{"problem.examples_per_worker": 256, "problem.dim": 10, "local_sgd.tau": tau}))["gap"]
+        for s in range(3)])
   assert gap[16] <= gap[1] / 8, gap

@@ -35,15 +35,8 @@ class Run:
     self.s, self.host, self.records, self.watch = s, host, records, watch
     self.state = setup_lib.init_state(s)
     self.pending: list = []  # (step, inputs, (loss, report)) not yet read
-    ds, cfg = s.dataset, s.cfg
-    sub = np.random.default_rng(cfg.seed).permutation(len(ds.train_labels))
-    sub = sub[:min(cfg.eval_train_examples, len(sub))]
-    self.test = s.backend.replicate(evaluation_lib.chunked(ds.test_images, ds.test_labels, 500))
-    self.train_sub = s.backend.replicate(
-        evaluation_lib.chunked(ds.train_images[sub], ds.train_labels[sub], 500))
-    self.eval_fn = evaluation_lib.make_eval_fn(s.model, s.recipe.decentralized)
     self.finite_fn = evaluation_lib.make_finite_fn()
-    self._loss_fn = self._smooth_fn = None
+    self._smooth_fn = None
 
   # ---------------------------------------------------------------- off-clock measurements
 
@@ -53,23 +46,21 @@ class Run:
     return p if self.s.backend.mesh is None else self.s.backend.replicate(p)
 
   def train_loss(self) -> float:
-    """``F`` of the averaged model on the fixed training examples (ADA-LUPA), off the clock."""
-    if self._loss_fn is None:
-      self._loss_fn = evaluation_lib.make_train_loss_fn(self.s.model)
-    return self.watch.off_clock(self.state, lambda: float(self._loss_fn(self.models(),
-                                                                        self.train_sub)))
+    """``F`` of the averaged model (the task's; ADA-LUPA), off the clock."""
+    task = self.s.task
+    return self.watch.off_clock(self.state,
+                                lambda: float(task.train_loss(self.models(), task.eval_data)))
 
   def smoothness(self) -> float:
     """L of the averaged model (Hessian power iteration; the critical target), off the clock."""
-    cfg = self.s.cfg
+    cfg, task = self.s.cfg, self.s.task
     if self._smooth_fn is None:
       from nbsgd_jax import consensus as consensus_lib
-      self._smooth_fn = jax.jit(lambda params, chunks: consensus_lib.smoothness_estimate(
-          lambda p: evaluation_lib.loss_acc(self.s.model, p, chunks)[0],
-          metrics_lib.average_model(params), cfg.consensus.smoothness_iters, cfg.seed)
-          + cfg.weight_decay)
+      self._smooth_fn = jax.jit(lambda params, data: consensus_lib.smoothness_estimate(
+          lambda p: task.point_loss(p, data), metrics_lib.average_model(params),
+          cfg.consensus.smoothness_iters, cfg.seed) + cfg.weight_decay)
     return self.watch.off_clock(self.state, lambda: float(self._smooth_fn(self.models(),
-                                                                          self.train_sub)))
+                                                                          task.eval_data)))
 
   # ---------------------------------------------------------------- the step and its reports
 
@@ -116,7 +107,7 @@ class Run:
     finite = np.asarray(self.finite_fn(params))
     if not finite.all():
       raise TrainingDiverged(step, np.flatnonzero(~finite).tolist(), "model")
-    ev = {k: float(v) for k, v in self.eval_fn(params, self.test, self.train_sub).items()}
+    ev = self.s.task.evaluate(params, self.s.task.eval_data)
     bad = [k for k in ("train_loss", "test_loss") if not math.isfinite(ev.get(k, 0.0))]
     if bad:  # finite workers whose average overflows the loss
       raise TrainingDiverged(step, [], bad[0])
@@ -217,7 +208,8 @@ def _run(cfg, workdir, hooks, stack) -> dict:
     if done % cfg.eval_every == 0 or done == cfg.num_steps:
       watch.pause(run.state)
       rec = run.evaluate(done)
-      bar.set_postfix(loss=f"{rec['train_loss']:.4f}", acc=f"{rec['test_accuracy']:.4f}")
+      bar.set_postfix({k: f"{rec[k]:.4g}" for k in ("train_loss", "test_accuracy", "gap")
+                       if k in rec})
       if ckpt is not None and done % cfg.checkpoint_every == 0 and done < cfg.num_steps:
         ckpt.save(done, run.state, {"host": host.state_dict(), "wall": watch.seconds})
       watch.resume()
@@ -237,7 +229,7 @@ def _summary(cfg, s, run: Run, rec: dict) -> dict:
   summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
              "backend": cfg.backend, "model": cfg.model, "dataset": cfg.dataset,
              "model_params": int(sum(np.prod(x.shape[1:]) for x in jax.tree.leaves(params))),
-             **periods,
+             **periods, **s.task.facts,
              "bytes_per_step": rec["bytes_sent"] / cfg.num_steps if cfg.num_steps else 0.0,
              "samples_per_second": (cfg.num_steps * cfg.batch_size * cfg.num_workers / wall
                                     if wall > 0 else None)}

@@ -48,10 +48,15 @@ class TrainState(NamedTuple):
 
 
 def make_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
-  """Learning rate per step: optional linear warm-up, then constant or cosine decay to 0."""
+  """Learning rate per step: optional linear warm-up, then constant, cosine decay to 0, or
+  inverse time ``learning_rate * lr_t0 / (t + lr_t0)`` (the step sizes of the PL analyses,
+  e.g. Haddadpour et al. 2019: ``2 / (mu (t + a))``)."""
   decay_steps = max(cfg.num_steps - cfg.warmup_steps, 1)
   if cfg.lr_schedule == "cosine":
     main = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps)
+  elif cfg.lr_schedule == "inverse_time":  # eta_t = eta t0 / (t + t0), e.g. 2 / (mu (t + a))
+    lr, t0 = cfg.learning_rate, float(cfg.lr_t0)
+    main = lambda step: lr * t0 / (step + t0)
   else:
     main = optax.constant_schedule(cfg.learning_rate)
   if cfg.warmup_steps:
@@ -103,13 +108,14 @@ class Setup(NamedTuple):
   """Everything a run needs, built from a config before any compilation."""
 
   cfg: ml_collections.ConfigDict
-  dataset: data_lib.Dataset
-  worker_data: task_lib.WorkerData
-  model: Any
+  dataset: Any  # data_lib.Dataset, or the SyntheticProblem of a synthetic task
+  worker_data: Any
+  model: Any  # the flax model, or None for a synthetic task
   topology: topology_lib.Topology
   recipe: recipes_lib.Recipe
   backend: Backend
   plan: Any  # MATCHA's MatchaPlan, or None
+  task: task_lib.Task
 
 
 def _config_error(prefix: str):
@@ -119,7 +125,7 @@ def _config_error(prefix: str):
 
 
 def setup(cfg: ml_collections.ConfigDict) -> Setup:
-  """Validate the config, load and partition the data, build model, recipe and backend.
+  """Validate the config, load and partition the data, build model, recipe, backend and task.
 
   Raises:
     ConfigError: any bad key, including a ``batch_size`` larger than some worker's shard.
@@ -131,6 +137,50 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
     except ValueError as e:
       raise config_lib.ConfigError([f"backend='multihost': {e}"]) from None
   config_lib.validate(cfg)
+  n = cfg.num_workers
+  try:
+    topo = topology_lib.make(cfg.topology, n, weights=cfg.mixing_weights, p=cfg.topology_p,
+                             seed=cfg.topology_seed, rows=cfg.topology_rows or None,
+                             cols=cfg.topology_cols or None)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.topology={cfg.topology!r}: {e}"]) from None
+  plan = None
+  if cfg.algorithm == "matcha":  # MATCHA's set-up: matchings, probabilities, alpha (cvxpy)
+    from nbsgd_jax import matcha as matcha_lib
+    plan = matcha_lib.plan(topo.n, topo.edges, cfg.matcha.budget)
+  try:
+    backend = make_backend(cfg.backend, n, cfg.workers_per_device)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.{e}"]) from None
+  try:
+    recipe = recipes_lib.build(cfg, topo, plan, backend.axis_name)
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e).splitlines()) from None
+  if cfg.dataset in config_lib.SYNTHETIC:
+    problem = _problem(cfg)
+    task = task_lib.synthetic_task(cfg, problem, backend)
+    return Setup(cfg, problem, task.worker_data, None, topo, recipe, backend, plan, task)
+  dataset, shards = _dataset(cfg)
+  model = models_lib.make_model(cfg.model, dataset.num_classes, mlp_hidden=cfg.mlp_hidden,
+                                cnn_channels=cfg.cnn_channels)
+  if backend.name == "multihost":
+    worker_data = task_lib.process_local_data(dataset, shards, backend)
+  else:
+    images, labels, sizes = data_lib.stack_shards(dataset.train_images, dataset.train_labels,
+                                                  shards)
+    worker_data = task_lib.WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),
+                                                      jnp.asarray(sizes))))
+  task = task_lib.classification_task(cfg, dataset, worker_data, model, backend,
+                                      recipe.decentralized)
+  return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, plan, task)
+
+
+def _dataset(cfg) -> tuple:
+  """``(dataset, shards)`` of an image data set partitioned over the workers.
+
+  Raises:
+    ConfigError: an unreadable data set, or a batch larger than a worker's shard.
+  """
   try:
     dataset = data_lib.load_dataset(cfg.dataset, data_dir=cfg.data_dir or None)
   except ValueError as e:
@@ -154,41 +204,42 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
         [f"config.batch_size={cfg.batch_size} is not allowed: the smallest worker shard has "
          f"{smallest} examples ({len(dataset.train_labels)} examples over {n} workers); use "
          f"batch_size <= {smallest}"])
-  model = models_lib.make_model(cfg.model, dataset.num_classes, mlp_hidden=cfg.mlp_hidden,
-                                cnn_channels=cfg.cnn_channels)
+  return dataset, shards
+
+
+def _problem(cfg):
+  """The synthetic problem of ``config.problem``, drawn with ``problem.shards`` shards and
+  regrouped to ``num_workers`` (:func:`nbsgd_jax.problems.regroup`).
+
+  Raises:
+    ConfigError: a batch larger than a worker's examples, or a bad problem (named).
+  """
+  from nbsgd_jax import problems as problems_lib
+  p, n = cfg.problem, cfg.num_workers
+  shards = p.shards or n
   try:
-    topo = topology_lib.make(cfg.topology, n, weights=cfg.mixing_weights, p=cfg.topology_p,
-                             seed=cfg.topology_seed, rows=cfg.topology_rows or None,
-                             cols=cfg.topology_cols or None)
-  except ValueError as e:
-    raise config_lib.ConfigError([f"config.topology={cfg.topology!r}: {e}"]) from None
-  plan = None
-  if cfg.algorithm == "matcha":  # MATCHA's set-up: matchings, probabilities, alpha (cvxpy)
-    from nbsgd_jax import matcha as matcha_lib
-    plan = matcha_lib.plan(topo.n, topo.edges, cfg.matcha.budget)
-  try:
-    backend = make_backend(cfg.backend, n, cfg.workers_per_device)
-  except ValueError as e:
-    raise config_lib.ConfigError([f"config.{e}"]) from None
-  try:
-    recipe = recipes_lib.build(cfg, topo, plan, backend.axis_name)
-  except ValueError as e:
-    raise config_lib.ConfigError(str(e).splitlines()) from None
-  if backend.name == "multihost":
-    worker_data = task_lib.process_local_data(dataset, shards, backend)
-  else:
-    images, labels, sizes = data_lib.stack_shards(dataset.train_images, dataset.train_labels,
-                                                  shards)
-    worker_data = task_lib.WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),
-                                                      jnp.asarray(sizes))))
-  return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, plan)
+    if cfg.dataset == "least_squares":
+      prob = problems_lib.least_squares(shards, p.examples_per_worker, p.dim, noise=p.noise,
+                                        l2=p.l2, heterogeneity=p.heterogeneity,
+                                        condition=p.condition, seed=p.seed)
+    else:
+      prob = problems_lib.logistic(shards, p.examples_per_worker, p.dim, l2=p.l2,
+                                   heterogeneity=p.heterogeneity, seed=p.seed)
+  except (ValueError, RuntimeError) as e:
+    raise config_lib.ConfigError([f"config.problem: {e}"]) from None
+  prob = problems_lib.regroup(prob, n)
+  m = prob.features.shape[1]
+  if cfg.batch_size > m:
+    raise config_lib.ConfigError([
+        f"config.batch_size={cfg.batch_size} is not allowed: a worker holds {m} examples "
+        f"(problem.examples_per_worker x problem.shards / num_workers); use batch_size <= {m}"])
+  return prob
 
 
 def init_state(s: Setup) -> TrainState:
   """Identical initial models on every worker (seeded), each with its own transform state."""
   n = s.cfg.num_workers
-  sample = jnp.zeros((1,) + s.dataset.train_images.shape[1:], jnp.float32)
-  params = s.model.init(jax.random.key(s.cfg.seed), sample)
+  params = s.task.init_params()
   params = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), params)
   opt_state = jax.vmap(s.recipe.transform.init)(params)
   # Own buffers for every leaf: a state that starts as a copy of the params (an anchor) must
@@ -205,19 +256,12 @@ def make_worker_step(s: Setup, period_end: bool = True) -> Callable:
     shard and :class:`~nbsgd_jax.transforms.StepContext`; ``loss`` is the float32 mini-batch
     loss before the update, ``report`` the recipe's (``bytes_sent`` ...).
   """
-  cfg, model = s.cfg, s.model
-  source, transform = gradient_source(cfg), s.recipe.transform
-  capacity = s.worker_data.labels.shape[1]
+  source, transform, task = gradient_source(s.cfg), s.recipe.transform, s.task
 
-  def loss_fn(params, batch):
-    x, y = batch
-    return task_lib.cross_entropy(model.apply(params, x), y)
-
-  def step_fn(state: TrainState, data: task_lib.WorkerData, ctx: StepContext):
+  def step_fn(state: TrainState, data, ctx: StepContext):
     ctx = ctx._replace(period_end=period_end)
-    batch = task_lib.worker_batch(data, cfg.seed, cfg.batch_size, capacity, state.step,
-                                  s.backend.axis_name)
-    loss, grads = source(loss_fn, state.params, batch, ctx)
+    batch = task.batch(data, state.step, s.backend.axis_name)
+    loss, grads = source(task.loss_fn, state.params, batch, ctx)
     updates, opt_state, report = transform.update(grads, state.opt_state, state.params, ctx)
     params = optax.apply_updates(state.params, updates)
     return TrainState(params, opt_state, state.step + 1), (loss, report)
@@ -254,7 +298,8 @@ def make_host(s: Setup) -> host_lib.Host:
            host_lib.Activations(comms)]
   if s.recipe.periodic:
     from nbsgd_jax import local_sgd as local_sgd_lib
-    parts.append(host_lib.Periods(local_sgd_lib.make_planner(cfg)))
+    offset = s.task.facts["f_star"] if cfg.local_sgd.offset_optimum else 0.0
+    parts.append(host_lib.Periods(local_sgd_lib.make_planner(cfg, loss_offset=offset)))
   parts.append(host_lib.Workload(cluster, cfg.nonblocking.enabled, cfg.nonblocking.deadline,
                                  cfg.nonblocking.deadline_group, s.recipe.primary))
   if cfg.consensus.control:

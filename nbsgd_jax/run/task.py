@@ -7,7 +7,7 @@ at step t is drawn inside the worker program (:func:`worker_batch`), determinist
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -110,3 +110,106 @@ def process_local_data(dataset: data_lib.Dataset, shards: list, backend) -> Work
   return WorkerData(*(jax.make_array_from_callback(shape, sharding,
                                                    lambda idx, i=i: rows(idx)[i])
                       for i, shape in enumerate(shapes)))
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+class Task(NamedTuple):
+  """What a run trains on: the workers' data, the loss, the batches and the evaluation.
+
+  Attributes:
+    name: ``"classification"``, ``"least_squares"`` or ``"logistic"``.
+    worker_data: the stacked worker data (leaves ``[n, ...]``), placed for the backend.
+    init_params: ``() -> params`` of one worker (identical on every worker).
+    loss_fn: ``(params, batch) -> float32`` scalar, the training loss of a batch.
+    batch: ``(data, step, axis_name) -> batch``: this worker's batch at ``step`` inside the
+      worker program (``data``: this worker's slice of ``worker_data``).
+    eval_data: the data of the evaluations, replicated on the backend's devices.
+    evaluate: ``(params [n, ...], eval_data) -> dict`` of floats: ``train_loss`` and
+      ``consensus_distance`` always, ``test_loss`` / ``test_accuracy`` /
+      ``worker_test_accuracy`` (classification) or ``gap`` = F(x_bar) - F* (synthetic).
+    train_loss: ``(params [n, ...], eval_data) -> float``, F of the averaged model (ADA-LUPA).
+    point_loss: ``(params of one model, eval_data) -> float32`` (jax), the loss whose
+      Hessian the smoothness estimate uses.
+    facts: run facts for ``summary.json`` (e.g. ``f_star``).
+  """
+
+  name: str
+  worker_data: Any
+  init_params: Callable[[], Any]
+  loss_fn: Callable[[Any, Any], jax.Array]
+  batch: Callable[[Any, jax.Array, Any], Any]
+  eval_data: Any
+  evaluate: Callable[[Any, Any], dict]
+  train_loss: Callable[[Any, Any], float]
+  point_loss: Callable[[Any, Any], jax.Array]
+  facts: dict
+
+
+def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData, model,
+                        backend, decentralized: bool) -> Task:
+  """Image classification with a flax model: cross-entropy on batches drawn without
+  replacement (:func:`worker_batch`); evaluation of the averaged model on the test set and
+  on ``eval_train_examples`` fixed training examples."""
+  from nbsgd_jax.run import evaluation as ev
+  capacity = worker_data.labels.shape[1]
+  sub = np.random.default_rng(cfg.seed).permutation(len(dataset.train_labels))
+  sub = sub[:min(cfg.eval_train_examples, len(sub))]
+  eval_data = backend.replicate((ev.chunked(dataset.test_images, dataset.test_labels, 500),
+                                 ev.chunked(dataset.train_images[sub],
+                                            dataset.train_labels[sub], 500)))
+  eval_fn = ev.make_eval_fn(model, decentralized)
+  loss_fn_avg = ev.make_train_loss_fn(model)
+  sample = jnp.zeros((1,) + dataset.train_images.shape[1:], jnp.float32)
+
+  def loss_fn(params, batch):
+    x, y = batch
+    return cross_entropy(model.apply(params, x), y)
+
+  return Task(
+      "classification", worker_data,
+      init_params=lambda: model.init(jax.random.key(cfg.seed), sample),
+      loss_fn=loss_fn,
+      batch=lambda data, step, axis: worker_batch(data, cfg.seed, cfg.batch_size, capacity,
+                                                  step, axis),
+      eval_data=eval_data,
+      evaluate=lambda params, d: {k: float(v) for k, v in eval_fn(params, *d).items()},
+      train_loss=lambda params, d: float(loss_fn_avg(params, d[1])),
+      point_loss=lambda p, d: ev.loss_acc(model, p, d[1])[0],
+      facts={})
+
+
+def synthetic_task(cfg, problem, backend) -> Task:
+  """A synthetic PL problem (:mod:`nbsgd_jax.problems`) with its known optimum: batches of
+  ``batch_size`` drawn uniformly with replacement from the worker's shard (i.i.d. unbiased
+  stochastic gradients, as in the analysis of Haddadpour et al. 2019); evaluation: F of the
+  averaged model in float64 and the gap ``F - F*``."""
+  from nbsgd_jax import metrics as metrics_lib
+  from nbsgd_jax import problems as problems_lib
+  m = problem.features.shape[1]
+  loss_fn = problems_lib.loss_fn(problem)
+  worker_data = backend.place((jnp.asarray(problem.features), jnp.asarray(problem.targets)))
+  eval_data = backend.replicate(tuple(jnp.asarray(a) for a in problems_lib.global_batch(problem)))
+
+  def batch(data, step, axis):
+    feats, targs = data
+    key = jax.random.fold_in(data_key(cfg.seed, lax.axis_index(axis)), step)
+    idx = jax.random.randint(key, (cfg.batch_size,), 0, m)
+    return feats[idx], targs[idx]
+
+  def objective(params) -> float:
+    w = np.asarray(backend.fetch(params["w"]), np.float64)
+    return problems_lib.objective(problem, w.mean(axis=0))
+
+  def evaluate(params, d):
+    del d
+    f = objective(params)
+    return {"train_loss": f, "gap": f - problem.f_star,
+            "consensus_distance": float(backend.fetch(metrics_lib.consensus_distance(params)))}
+
+  return Task(
+      problem.name, worker_data, init_params=lambda: problems_lib.init_params(problem),
+      loss_fn=loss_fn, batch=batch, eval_data=eval_data, evaluate=evaluate,
+      train_loss=lambda params, d: objective(params),
+      point_loss=lambda p, d: loss_fn(p, d), facts={"f_star": problem.f_star})

@@ -30,7 +30,6 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
