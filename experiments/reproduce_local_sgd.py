@@ -59,7 +59,7 @@ def pl_config(a, base, algorithm: str, p: int, seed: int, heterogeneity: float =
   over = {"dataset": "least_squares", "algorithm": algorithm, "num_workers": p,
           "batch_size": 1, "num_steps": a.steps, "eval_every": eval_every or a.steps,
           "momentum": 0.0, "seed": seed, "progress": False, "lr_schedule": "inverse_time",
-          "learning_rate": 2.0 / (mu * t0), "lr_t0": t0, "problem.shards": 16,
+          "learning_rate": 2.0 / (mu * t0), "lr_time_scale": t0, "problem.shards": 16,
           "problem.examples_per_worker": a.examples, "problem.dim": a.dim,
           "problem.noise": a.noise, "problem.condition": a.condition, "problem.l2": 0.0,
           "problem.heterogeneity": heterogeneity, "problem.seed": a.seed, **kw}

@@ -2,9 +2,9 @@
 
 Host-side numpy, evaluated once per training step (never inside ``jit``).
 
-Model (DESIGN.md section 3, "Non-blocking SGD" and "Cluster model and simulated clock";
-He & Dube, arXiv 2211.00889). Each of ``n`` workers splits its batch into ``M`` mini-batches.
-Mini-batch ``j`` on worker ``i`` takes ``base_time * slowdown_i + d_ij`` seconds, with ``d_ij``
+Model (He & Dube, arXiv 2211.00889; ``docs/algorithms.md``, "Simulated cluster and clock").
+Each of ``n`` workers splits its batch into ``M`` mini-batches. Mini-batch ``j`` on worker
+``i`` takes ``base_time * slowdown_i + d_ij`` seconds, with ``d_ij``
 a random straggler delay:
 
 * ``"none"``: ``d_ij = 0``;

@@ -26,9 +26,8 @@ import ml_collections
 
 from nbsgd_jax import cluster as cluster_lib  # numpy only
 
+# the built-in recipes (nbsgd_jax.recipes.REGISTRY also holds those registered from outside)
 ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha", "local_sgd", "diloco")
-DECENTRALIZED = ("dpsgd", "matcha", "local_sgd", "diloco")
-PERIODIC = ("local_sgd", "diloco")  # communicate only at the end of a period
 from nbsgd_jax.local_sgd import AVERAGINGS as LOCAL_AVERAGINGS  # noqa: E402 (jax-free)
 from nbsgd_jax.local_sgd import OPT_STATE_SYNCS  # noqa: E402
 from nbsgd_jax.local_sgd import SCHEDULES as TAU_SCHEDULES  # noqa: E402
@@ -70,8 +69,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.batch_size = 32              # examples per worker per step
   c.learning_rate = 0.05         # SGD step size (peak value of the schedule)
   c.lr_schedule = "constant"     # constant | cosine (decay to 0 at num_steps) |
-                                 # inverse_time: learning_rate * lr_t0 / (step + lr_t0)
-  c.lr_t0 = 100.0                # steps, t0 of inverse_time
+                                 # inverse_time: learning_rate * t0 / (step + t0)
+  c.lr_time_scale = 100.0        # steps, t0 of inverse_time
   c.warmup_steps = 0             # linear warm-up from 0 over this many steps
   c.momentum = 0.9               # heavy-ball momentum in [0, 1) (0 = plain SGD)
   c.nesterov = False             # Nesterov momentum
@@ -262,20 +261,20 @@ def _number(cfg, errs: Errors, key: str, lo: float, lo_open: bool = False,
   return False
 
 
-def _boolean(cfg, errs: Errors, key: str) -> bool:
+def _typed(cfg, errs: Errors, key: str, kind: type, allowed: str) -> bool:
   v = cfg.get(key)
-  if isinstance(v, bool):
+  if isinstance(v, kind):
     return True
-  errs.append(f"config.{key}={v!r} is not allowed: use True or False")
+  errs.append(f"config.{key}={v!r} is not allowed: {allowed}")
   return False
+
+
+def _boolean(cfg, errs: Errors, key: str) -> bool:
+  return _typed(cfg, errs, key, bool, "use True or False")
 
 
 def _string(cfg, errs: Errors, key: str) -> bool:
-  v = cfg.get(key)
-  if isinstance(v, str):
-    return True
-  errs.append(f"config.{key}={v!r} is not allowed: it must be a string")
-  return False
+  return _typed(cfg, errs, key, str, "it must be a string")
 
 
 # ----------------------------------------------------------------------------- sections
@@ -311,7 +310,7 @@ def _check_top_level(cfg, errs: Errors) -> None:
     errs.append(f"config.dataset={ds!r} is not allowed: use 'mnist10k', 'tfds:<name>' "
                 "(e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10'), 'least_squares' "
                 "or 'logistic'")
-  _number(cfg, errs, "lr_t0", 0, lo_open=True)
+  _number(cfg, errs, "lr_time_scale", 0, lo_open=True)
   for key, length in (("mlp_hidden", 0), ("cnn_channels", 2)):
     v = cfg.get(key)
     if (not isinstance(v, (tuple, list)) or not all(_is_int(x) and x >= 1 for x in v)
@@ -417,10 +416,12 @@ def _check_cluster(cfg, errs: Errors) -> None:
       errs.append(f"config.{e}")
 
 
-def _splits_batch(cfg) -> bool:
-  """Whether the trainer splits every batch into ``nonblocking.num_minibatches`` mini-batches:
-  with non-blocking SGD, and with simulated failures (a failed worker computes none of them;
-  ``train.make_worker_step``)."""
+def partial_minibatches(cfg) -> bool:
+  """Whether some mini-batches may be missing from a step: with Non-blocking SGD, and with
+  simulated failures (a failed worker finishes none). The run then splits every batch into
+  ``nonblocking.num_minibatches`` mini-batches (:func:`nbsgd_jax.run.setup.gradient_source`),
+  means are count-weighted and the optimizer skips idle steps (:class:`nbsgd_jax.recipes.
+  Builder`)."""
   fails = cfg.cluster.get("failures")
   return cfg.nonblocking.get("enabled") is True or (isinstance(fails, str) and bool(fails.strip()))
 
@@ -430,7 +431,7 @@ def _check_nonblocking(cfg, errs: Errors) -> None:
   cluster."""
   _boolean(cfg, errs, "nonblocking.enabled")
   m, b = cfg.nonblocking.get("num_minibatches"), cfg.get("batch_size")
-  if (_integer(cfg, errs, "nonblocking.num_minibatches", 1) and _splits_batch(cfg)
+  if (_integer(cfg, errs, "nonblocking.num_minibatches", 1) and partial_minibatches(cfg)
       and _is_int(b) and b >= 1 and b % m):
     errs.append(f"config.batch_size={b} is not allowed with "
                 f"config.nonblocking.num_minibatches={m}: the batch must split into M equal "
@@ -624,7 +625,7 @@ CRITICAL_KEYS = tuple(f"consensus.{k}" for k in (
 SWITCHES = (
     Switch(("compression.*",), "compression.name", lambda v: v != "none"),
     # not num_minibatches: the simulated clock charges M mini-batches per step, and failures
-    # split the batch (_splits_batch), with non-blocking off too
+    # split the batch (partial_minibatches), with non-blocking off too
     Switch(("nonblocking.deadline", "nonblocking.deadline_group"), "nonblocking.enabled",
            lambda v: v is True),
     Switch(("local_sgd.*",), "algorithm", lambda v: v == "local_sgd"),
@@ -637,7 +638,7 @@ SWITCHES = (
     Switch(("problem.*",), "dataset", lambda v: v in SYNTHETIC),
     Switch(("model", "mlp_hidden", "cnn_channels", "partition", "dirichlet_alpha", "data_dir",
             "eval_train_examples"), "dataset", lambda v: v not in SYNTHETIC),
-    Switch(("lr_t0",), "lr_schedule", lambda v: v == "inverse_time"),
+    Switch(("lr_time_scale",), "lr_schedule", lambda v: v == "inverse_time"),
     Switch(("local_sgd.offset_optimum",), "local_sgd.schedule", lambda v: v == "ada_lupa"),
     Switch(("topology_p", "topology_seed"), "topology", lambda v: v == "erdos_renyi"),
     Switch(("topology_rows", "topology_cols"), "topology", lambda v: v == "torus"),

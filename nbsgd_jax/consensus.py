@@ -108,8 +108,12 @@ def measure_bytes(model_bytes: float, num_workers: int, c: Control) -> float:
 
 
 def measure_sq(params: Any, c: Control, key: Optional[jax.Array] = None,
-               axis_name: str = AXIS) -> jax.Array:
+               axis_name: str = AXIS, alive: Optional[jax.Array] = None) -> jax.Array:
   """``Xi^2`` of the workers' models, inside the worker program (same value on every worker).
+
+  With ``alive`` (bool ``[n]``, simulated failures) Xi is that of the live workers:
+  ``(1/|L|) sum_{i in L} ||x_i - x_bar_L||^2`` with ``x_bar_L`` their mean (a failed worker's
+  frozen model is out of gossip's reach and would make a target unreachable).
 
   Args:
     params: this worker's model (pytree).
@@ -127,8 +131,13 @@ def measure_sq(params: Any, c: Control, key: Optional[jax.Array] = None,
     d = flat.shape[0]
     idx = jax.random.randint(key, (c.sketch_size,), 0, d)
     flat = flat[idx] * jnp.float32(math.sqrt(d / c.sketch_size))
-  dev = flat - lax.pmean(flat, axis_name)
-  return lax.pmean(jnp.sum(jnp.square(dev)), axis_name)
+  if alive is None:
+    dev = flat - lax.pmean(flat, axis_name)
+    return lax.pmean(jnp.sum(jnp.square(dev)), axis_name)
+  up = alive.astype(jnp.float32)
+  w = up[lax.axis_index(axis_name)] / jnp.maximum(jnp.sum(up), 1.0)
+  dev = flat - lax.psum(w * flat, axis_name)
+  return lax.psum(w * jnp.sum(jnp.square(dev)), axis_name)
 
 
 def measure_sq_reference(params: Any) -> float:
@@ -227,7 +236,7 @@ def control(params: Any, mix: Callable, inputs: Any, num_workers: int, c: Contro
   Args:
     params: this worker's model after its usual step.
     mix: the mixer, ``(params, inputs) -> (mixed, bytes)``.
-    inputs: this worker's :class:`~nbsgd_jax.algorithms.base.StepInputs`; ``inputs.target``
+    inputs: this worker's :class:`~nbsgd_jax.transforms.StepContext`; ``inputs.target``
       is the float32 target Xi (``inf``: no control and no measurement this step).
     num_workers: n.
     c: the :class:`Control`.
@@ -235,14 +244,16 @@ def control(params: Any, mix: Callable, inputs: Any, num_workers: int, c: Contro
   Returns:
     ``(params, bytes, aux)``: bytes of the extra gossip plus the measurements;
     ``aux = {"gossip_steps": int32, "consensus_distance": float32 (the last measured Xi, 0
-    when not measured), "measurements": int32}``.
+    when not measured), "measurements": int32, "gossip_bytes", "measure_bytes": float32 (the
+    two parts of the bytes)}``.
   """
   target = jnp.asarray(inputs.target, jnp.float32)
   base = jax.random.fold_in(jax.random.PRNGKey(c.seed), inputs.step)
   one_measure = jnp.float32(measure_bytes(tree_bytes(params), num_workers, c))
 
   def measure(p, k):
-    return measure_sq(p, c, jax.random.fold_in(base, k), axis_name)
+    return measure_sq(p, c, jax.random.fold_in(base, k), axis_name,
+                      getattr(inputs, "alive", None))
 
   def controlled(p):
     def cond(state):
@@ -256,16 +267,18 @@ def control(params: Any, mix: Callable, inputs: Any, num_workers: int, c: Contro
 
     zero = varying_like(jnp.float32(0.0), p)  # bytes may differ by worker (MATCHA)
     p, k, xi2, sent = lax.while_loop(cond, body, (p, jnp.int32(0), measure(p, 0), zero))
-    return p, k, jnp.sqrt(xi2), sent + (k + 1).astype(jnp.float32) * one_measure
+    return p, k, jnp.sqrt(xi2), sent
 
   def off(p):
     return p, jnp.int32(0), jnp.float32(0.0), varying_like(jnp.float32(0.0), p)
 
   on = jnp.isfinite(target)
-  p, k, xi, sent = lax.cond(on, controlled, off, params)
-  aux = {"gossip_steps": k, "consensus_distance": xi,
-         "measurements": jnp.where(on, k + 1, 0).astype(jnp.int32)}
-  return p, sent, aux
+  p, k, xi, gossip = lax.cond(on, controlled, off, params)
+  measurements = jnp.where(on, k + 1, 0).astype(jnp.int32)
+  measured = measurements.astype(jnp.float32) * one_measure
+  aux = {"gossip_steps": k, "consensus_distance": xi, "measurements": measurements,
+         "gossip_bytes": gossip, "measure_bytes": measured}
+  return p, gossip + measured, aux
 
 
 # ----------------------------------------------------------------------------- host

@@ -77,6 +77,8 @@ def register(name: str, gossips: bool = False, no_compression: Reason = None) ->
   ``cfg -> str | None``)."""
 
   def wrap(build):
+    if name in REGISTRY and REGISTRY[name].build is not build:
+      raise ValueError(f"recipe {name!r} is already registered")
     REGISTRY[name] = Entry(build, gossips, no_compression)
     return build
 
@@ -98,16 +100,12 @@ class Builder:
     self.cfg, self.topology, self.plan, self.axis_name = cfg, topology, plan, axis_name
     self.n = cfg.num_workers
     # mini-batches may be missing (Non-blocking SGD, failures): count-weighted means, skips
-    self.weighted = bool(cfg.nonblocking.enabled or cfg.cluster.failures)
+    from nbsgd_jax.config import partial_minibatches
+    self.weighted = partial_minibatches(cfg)
     self.compressed = cfg.compression.name != "none"
     self.compression_used = False
 
   # ------------------------------------------------------------------ optimizers
-
-  def schedule(self) -> optax.Schedule:
-    """Learning rate per step (:func:`nbsgd_jax.run.setup.make_schedule`)."""
-    from nbsgd_jax.run.setup import make_schedule
-    return make_schedule(self.cfg)
 
   def optimizer(self, skip: Optional[str] = None) -> T.WorkerTransform:
     """The local optimizer (weight decay, SGD with momentum); ``skip`` = ``"local"`` /
@@ -259,7 +257,8 @@ def combination_errors(cfg: ml_collections.ConfigDict) -> list[str]:
     return [f"config.algorithm={name!r} is not allowed: use one of {list(REGISTRY)}"]
   errs: list = []
   reason = _reason(REGISTRY[name], cfg)
-  if cfg.compression.name != "none" and reason:
+  from nbsgd_jax.compression import COMPRESSORS  # an unknown name is the config's error
+  if cfg.compression.name in COMPRESSORS and reason:
     errs.append(f"config.compression.name={cfg.compression.name!r} is not allowed with "
                 f"config.algorithm={name!r}: {reason}")
   gossipers = gossip_recipes()
@@ -287,6 +286,9 @@ def build(cfg: ml_collections.ConfigDict, topology=None, plan=None,
     raise ValueError(f"recipe {cfg.algorithm!r} accepts compression but asked for no reducer")
   cs = cfg.consensus
   if cs.control:
+    if recipe.gossip is None:
+      raise ValueError(f"recipe {cfg.algorithm!r} is registered with gossips=True but returned "
+                       "no Recipe.gossip for consensus control")
     from nbsgd_jax import consensus
     control = consensus.Control(cs.max_gossip_steps, cs.measure, cs.sketch_size, cfg.seed,
                                 gradient_stats=cs.critical)

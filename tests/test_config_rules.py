@@ -12,21 +12,13 @@ import pytest
 import nbsgd_jax
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import recipes
+from tests.test_validation import malformed
 
 
 def cfg_with(**overrides):
   """The default config with ``overrides`` (``section__key`` for ``section.key``), bypassing
-  ConfigDict's type safety as a config file could."""
-  cfg = config_lib.default_config()
-  with cfg.ignore_type():
-    for name, value in overrides.items():
-      *sections, key = name.split("__")
-      node = cfg
-      for sec in sections:
-        node = node[sec]
-      assert key in node, name
-      node[key] = value
-  return cfg
+  ConfigDict's type safety as a config file could (:func:`tests.test_validation.malformed`)."""
+  return malformed({name.replace("__", "."): value for name, value in overrides.items()})
 
 
 def errors_of(cfg):
@@ -55,6 +47,10 @@ def errors_of(cfg):
      "config.consensus.max_gossip_steps=0 is not allowed: it must be an integer >= 1"),
     ({"nonblocking__deadline_group": "some"},
      "config.nonblocking.deadline_group='some' is not allowed: use one of ['all', 'neighbours']"),
+    ({"problem__dim": 0}, "config.problem.dim=0 is not allowed: it must be an integer >= 1"),
+    ({"local_sgd__offset_optimum": True},
+     "config.local_sgd.offset_optimum=True is not allowed with config.dataset='mnist10k': F* "
+     "is known only for ['least_squares', 'logistic']"),
 ])
 def test_bad_value_in_a_section_that_is_off_is_an_error(overrides, line):
   assert errors_of(cfg_with(**overrides)) == [line]
@@ -94,6 +90,12 @@ def test_every_section_has_a_check():
      "config.cluster.spread=1.0 has no effect: config.cluster.scenario='one_slow'"),
     ({"cluster__delay_mean": 0.1},
      "config.cluster.delay_mean=0.1 has no effect: config.cluster.delay='none'"),
+    ({"problem__dim": 20},
+     "config.problem.dim=20 has no effect: config.dataset='mnist10k'"),
+    ({"dataset": "least_squares", "model": "mlp"},
+     "config.model='mlp' has no effect: config.dataset='least_squares'"),
+    ({"lr_time_scale": 10.0},
+     "config.lr_time_scale=10.0 has no effect: config.lr_schedule='constant'"),
 ])
 def test_changed_key_of_a_section_that_is_off_warns_once(overrides, line):
   assert config_lib.inactive_warnings(cfg_with(**overrides)) == [line]
@@ -143,7 +145,7 @@ def test_batch_not_divisible_by_m_is_refused_with_nonblocking():
 
 
 def test_batch_not_divisible_by_m_is_refused_with_failures():
-  """Simulated failures split the batch too (train.make_worker_step)."""
+  """Simulated failures split the batch too (config.partial_minibatches)."""
   cfg = cfg_with(batch_size=30, nonblocking__num_minibatches=4, cluster__failures="1:0:2")
   assert errors_of(cfg) == [SPLIT]
 

@@ -184,3 +184,19 @@ def test_failures_run_with_local_sgd():
   config_lib.validate(cfg)
   out = train.train(cfg)
   assert np.isfinite(out["train_loss"])
+
+
+@pytest.mark.parametrize("group", ["all", "neighbours"])
+def test_a_failed_worker_sets_no_deadline(group):
+  """Slowdowns (1, 2, 2, 2), the fastest worker down, deadline 'fastest', M = 4: the live
+  workers wait for the fastest *live* worker and finish all their mini-batches (the
+  hand-computed counts [0, 4, 4, 4]); a failed worker's finish times do not count."""
+  cfg = small_cfg(algorithm="dpsgd", num_workers=4, batch_size=8,
+                  **{"nonblocking.enabled": True, "nonblocking.num_minibatches": 4,
+                     "nonblocking.deadline_group": group, "cluster.failures": "0:0:1"})
+  cfg.cluster.slowdown = (1.0, 2.0, 2.0, 2.0)
+  host = train.make_host(train.setup(cfg))
+  np.testing.assert_array_equal(host.inputs(0)["count"], [0, 4, 4, 4])
+  # back up, it sets the deadline again: for everyone, or on the ring for its neighbours 1, 3
+  expected = [4, 2, 2, 2] if group == "all" else [4, 2, 4, 2]
+  np.testing.assert_array_equal(host.inputs(1)["count"], expected)

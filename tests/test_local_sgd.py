@@ -350,7 +350,7 @@ def test_linear_speed_up_on_least_squares():
     tau = round(T ** (2 / 3) / p ** (1 / 3))
     gap[p] = np.mean([train.train(_ls_cfg(
         algorithm="local_sgd", num_workers=p, batch_size=1, num_steps=T, eval_every=T,
-        seed=s, lr_schedule="inverse_time", learning_rate=2.0 / (mu * a), lr_t0=a,
+        seed=s, lr_schedule="inverse_time", learning_rate=2.0 / (mu * a), lr_time_scale=a,
         **{"problem.examples_per_worker": 256, "problem.dim": 10, "local_sgd.tau": tau}))["gap"]
         for s in range(3)])
   assert gap[16] <= gap[1] / 8, gap

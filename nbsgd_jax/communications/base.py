@@ -138,8 +138,8 @@ class Communication:
       return ctx.alive[self.index()].astype(jnp.float32) / live
     return None
 
-  def sends(self, ctx, by: str = "count"):
-    """bool scalar: whether this worker contributes to a mean weighted ``by`` (a worker with
-    weight 0, one that finished nothing or failed, sends nothing)."""
-    w = None if ctx is None else self.weight(ctx, by)
-    return jnp.asarray(True) if w is None else w > 0
+  def live(self, ctx):
+    """bool scalar: whether this worker is up (it sends nothing when it is not)."""
+    if ctx is None or ctx.alive is None:
+      return jnp.asarray(True)
+    return ctx.alive[self.index()]

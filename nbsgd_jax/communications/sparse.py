@@ -21,7 +21,7 @@ from nbsgd_jax.communications.base import Communication, Pattern
 
 
 class SparseAllGather(Communication):
-  """Weighted sum of every worker's densified sparse message (see module docstring).
+  """Mean of every worker's densified sparse message (see module docstring).
 
   Args:
     n: workers, or None when only the device half is used (then taken from the axis).
@@ -38,26 +38,22 @@ class SparseAllGather(Communication):
       raise ValueError("SparseAllGather(n=None) has no host pattern: give n")
     return Pattern(None, np.full(self.n, float(self.n - 1)))
 
-  def mean(self, values, indices, d: int, ctx, send=True, by: str = "count"):
-    """``(sum_j w_j dense(values_j, indices_j), report)`` (``w_j = 1/n`` or count weights,
-    :meth:`weight`), a dense ``[d]`` vector; a worker with ``send`` False (finished nothing)
-    contributes nothing and is charged nothing.
+  def mean(self, values, indices, d: int, ctx, send=True):
+    """``((1/n) sum_j dense(values_j, indices_j), report)``, a dense ``[d]`` vector; a worker
+    with ``send`` False contributes nothing and is charged nothing. Weighted means scale the
+    message before compression (:func:`~nbsgd_jax.transforms.error_feedback`), so that error
+    feedback keeps what was not sent in the same units.
 
     Args:
       values: ``[cap]`` message values; indices: ``[cap]`` int positions (``d``: padding).
       d: dense length (static).
-      ctx: the step's :class:`~nbsgd_jax.transforms.StepContext` (or None: plain mean).
+      ctx: the step's :class:`~nbsgd_jax.transforms.StepContext`, or None.
       send: bool scalar.
-      by: the weighting (:meth:`weight`): ``"count"`` for gradients, ``"alive"`` for models.
     """
     n = collectives.axis_size(self.axis_name)
-    w = self.weight(ctx, by) if ctx is not None else None
     send = jnp.asarray(send, bool)
-    scaled = values if w is None else values * w.astype(values.dtype)
-    scaled = jnp.where(send, scaled, jnp.zeros_like(scaled))
-    out = collectives.sparse_all_gather(scaled, indices, d, self.axis_name)
-    if w is None:
-      out = out / n
+    out = collectives.sparse_all_gather(jnp.where(send, values, jnp.zeros_like(values)),
+                                        indices, d, self.axis_name) / n
     valid = jnp.sum((indices >= 0) & (indices < d)).astype(jnp.float32)
     per_entry = values.dtype.itemsize + 4  # value + int32 index
     sent = jnp.where(send, jnp.float32(n - 1) * valid * per_entry, jnp.float32(0.0))

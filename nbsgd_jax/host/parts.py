@@ -14,8 +14,9 @@ times; He & Dube 2022), consensus targets (:mod:`nbsgd_jax.host.targets`), :clas
 (the simulated clock) and :class:`Totals` (bytes and communication rounds).
 
 ``probe`` gives off-clock measurements of the current models (``probe.train_loss()``,
-``probe.smoothness()``); a part that must observe a step before the next one is drawn sets
-``immediate`` (the loop then reads every report at once instead of at the evaluations).
+``probe.smoothness()``). A part that must observe a step before the next one is drawn says so
+in ``needs_report(step, inputs)`` (the loop then reads the pending reports at once, off the
+clock, instead of at the next evaluation).
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ class HostPart:
   """Base of a host part (see module docstring); every method is optional."""
 
   name = "part"
-  immediate = False
+
+  def needs_report(self, step: int, inputs: dict) -> bool:
+    """Whether this step's report must be observed before the next step is drawn."""
+    del step, inputs
+    return False
 
   def begin(self, probe) -> None:
     """Before the first step of a new run (not on resume)."""
@@ -88,13 +93,15 @@ class Activations(HostPart):
 class Periods(HostPart):
   """Communication periods of local SGD / DiLoCo: ``period_end`` from a
   :class:`nbsgd_jax.local_sgd.SyncPlanner`; ADA-LUPA observes the training loss at step 0 and
-  after every synchronisation (``immediate``)."""
+  after every synchronisation (read at once: :meth:`needs_report`)."""
 
   name = "planner"
 
   def __init__(self, planner):
     self.planner = planner
-    self.immediate = planner.needs_loss
+
+  def needs_report(self, step, inputs):
+    return self.planner.needs_loss and bool(inputs["period_end"])  # the next period needs F
 
   def begin(self, probe):
     if self.planner.needs_loss:
@@ -154,14 +161,16 @@ class Workload(HostPart):
   def inputs(self, step, inputs, probe):
     cl, n = self.cluster, self.cluster.n
     finish = cluster_lib.minibatch_finish_times(cl, step)
+    alive = inputs.get("alive")
     if self.nonblocking:
-      dl = cluster_lib.deadline(finish, self.rule, group=self._group(step, inputs))
+      # a failed worker sets no deadline: its mini-batches never finish
+      live = finish if alive is None else np.where(alive[:, None], finish, np.inf)
+      dl = cluster_lib.deadline(live, self.rule, group=self._group(step, inputs))
       count = cluster_lib.finished_counts(finish, dl)
       compute = cluster_lib.compute_time(finish, dl)
     else:
       count = np.full(n, cl.num_minibatches, np.int32)
       compute = cluster_lib.compute_time(finish)
-    alive = inputs.get("alive")
     if alive is not None:
       count = np.where(alive, count, 0)
       compute = np.where(alive, compute, 0.0)
@@ -258,7 +267,10 @@ class Host:
     names = [p.name for p in self.parts]
     if len(set(names)) != len(names):
       raise ValueError(f"host parts need distinct names, got {names}")
-    self.immediate = any(p.immediate for p in self.parts)
+
+  def needs_report(self, step: int, inputs: dict) -> bool:
+    """Whether some part must observe this step before the next is drawn."""
+    return any(p.needs_report(step, inputs) for p in self.parts)
 
   def part(self, name: str) -> Any:
     """The part called ``name`` (KeyError if absent)."""

@@ -3,7 +3,7 @@
 :class:`Targets` gives every step its target Xi (``target`` input, float32 ``[n]``; ``inf``:
 not controlled) from a :class:`nbsgd_jax.consensus.TargetSchedule` (absolute, ratio of a
 reference run, until a step) or a :class:`nbsgd_jax.consensus.CriticalTarget` (``c Gamma_t``
-from the measured gradient statistics, observed after every step: ``immediate``, and the
+from the measured gradient statistics, observed after every controlled step, and the
 smoothness L estimated off the clock every ``smoothness_every`` steps).
 """
 
@@ -39,9 +39,12 @@ class Targets(HostPart):
                smoothness_every: int = 0, until_step: int = 0):
     self.n, self.schedule, self.step_size = n, schedule, step_size
     self.critical = isinstance(schedule, consensus_lib.CriticalTarget)
-    self.immediate = self.critical
     self.smoothness_every, self.until_step = smoothness_every, until_step
     self.extra_gossip = 0
+
+  def needs_report(self, step, inputs):
+    # the critical target of the next step uses this step's gradient statistics
+    return self.critical and np.isfinite(inputs["target_value"])
 
   def inputs(self, step, inputs, probe):
     if self.critical:

@@ -33,8 +33,9 @@ class Backend(NamedTuple):
       backend wants them.
     replicate: ``pytree -> pytree`` putting arrays whole on every device of the backend
       (evaluation data, the stacked models for evaluation).
-    fetch: ``array -> np.ndarray``, the whole value on the host (an all-gather across
-      processes for ``"multihost"``: every process must call it at the same point).
+    fetch: ``pytree of arrays -> pytree of np.ndarray``, the whole values on the host in one
+      transfer (an all-gather across processes for ``"multihost"``: every process must call
+      it at the same point).
   """
 
   name: str
@@ -44,7 +45,7 @@ class Backend(NamedTuple):
   place: Callable[[Any], Any]
   axis_name: Any = AXIS
   replicate: Callable[[Any], Any] = jax.device_put
-  fetch: Callable[[Any], np.ndarray] = np.asarray
+  fetch: Callable[[Any], Any] = lambda tree: jax.tree.map(np.asarray, jax.device_get(tree))
 
 
 DEVICE_AXIS = "devices"
@@ -105,7 +106,7 @@ def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
   extra = dict(replicate=lambda tree: jax.device_put(tree, replicated))
   if name == "multihost":
     from nbsgd_jax import multihost
-    extra["fetch"] = multihost.fetch
+    extra["fetch"] = lambda tree: jax.tree.map(multihost.fetch, tree)
   if k > 1:
     def spmd_k(f):
       # check_vma=False: the worker values vary over the vmap axis too, which the

@@ -1,9 +1,9 @@
 """The training loop: host inputs -> the compiled worker program -> reports back to the host
 parts -> evaluation, records and checkpoints on their cadence.
 
-Per-step outputs stay on the device until they are read (at each evaluation, or after every
-step when a host part is ``immediate``): on the mesh backend an extra program between
-in-flight steps can starve XLA:CPU's collective rendezvous.
+Per-step outputs stay on the device until they are read, in one transfer, at each evaluation
+or after a step whose report a host part needs at once (``Host.needs_report``): on the mesh
+backend an extra program between in-flight steps can starve XLA:CPU's collective rendezvous.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from nbsgd_jax.run import setup as setup_lib
 from nbsgd_jax.run.evaluation import TrainingDiverged
 from nbsgd_jax.run.records import Records, check_same_run, check_tensorboard
 from nbsgd_jax.run.stopwatch import Stopwatch
-
-SUMMED = ("bytes_sent",)
-
+from nbsgd_jax.transforms.base import is_summed
 
 class Run:
   """The state of one run on the host: the set-up, the device state and what reads it."""
@@ -34,6 +32,7 @@ class Run:
   def __init__(self, s: setup_lib.Setup, host, records: Records, watch: Stopwatch):
     self.s, self.host, self.records, self.watch = s, host, records, watch
     self.state = setup_lib.init_state(s)
+    self.step_fn = setup_lib.make_train_step(s)
     self.pending: list = []  # (step, inputs, (loss, report)) not yet read
     self.finite_fn = evaluation_lib.make_finite_fn()
     self._smooth_fn = None
@@ -65,33 +64,34 @@ class Run:
   # ---------------------------------------------------------------- the step and its reports
 
   def step(self, step: int) -> None:
-    """Run (0-based) ``step``: host inputs, the compiled program, the pending report."""
+    """Run (0-based) ``step``: host inputs, the compiled program, the pending report; the
+    reports are read at once (off the clock) when a host part needs this one."""
     inputs = self.host.inputs(step, self)
     ctx = setup_lib.device_context(self.s, inputs)
     self.state, out = self.step_fn(self.state, self.s.worker_data, ctx,
                                    inputs.get("period_end", True))
     self.pending.append((step, inputs, out))
-    if self.host.immediate:
-      self.flush()
+    if self.host.needs_report(step, inputs):
+      self.watch.off_clock(self.state, self.flush)
 
   def flush(self) -> Optional[float]:
-    """Read the pending reports: the host parts observe them in order, ``steps.jsonl`` gets
-    one line per step. Returns the mean mini-batch loss (None when nothing was pending).
+    """Read the pending reports (one transfer): the host parts observe them in order,
+    ``steps.jsonl`` gets one line per step. Returns the mean mini-batch loss (None when
+    nothing was pending).
 
     Raises:
       TrainingDiverged: a non-finite step loss.
     """
-    fetch, losses = self.s.backend.fetch, []
-    for step, inputs, (loss, report) in self.pending:
-      loss = fetch(loss).astype(np.float64)
+    outs = self.s.backend.fetch([out for _, _, out in self.pending])
+    losses = []
+    for (step, inputs, _), (loss, report) in zip(self.pending, outs):
+      loss = np.asarray(loss, np.float64)
       if not np.all(np.isfinite(loss)):
         raise TrainingDiverged(step + 1, np.flatnonzero(~np.isfinite(loss)).tolist(), "loss")
-      report = {k: fetch(v) for k, v in report.items()}
       fields = self.host.observe(step, inputs, report, self)
       losses.append(loss.mean())
       rec = {"step": step + 1, "train_batch_loss": float(loss.mean())}
-      rec.update({k: float(v[0]) for k, v in report.items()
-                  if k not in SUMMED and not k.startswith(("bytes/", "rounds/"))})
+      rec.update({k: float(v[0]) for k, v in report.items() if not is_summed(k)})
       self.records.step({**rec, **fields})
     self.pending.clear()
     return float(np.mean(losses)) if losses else None
@@ -182,7 +182,6 @@ def _run(cfg, workdir, hooks, stack) -> dict:
   records = Records(cfg, workdir if main_process else None, resume, per_step, stack, workdir)
   watch = Stopwatch()
   run = Run(s, host, records, watch)
-  run.step_fn = setup_lib.make_train_step(s)
   start = 0
   if resume is not None:
     run.state, saved = ckpt.restore(resume, run.state)

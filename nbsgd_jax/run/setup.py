@@ -49,13 +49,13 @@ class TrainState(NamedTuple):
 
 def make_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
   """Learning rate per step: optional linear warm-up, then constant, cosine decay to 0, or
-  inverse time ``learning_rate * lr_t0 / (t + lr_t0)`` (the step sizes of the PL analyses,
-  e.g. Haddadpour et al. 2019: ``2 / (mu (t + a))``)."""
+  inverse time ``learning_rate * t0 / (t + t0)``, ``t0 = lr_time_scale`` (the step sizes of
+  the PL analyses, e.g. Haddadpour et al. 2019: ``2 / (mu (t + a))``)."""
   decay_steps = max(cfg.num_steps - cfg.warmup_steps, 1)
   if cfg.lr_schedule == "cosine":
     main = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps)
   elif cfg.lr_schedule == "inverse_time":  # eta_t = eta t0 / (t + t0), e.g. 2 / (mu (t + a))
-    lr, t0 = cfg.learning_rate, float(cfg.lr_t0)
+    lr, t0 = cfg.learning_rate, float(cfg.lr_time_scale)
     main = lambda step: lr * t0 / (step + t0)
   else:
     main = optax.constant_schedule(cfg.learning_rate)
@@ -95,8 +95,9 @@ def minibatches(num_minibatches: int) -> Callable:
 
 
 def gradient_source(cfg: ml_collections.ConfigDict) -> Callable:
-  """Mini-batches whenever some may be missing (Non-blocking SGD, failures), else the batch."""
-  if cfg.nonblocking.enabled or cfg.cluster.failures:
+  """Mini-batches whenever some may be missing (:func:`nbsgd_jax.config.partial_minibatches`:
+  Non-blocking SGD, failures), else the whole batch."""
+  if config_lib.partial_minibatches(cfg):
     return minibatches(cfg.nonblocking.num_minibatches)
   return full_batch
 
@@ -290,9 +291,13 @@ def make_host(s: Setup) -> host_lib.Host:
 
   Raises:
     ConfigError: a bad consensus target set-up (named).
+    ValueError: two different communications of the recipe share a report key.
   """
   cfg, n = s.cfg, s.cfg.num_workers
   comms = list(dict.fromkeys(s.recipe.transform.communications))
+  keys = [c.key for c in comms]
+  if len(set(keys)) != len(keys):  # the clock reads each communication's bytes by its key
+    raise ValueError(f"recipe {cfg.algorithm!r} has two communications with one key: {keys}")
   cluster = config_lib.make_cluster(cfg)
   parts = [host_lib.Failures(cluster_lib.parse_failures(cfg.cluster.failures, n), n),
            host_lib.Activations(comms)]

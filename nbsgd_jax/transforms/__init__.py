@@ -12,8 +12,8 @@
 """
 
 from nbsgd_jax.transforms.base import (StepContext, WorkerTransform, as_worker_transform, chain,
-                                       from_optax, merge_reports, no_state, param_transform,
-                                       replace_params, single_context, skip_when_idle)
+                                       from_optax, is_summed, merge_reports, no_state,
+                                       replace_params, skip_when_idle)
 from nbsgd_jax.transforms.error_feedback import ErrorFeedbackState, densify, error_feedback
 from nbsgd_jax.transforms.minibatches import (AccumulateState, accumulate_minibatches,
                                               minibatch_mean_gradient, split_minibatches)
@@ -26,7 +26,7 @@ __all__ = [
     "AccumulateState", "AnchorState", "ErrorFeedbackState", "OuterState", "PeriodicState",
     "StepContext", "Synchronisation", "WorkerTransform", "accumulate_minibatches",
     "as_worker_transform", "average_models", "chain", "densify", "error_feedback",
-    "from_optax", "gossip_of", "gossip_step", "mean_of", "merge_reports",
-    "minibatch_mean_gradient", "no_state", "outer_step", "param_transform", "periodic",
-    "replace_params", "single_context", "skip_when_idle", "split_minibatches", "via_anchor",
+    "from_optax", "gossip_of", "gossip_step", "is_summed", "mean_of", "merge_reports",
+    "minibatch_mean_gradient", "no_state", "outer_step", "periodic", "replace_params",
+    "skip_when_idle", "split_minibatches", "via_anchor",
 ]

@@ -23,7 +23,7 @@ simulated clock) can ask each one for its pattern.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -62,13 +62,6 @@ class StepContext(NamedTuple):
   period_end: Any = None
 
 
-def single_context(step: int = 0, count: int = 1, total: int = 1,
-                   period_end: bool = True) -> StepContext:
-  """A :class:`StepContext` for one worker outside a run (tests, notebooks)."""
-  return StepContext(jnp.int32(step), jnp.int32(count), jnp.int32(total),
-                     jnp.zeros((1,), bool), period_end=period_end)
-
-
 class WorkerTransform(NamedTuple):
   """One worker's transformation of a step (see module docstring).
 
@@ -83,6 +76,12 @@ class WorkerTransform(NamedTuple):
   communications: tuple = ()
 
 
+def is_summed(key: str) -> bool:
+  """Whether a report key is summed over a chain (``bytes_sent``, ``bytes/*``, ``rounds/*``)
+  rather than owned by one transform."""
+  return key == "bytes_sent" or key.startswith(SUMMED_PREFIXES)
+
+
 def merge_reports(*reports: Report) -> Report:
   """One report from several: ``bytes_sent``, ``bytes/*`` and ``rounds/*`` are summed.
 
@@ -93,7 +92,7 @@ def merge_reports(*reports: Report) -> Report:
   for rep in reports:
     for k, v in rep.items():
       if k in out:
-        if k != "bytes_sent" and not k.startswith(SUMMED_PREFIXES):
+        if not is_summed(k):
           raise ValueError(f"report key {k!r} is written by two transforms of one chain")
         out[k] = out[k] + v
       else:
@@ -175,24 +174,6 @@ def replace_params(params, new_params):
   """The updates that turn ``params`` into ``new_params`` (a transform that computes new
   parameters, e.g. a gossip or a synchronisation, returns these)."""
   return jax.tree.map(lambda new, old: new - old, new_params, params)
-
-
-def param_transform(init: Callable[[Any], Any],
-                    apply: Callable[[Any, Any, StepContext], tuple[Any, Any, Report]],
-                    communications: Sequence = ()) -> WorkerTransform:
-  """A transform written on parameters (gossip, synchronisations, consensus control).
-
-  ``apply(x, state, ctx) -> (x_new, state, report)`` receives ``x = params + updates`` (the
-  parameters the chain so far would give) and returns new parameters; the transform's
-  updates are ``x_new - params``.
-  """
-
-  def update(updates, state, params, ctx):
-    x = optax.apply_updates(params, updates)
-    x_new, state, report = apply(x, state, ctx)
-    return replace_params(params, x_new), state, report
-
-  return WorkerTransform(init, update, tuple(communications))
 
 
 def no_state(params) -> tuple:

@@ -20,7 +20,7 @@ import optax
 from jax import lax
 
 from nbsgd_jax import consensus as consensus_lib
-from nbsgd_jax.axis import tree_bytes, varying_like
+from nbsgd_jax.axis import varying_like
 from nbsgd_jax.communications import AllReduce, Communication, Pattern, Round
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
                                        replace_params)
@@ -116,18 +116,16 @@ def consensus_control(inner, gossip: Communication, control: consensus_lib.Contr
     extra = grad_stats(grads, ctx) if control.gradient_stats else {}
     updates, state, report = inner.update(grads, state, params, ctx)
     x = optax.apply_updates(params, updates)
-    x, sent, aux = consensus_lib.control(x, mix_bytes, ctx, num_workers, control, axis)
-    measure = aux["measurements"].astype(jnp.float32) * jnp.float32(
-        consensus_lib.measure_bytes(tree_bytes(x), num_workers, control))
-    gossiped = sent - measure  # already 0 for a failed worker (Gossip.mix)
-    measure = rounds.charge(measure, ctx)  # a failed worker's model counts in Xi, unsent
+    x, _, aux = consensus_lib.control(x, mix_bytes, ctx, num_workers, control, axis)
+    gossiped = aux["gossip_bytes"]  # already 0 for a failed worker (Gossip.mix)
+    measure = rounds.charge(aux["measure_bytes"], ctx)  # a failed worker measures nothing
     ctl = {"gossip_steps": aux["gossip_steps"], "measurements": aux["measurements"],
            "measured_consensus_distance": aux["consensus_distance"],
            "bytes_sent": gossiped + measure, f"bytes/{rounds.key}.gossip": gossiped,
            f"bytes/{rounds.key}.measure": measure}
     report = merge_reports(report, ctl, extra)
     if log_consensus:
-      report["consensus_distance"] = exact_distance(x, axis)
+      report = merge_reports(report, {"consensus_distance": exact_distance(x, axis)})
     return replace_params(params, x), state, report
 
   comms = inner.communications + (rounds,) + ((stats,) if control.gradient_stats else ())

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from nbsgd_jax import compression
+from nbsgd_jax import collectives, compression
 from nbsgd_jax.axis import varying_like as _varying_like
 from nbsgd_jax.communications.sparse import SparseAllGather
 from nbsgd_jax.transforms.base import WorkerTransform, merge_reports
@@ -100,9 +100,13 @@ def error_feedback(compressor: Compressor,
 
   * with ``axis_name``: the average of all workers' densified messages (a
     :class:`~nbsgd_jax.communications.SparseAllGather`: duplicate indices accumulate, padding
-    index ``d`` dropped; count-weighted under Non-blocking SGD, where a worker that finished
-    no mini-batch sends nothing and keeps ``p`` as its residual). ``report["bytes_sent"]`` is
-    ``(n - 1) * sent * (value_bytes + index_bytes)``;
+    index ``d`` dropped). ``report["bytes_sent"]`` is
+    ``(n - 1) * sent * (value_bytes + index_bytes)``. When the communication is weighted
+    (Non-blocking SGD, failures) the gradient is scaled first, ``p = n w_i g + e`` with the
+    weights ``w_i`` of :meth:`~nbsgd_jax.communications.Communication.weight`, so the mean of
+    the messages estimates ``sum_i w_i g_i`` and the residual stays in the units of what is
+    sent (the error-feedback invariant: everything not sent is sent later); a failed worker
+    sends nothing and keeps ``p``;
   * without ``axis_name`` (single worker): ``dense(values, indices)``, 0 bytes.
 
   Compose it like an optax transform, before weight decay and momentum::
@@ -157,7 +161,7 @@ def error_feedback(compressor: Compressor,
     sent = jnp.where(send, jnp.sum((indices >= 0) & (indices < d)), 0).astype(jnp.int32)
     if comm is None:
       return local.astype(x.dtype), residual, sent, {}
-    update, report = comm.mean(values, indices, d, ctx, send, weight_by)
+    update, report = comm.mean(values, indices, d, ctx, send)
     return update.astype(x.dtype), residual, sent, report
 
   def update_fn(updates: PyTree, state: ErrorFeedbackState, params: PyTree = None, ctx=None):
@@ -166,8 +170,12 @@ def error_feedback(compressor: Compressor,
     axis = comm.axis_name if comm is not None else None
     if axis is not None:
       sub = jax.random.fold_in(sub, lax.axis_index(axis))
-    # Non-blocking SGD / failures: a worker with weight 0 sends nothing and keeps p
-    send = comm.sends(ctx, weight_by) if comm is not None else True
+    send, weight = True, None
+    if comm is not None:  # a failed worker sends nothing and keeps p
+      send, weight = comm.live(ctx), (comm.weight(ctx, weight_by) if ctx is not None else None)
+    if weight is not None:  # p = n w_i g + e (docstring)
+      n = collectives.axis_size(comm.axis_name)
+      updates = jax.tree_util.tree_map(lambda g: g * (n * weight).astype(g.dtype), updates)
     if use_residual:
       p = jax.tree_util.tree_map(lambda g, e: g + e.astype(g.dtype), updates, state.residual)
     else:

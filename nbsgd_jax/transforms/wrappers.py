@@ -26,8 +26,8 @@ import optax
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
                                        no_state, replace_params)
 
-ORDERS = ("parallel", "atc")
-OPT_STATE_SYNCS = ("keep", "average", "reset")
+from nbsgd_jax.config import DPSGD_ORDERS as ORDERS  # noqa: E402
+from nbsgd_jax.local_sgd import OPT_STATE_SYNCS  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- reducers
