@@ -36,6 +36,8 @@ from typing import NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
+from nbsgd_jax import checks
+
 SCENARIOS = ("homogeneous", "one_slow", "lognormal")
 DELAYS = ("none", "shifted_exponential", "bernoulli_exponential")
 
@@ -509,3 +511,90 @@ def alive_mask(failures: list[Failure], step: int, n: int) -> np.ndarray:
     if f.start <= step < f.start + f.duration:
       alive[f.worker] = False
   return alive
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def from_config(cfg) -> Cluster:
+  """The :class:`Cluster` of ``cfg.cluster`` (M from ``cfg.nonblocking``).
+
+  Raises:
+    ValueError: a bad ``cluster.*`` value (the message names the field).
+  """
+  c = cfg.cluster
+  return make_cluster(
+      cfg.num_workers, cfg.nonblocking.num_minibatches, scenario=c.scenario,
+      slowdown=list(c.slowdown) or None, base_time=c.base_time, delay=c.delay,
+      delay_mean=c.delay_mean, delay_shift=c.delay_shift, delay_prob=c.delay_prob,
+      spread=c.spread, slow_factor=c.slow_factor, latency=c.latency, bandwidth=c.bandwidth,
+      seed=c.seed)
+
+
+def _value_errors(cfg) -> list:
+  """The lines of the bad ``cluster.*`` values that ``make_cluster`` reads."""
+  errs: list = []
+  checks.choice(cfg, errs, "cluster.scenario", SCENARIOS)
+  checks.choice(cfg, errs, "cluster.delay", DELAYS)
+  for key in ("base_time", "slow_factor", "bandwidth"):
+    checks.number(cfg, errs, f"cluster.{key}", 0, lo_open=True)
+  for key in ("spread", "delay_mean", "delay_shift", "latency"):
+    checks.number(cfg, errs, f"cluster.{key}", 0)
+  checks.number(cfg, errs, "cluster.delay_prob", 0, hi=1)
+  checks.integer(cfg, errs, "cluster.seed", 0)
+  v = cfg.cluster.get("slowdown")
+  if not isinstance(v, (tuple, list)) or not all(checks.is_num(x) and x > 0 for x in v):
+    errs.append(f"config.cluster.slowdown={v!r} is not allowed: it must be a tuple of "
+                "numbers > 0, one per worker (() for none)")
+  return errs
+
+
+def try_from_config(cfg) -> tuple:
+  """``(from_config(cfg), None)``; ``(None, line)`` when the cluster refuses the values
+  (non-finite, not one slowdown per worker); ``(None, None)`` when a value it needs is bad on
+  its own (the section checks report it)."""
+  n, m = cfg.get("num_workers"), cfg.nonblocking.get("num_minibatches")
+  if _value_errors(cfg) or not (checks.is_int(n) and n >= 1 and checks.is_int(m) and m >= 1):
+    return None, None
+  try:
+    return from_config(cfg), None
+  except ValueError as e:
+    return None, f"config.{e}"
+
+
+def check_config(cfg, errs: list) -> None:
+  """cluster.*: the simulated cluster behind sim_time and the failures."""
+  errs.extend(_value_errors(cfg))
+  _, line = try_from_config(cfg)
+  if line:
+    errs.append(line)
+  fails = cfg.cluster.get("failures")
+  if not isinstance(fails, str):
+    errs.append(f"config.cluster.failures={fails!r} is not allowed: write a string "
+                "'worker:start:duration,...' ('' for none)")
+  elif fails.strip():
+    try:
+      parse_failures(fails, cfg.num_workers if checks.is_int(cfg.get("num_workers")) else 0)
+    except ValueError as e:
+      errs.append(f"config.{e}")
+
+
+def check_nonblocking_config(cfg, errs: list) -> None:
+  """nonblocking.*: M divides the batch when the batch is split; the deadline rule against the
+  cluster."""
+  from nbsgd_jax import config as config_lib
+  checks.boolean(cfg, errs, "nonblocking.enabled")
+  m, b = cfg.nonblocking.get("num_minibatches"), cfg.get("batch_size")
+  if (checks.integer(cfg, errs, "nonblocking.num_minibatches", 1) and config_lib.partial_minibatches(cfg)
+      and checks.is_int(b) and b >= 1 and b % m):
+    errs.append(f"config.batch_size={b} is not allowed with "
+                f"config.nonblocking.num_minibatches={m}: the batch must split into M equal "
+                "mini-batches (batch_size divisible by num_minibatches)")
+  checks.choice(cfg, errs, "nonblocking.deadline_group", ("all", "neighbours"))
+  try:
+    rule = parse_deadline(cfg.nonblocking.get("deadline"))
+    cluster, _ = try_from_config(cfg)
+    if cluster is not None:
+      check_deadline(cluster, rule)
+  except ValueError as e:
+    errs.append(f"config.{e}")

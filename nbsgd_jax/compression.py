@@ -26,6 +26,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import ndtri
 
+from nbsgd_jax import checks
+
 Array = jax.Array
 Message = tuple[Array, Array]
 Compressor = Callable[[Array, Optional[Array]], Message]
@@ -405,3 +407,22 @@ def message_bytes(num_values: int, value_bytes: int = 4,
                   index_bytes: int = 4) -> float:
   """Bytes of a sparse message of num_values (value, index) pairs."""
   return float(num_values) * float(value_bytes + index_bytes)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def check_config(cfg, errs: list) -> None:
+  """compression.*, all of them whatever compression.name is."""
+  checks.choice(cfg, errs, "compression.name", ("none",) + tuple(COMPRESSORS))
+  checks.number(cfg, errs, "compression.density", 0, lo_open=True, hi=1)
+  rounds = cfg.compression.get("gaussian_rounds")
+  if not (checks.is_int(rounds) and 0 <= rounds <= 64):
+    errs.append(f"config.compression.gaussian_rounds={rounds!r} is not allowed: it must be "
+                "an int in [0, 64]")
+  correction = cfg.compression.get("gaussian_correction")
+  if correction not in ("bracket", "paper"):
+    errs.append(f"config.compression.gaussian_correction={correction!r} is not allowed: use "
+                "'bracket' or 'paper'")
+  for key in ("error_feedback", "flatten"):
+    checks.boolean(cfg, errs, f"compression.{key}")

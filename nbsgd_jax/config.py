@@ -5,8 +5,9 @@
 checks every key before anything is compiled and raises :class:`ConfigError` with one line
 per problem, each naming the key, the value and what is allowed:
 
-* each section checks its own values (:data:`SECTION_CHECKS`, one ``_check_*`` per section),
-  also when the section is off (a bad value is an error wherever it is);
+* each section is checked by its component (:data:`SECTION_CHECKS`: ``check_config`` beside
+  the code that reads the section), also when the section is off (a bad value is an error
+  wherever it is);
 * which algorithm supports which section is the recipe registry's
   (``nbsgd_jax.recipes.combination_errors``, through :func:`_combination_errors`).
 
@@ -18,19 +19,16 @@ from __future__ import annotations
 
 import importlib
 import math
-import numbers
 import sys
-from typing import Any, Callable, NamedTuple, Sequence, TextIO
+from typing import Any, Callable, NamedTuple, TextIO
 
 import ml_collections
 
+from nbsgd_jax import checks
 from nbsgd_jax import cluster as cluster_lib  # numpy only
 
 # the built-in recipes (nbsgd_jax.recipes.REGISTRY also holds those registered from outside)
 ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha", "local_sgd", "diloco")
-from nbsgd_jax.local_sgd import AVERAGINGS as LOCAL_AVERAGINGS  # noqa: E402 (jax-free)
-from nbsgd_jax.local_sgd import OPT_STATE_SYNCS  # noqa: E402
-from nbsgd_jax.local_sgd import SCHEDULES as TAU_SCHEDULES  # noqa: E402
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete", "star",
               "erdos_renyi")
 MIXING_WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
@@ -215,68 +213,6 @@ class ConfigError(ValueError):
     super().__init__("\n".join(self.errors))
 
 
-def _is_int(v: Any) -> bool:
-  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-  return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-# ----------------------------------------------------------------------------- one key
-# Each helper checks ``cfg[key]`` (a dotted key), appends one line
-# ``config.KEY=VALUE is not allowed: WHY`` to ``errs`` when it is bad and returns whether it
-# was good. NaN passes the range checks: the final scan (_check_finite) reports it.
-
-Errors = list[str]
-
-
-def _choice(cfg, errs: Errors, key: str, allowed: Sequence) -> bool:
-  v = cfg.get(key)
-  if v in allowed:
-    return True
-  errs.append(f"config.{key}={v!r} is not allowed: use one of {list(allowed)}")
-  return False
-
-
-def _integer(cfg, errs: Errors, key: str, lo: int, note: str = "") -> bool:
-  v = cfg.get(key)
-  if _is_int(v) and v >= lo:
-    return True
-  errs.append(f"config.{key}={v!r} is not allowed: it must be an integer >= {lo}"
-              + (f" ({note})" if note else ""))
-  return False
-
-
-def _number(cfg, errs: Errors, key: str, lo: float, lo_open: bool = False,
-            hi: float | None = None, hi_open: bool = False) -> bool:
-  v = cfg.get(key)
-  bad = not _is_num(v) or v < lo or (lo_open and v == lo) or (hi is not None and (
-      v > hi or (hi_open and v == hi)))
-  if not bad:
-    return True
-  rng = f"{'>' if lo_open else '>='} {lo}" + (
-      f" and {'<' if hi_open else '<='} {hi}" if hi is not None else "")
-  errs.append(f"config.{key}={v!r} is not allowed: it must be a number {rng}")
-  return False
-
-
-def _typed(cfg, errs: Errors, key: str, kind: type, allowed: str) -> bool:
-  v = cfg.get(key)
-  if isinstance(v, kind):
-    return True
-  errs.append(f"config.{key}={v!r} is not allowed: {allowed}")
-  return False
-
-
-def _boolean(cfg, errs: Errors, key: str) -> bool:
-  return _typed(cfg, errs, key, bool, "use True or False")
-
-
-def _string(cfg, errs: Errors, key: str) -> bool:
-  return _typed(cfg, errs, key, str, "it must be a string")
-
-
 # ----------------------------------------------------------------------------- sections
 # ``_check_SECTION(cfg, errs)`` appends one line per bad value of its keys, whatever the other
 # sections say (a bad value is an error even in a section that is off). Rules between keys
@@ -284,136 +220,44 @@ def _string(cfg, errs: Errors, key: str) -> bool:
 # registry's (_combination_errors).
 
 
-def _check_top_level(cfg, errs: Errors) -> None:
+def check_top_level(cfg, errs: list) -> None:
   """algorithm, workers, model, data, optimizer, evaluation and checkpoint keys."""
-  _choice(cfg, errs, "algorithm", algorithm_names())
-  _integer(cfg, errs, "num_workers", 1)
-  _choice(cfg, errs, "model", MODELS)
-  _choice(cfg, errs, "partition", PARTITIONS)
-  _number(cfg, errs, "dirichlet_alpha", 0, lo_open=True)
-  _integer(cfg, errs, "batch_size", 1)
-  _number(cfg, errs, "learning_rate", 0, lo_open=True)
-  _choice(cfg, errs, "lr_schedule", LR_SCHEDULES)
-  _integer(cfg, errs, "warmup_steps", 0)
-  _number(cfg, errs, "momentum", 0, hi=1, hi_open=True)  # 1: eta / (1 - momentum) infinite
-  _number(cfg, errs, "weight_decay", 0)
-  _integer(cfg, errs, "num_steps", 0)
-  _integer(cfg, errs, "eval_every", 1)
-  _integer(cfg, errs, "eval_train_examples", 1)
-  _integer(cfg, errs, "seed", 0)
+  checks.choice(cfg, errs, "algorithm", algorithm_names())
+  checks.integer(cfg, errs, "num_workers", 1)
+  checks.choice(cfg, errs, "model", MODELS)
+  checks.choice(cfg, errs, "partition", PARTITIONS)
+  checks.number(cfg, errs, "dirichlet_alpha", 0, lo_open=True)
+  checks.integer(cfg, errs, "batch_size", 1)
+  checks.number(cfg, errs, "learning_rate", 0, lo_open=True)
+  checks.choice(cfg, errs, "lr_schedule", LR_SCHEDULES)
+  checks.integer(cfg, errs, "warmup_steps", 0)
+  checks.number(cfg, errs, "momentum", 0, hi=1, hi_open=True)  # 1: eta / (1 - momentum) infinite
+  checks.number(cfg, errs, "weight_decay", 0)
+  checks.integer(cfg, errs, "num_steps", 0)
+  checks.integer(cfg, errs, "eval_every", 1)
+  checks.integer(cfg, errs, "eval_train_examples", 1)
+  checks.integer(cfg, errs, "seed", 0)
   for key in ("nesterov", "progress", "tensorboard"):
-    _boolean(cfg, errs, key)
-  _string(cfg, errs, "data_dir")
+    checks.boolean(cfg, errs, key)
+  checks.string(cfg, errs, "data_dir")
   ds = cfg.get("dataset")
   if not isinstance(ds, str) or not (ds in ("mnist10k",) + SYNTHETIC
                                      or (ds.startswith("tfds:") and len(ds) > 5)):
     errs.append(f"config.dataset={ds!r} is not allowed: use 'mnist10k', 'tfds:<name>' "
                 "(e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10'), 'least_squares' "
                 "or 'logistic'")
-  _number(cfg, errs, "lr_time_scale", 0, lo_open=True)
+  checks.number(cfg, errs, "lr_time_scale", 0, lo_open=True)
   for key, length in (("mlp_hidden", 0), ("cnn_channels", 2)):
     v = cfg.get(key)
-    if (not isinstance(v, (tuple, list)) or not all(_is_int(x) and x >= 1 for x in v)
+    if (not isinstance(v, (tuple, list)) or not all(checks.is_int(x) and x >= 1 for x in v)
         or (length and len(v) != length)):
       errs.append(f"config.{key}={v!r} is not allowed: it must be a tuple of "
                   f"{'two ' if length else ''}integers >= 1, e.g. {default_config()[key]!r}")
-  if _integer(cfg, errs, "checkpoint_every", 0, note="0: no checkpoints"):
+  if checks.integer(cfg, errs, "checkpoint_every", 0, note="0: no checkpoints"):
     ce, ee = cfg.checkpoint_every, cfg.get("eval_every")
-    if ce and _is_int(ee) and ee >= 1 and ce % ee:
+    if ce and checks.is_int(ee) and ee >= 1 and ce % ee:
       errs.append(f"config.checkpoint_every={ce} is not allowed with config.eval_every={ee}: "
                   "checkpoints are taken at evaluations, it must be a multiple of eval_every")
-
-
-def _check_topology(cfg, errs: Errors) -> None:
-  """topology, mixing_weights, topology_* (torus: rows x cols = num_workers)."""
-  _choice(cfg, errs, "topology", TOPOLOGIES)
-  _choice(cfg, errs, "mixing_weights", MIXING_WEIGHTS)
-  _number(cfg, errs, "topology_p", 0, lo_open=True, hi=1)
-  _integer(cfg, errs, "topology_seed", 0)
-  rows_ok = _integer(cfg, errs, "topology_rows", 0)
-  cols_ok = _integer(cfg, errs, "topology_cols", 0)
-  n, r, c = cfg.get("num_workers"), cfg.get("topology_rows"), cfg.get("topology_cols")
-  if cfg.get("topology") != "torus" or not (rows_ok and cols_ok and _is_int(n)) or not (r or c):
-    return
-  if r and c and r * c != n:
-    errs.append(f"config.topology_rows={r} x config.topology_cols={c} is not allowed with "
-                f"config.num_workers={n}: rows x cols must equal num_workers")
-  elif n % (r or c):
-    errs.append(f"config.topology_{'rows' if r else 'cols'}={r or c} is not allowed: it must "
-                f"divide config.num_workers={n}")
-
-
-def _check_backend(cfg, errs: Errors) -> None:
-  """backend and workers_per_device (mesh, multihost: against jax's devices)."""
-  _choice(cfg, errs, "backend", BACKENDS)
-  if not _integer(cfg, errs, "workers_per_device", 0, note="0: chosen from the device count"):
-    return
-  k, n, backend = cfg.workers_per_device, cfg.get("num_workers"), cfg.get("backend")
-  if not (_is_int(n) and n > 0) or backend not in ("mesh", "multihost"):
-    return
-  import jax  # deferred: the rest needs no devices; multihost: after jax.distributed.initialize
-  nd = jax.device_count()
-  if backend == "mesh":
-    if k and (n % k or n // k > nd):
-      errs.append(f"config.workers_per_device={k} is not allowed with num_workers={n} on {nd} "
-                  f"devices: it must divide num_workers with num_workers / workers_per_device "
-                  f"<= {nd}")
-  elif n % nd:
-    errs.append(f"config.num_workers={n} is not allowed with config.backend='multihost' on "
-                f"{jax.process_count()} process(es) with {nd} devices in all: the workers must "
-                f"divide evenly across processes and devices (a multiple of {nd})")
-  elif k and k * nd != n:
-    errs.append(f"config.workers_per_device={k} is not allowed with config.backend="
-                f"'multihost': num_workers={n} on {nd} devices puts {n // nd} on each "
-                "(0 picks it)")
-
-
-def _cluster_value_errors(cfg) -> Errors:
-  """The lines of the bad ``cluster.*`` values that ``make_cluster`` reads."""
-  errs: Errors = []
-  _choice(cfg, errs, "cluster.scenario", cluster_lib.SCENARIOS)
-  _choice(cfg, errs, "cluster.delay", cluster_lib.DELAYS)
-  for key in ("base_time", "slow_factor", "bandwidth"):
-    _number(cfg, errs, f"cluster.{key}", 0, lo_open=True)
-  for key in ("spread", "delay_mean", "delay_shift", "latency"):
-    _number(cfg, errs, f"cluster.{key}", 0)
-  _number(cfg, errs, "cluster.delay_prob", 0, hi=1)
-  _integer(cfg, errs, "cluster.seed", 0)
-  v = cfg.cluster.get("slowdown")
-  if not isinstance(v, (tuple, list)) or not all(_is_num(x) and x > 0 for x in v):
-    errs.append(f"config.cluster.slowdown={v!r} is not allowed: it must be a tuple of "
-                "numbers > 0, one per worker (() for none)")
-  return errs
-
-
-def _try_cluster(cfg) -> tuple[Any, str | None]:
-  """``(make_cluster(cfg), None)``; ``(None, line)`` when the cluster refuses the values
-  (non-finite, not one slowdown per worker); ``(None, None)`` when a value it needs is bad on
-  its own (the section checks report it)."""
-  n, m = cfg.get("num_workers"), cfg.nonblocking.get("num_minibatches")
-  if _cluster_value_errors(cfg) or not (_is_int(n) and n >= 1 and _is_int(m) and m >= 1):
-    return None, None
-  try:
-    return make_cluster(cfg), None
-  except ValueError as e:
-    return None, f"config.{e}"
-
-
-def _check_cluster(cfg, errs: Errors) -> None:
-  """cluster.*: the simulated cluster behind sim_time and the failures."""
-  errs.extend(_cluster_value_errors(cfg))
-  _, line = _try_cluster(cfg)
-  if line:
-    errs.append(line)
-  fails = cfg.cluster.get("failures")
-  if not isinstance(fails, str):
-    errs.append(f"config.cluster.failures={fails!r} is not allowed: write a string "
-                "'worker:start:duration,...' ('' for none)")
-  elif fails.strip():
-    try:
-      cluster_lib.parse_failures(fails, cfg.num_workers if _is_int(cfg.get("num_workers")) else 0)
-    except ValueError as e:
-      errs.append(f"config.{e}")
 
 
 def partial_minibatches(cfg) -> bool:
@@ -426,138 +270,31 @@ def partial_minibatches(cfg) -> bool:
   return cfg.nonblocking.get("enabled") is True or (isinstance(fails, str) and bool(fails.strip()))
 
 
-def _check_nonblocking(cfg, errs: Errors) -> None:
-  """nonblocking.*: M divides the batch when the batch is split; the deadline rule against the
-  cluster."""
-  _boolean(cfg, errs, "nonblocking.enabled")
-  m, b = cfg.nonblocking.get("num_minibatches"), cfg.get("batch_size")
-  if (_integer(cfg, errs, "nonblocking.num_minibatches", 1) and partial_minibatches(cfg)
-      and _is_int(b) and b >= 1 and b % m):
-    errs.append(f"config.batch_size={b} is not allowed with "
-                f"config.nonblocking.num_minibatches={m}: the batch must split into M equal "
-                "mini-batches (batch_size divisible by num_minibatches)")
-  _choice(cfg, errs, "nonblocking.deadline_group", ("all", "neighbours"))
-  try:
-    rule = cluster_lib.parse_deadline(cfg.nonblocking.get("deadline"))
-    cluster, _ = _try_cluster(cfg)
-    if cluster is not None:
-      cluster_lib.check_deadline(cluster, rule)
-  except ValueError as e:
-    errs.append(f"config.{e}")
-
-
-def _check_compression(cfg, errs: Errors) -> None:
-  """compression.*, all of them whatever compression.name is."""
-  _choice(cfg, errs, "compression.name", COMPRESSIONS)
-  _number(cfg, errs, "compression.density", 0, lo_open=True, hi=1)
-  rounds = cfg.compression.get("gaussian_rounds")
-  if not (_is_int(rounds) and 0 <= rounds <= 64):
-    errs.append(f"config.compression.gaussian_rounds={rounds!r} is not allowed: it must be "
-                "an int in [0, 64]")
-  correction = cfg.compression.get("gaussian_correction")
-  if correction not in ("bracket", "paper"):
-    errs.append(f"config.compression.gaussian_correction={correction!r} is not allowed: use "
-                "'bracket' or 'paper'")
-  for key in ("error_feedback", "flatten"):
-    _boolean(cfg, errs, f"compression.{key}")
-
-
-def _check_local_sgd(cfg, errs: Errors) -> None:
-  """local_sgd.*: the period schedule and what a sync averages."""
-  for key, allowed in (("schedule", TAU_SCHEDULES), ("averaging", LOCAL_AVERAGINGS),
-                       ("opt_state", OPT_STATE_SYNCS)):
-    _choice(cfg, errs, f"local_sgd.{key}", allowed)
-  for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0)):
-    _integer(cfg, errs, f"local_sgd.{key}", lo)
-  _number(cfg, errs, "local_sgd.alpha", 0)
-  if (_boolean(cfg, errs, "local_sgd.offset_optimum") and cfg.local_sgd.offset_optimum
-      and cfg.get("dataset") not in SYNTHETIC):
-    errs.append(f"config.local_sgd.offset_optimum=True is not allowed with config.dataset="
-                f"{cfg.get('dataset')!r}: F* is known only for {list(SYNTHETIC)}")
-
-
-def _check_problem(cfg, errs: Errors) -> None:
-  """problem.*: the synthetic problem's size and data (:mod:`nbsgd_jax.problems`)."""
-  for key, lo in (("examples_per_worker", 1), ("shards", 0), ("dim", 1), ("seed", 0)):
-    _integer(cfg, errs, f"problem.{key}", lo)
-  for key in ("noise", "l2", "heterogeneity"):
-    _number(cfg, errs, f"problem.{key}", 0)
-  _number(cfg, errs, "problem.condition", 1)
-  shards, n = cfg.problem.get("shards"), cfg.get("num_workers")
-  if _is_int(shards) and shards and _is_int(n) and n >= 1 and shards % n:
-    errs.append(f"config.problem.shards={shards} is not allowed with config.num_workers={n}: "
-                "it must be a multiple of num_workers (0: num_workers)")
-
-
-def _check_diloco(cfg, errs: Errors) -> None:
-  """diloco.*: inner steps and the outer optimizer."""
-  _integer(cfg, errs, "diloco.inner_steps", 1, note="H")
-  _number(cfg, errs, "diloco.outer_lr", 0, lo_open=True)
-  _number(cfg, errs, "diloco.outer_momentum", 0, hi=1, hi_open=True)
-  _boolean(cfg, errs, "diloco.outer_nesterov")
-
-
-def _check_consensus(cfg, errs: Errors) -> None:
-  """consensus.*; with control on, exactly one target (and target_ratio's reference run)."""
-  for key in ("control", "log_every_step", "per_layer", "critical"):
-    _boolean(cfg, errs, f"consensus.{key}")
-  for key, lo in (("max_gossip_steps", 1), ("sketch_size", 1), ("until_step", 0),
-                  ("smoothness_every", 1), ("smoothness_iters", 1)):
-    _integer(cfg, errs, f"consensus.{key}", lo)
-  for key in ("target", "target_ratio", "smoothness"):
-    _number(cfg, errs, f"consensus.{key}", 0)
-  _number(cfg, errs, "consensus.critical_ema", 0, hi=1, hi_open=True)
-  _number(cfg, errs, "consensus.critical_scale", 0, lo_open=True)
-  _choice(cfg, errs, "consensus.measure", ("exact", "sketch"))
-  _string(cfg, errs, "consensus.reference_workdir")
-  cs = cfg.consensus
-  if cs.get("control") is not True:
-    return
-  given = [_is_num(cs.target) and cs.target > 0,
-           _is_num(cs.target_ratio) and cs.target_ratio > 0, cs.critical is True]
-  if sum(given) != 1:
-    errs.append(f"config.consensus.target={cs.target!r}, config.consensus.target_ratio="
-                f"{cs.target_ratio!r} and config.consensus.critical={cs.critical!r} are not "
-                "allowed: give exactly one target (target > 0, target_ratio > 0 or "
-                "critical=True)")
-  elif given[1] and not cs.reference_workdir:
-    errs.append(f"config.consensus.target_ratio={cs.target_ratio!r} is not allowed with "
-                f"config.consensus.reference_workdir={cs.reference_workdir!r}: it needs "
-                "config.consensus.reference_workdir (a finished run's workdir)")
-
-
-def _check_matcha(cfg, errs: Errors) -> None:
-  """matcha.*; MATCHA's base graph must be static."""
-  _number(cfg, errs, "matcha.budget", 0, lo_open=True, hi=1)
-  _integer(cfg, errs, "matcha.seed", 0)
-  if cfg.get("algorithm") == "matcha" and cfg.get("topology") == "one_peer_exponential":
-    errs.append("config.topology='one_peer_exponential' is not allowed with "
-                "config.algorithm='matcha': MATCHA samples matchings of a static base graph")
-
-
-def _check_dpsgd(cfg, errs: Errors) -> None:
-  """dpsgd.order."""
-  _choice(cfg, errs, "dpsgd.order", DPSGD_ORDERS)
-
-
-# One entry per section: a new component adds its ``_check_*`` here.
-SECTION_CHECKS: dict[str, Callable[[ml_collections.ConfigDict, Errors], None]] = {
-    "top_level": _check_top_level,
-    "topology": _check_topology,
-    "backend": _check_backend,
-    "cluster": _check_cluster,
-    "nonblocking": _check_nonblocking,
-    "compression": _check_compression,
-    "local_sgd": _check_local_sgd,
-    "diloco": _check_diloco,
-    "consensus": _check_consensus,
-    "matcha": _check_matcha,
-    "dpsgd": _check_dpsgd,
-    "problem": _check_problem,
+# One entry per section, each check beside its component (``module:function``, imported when
+# a config is validated); a new component adds its line here.
+SECTION_CHECKS: dict[str, str] = {
+    "top_level": "nbsgd_jax.config:check_top_level",
+    "topology": "nbsgd_jax.topology:check_config",
+    "backend": "nbsgd_jax.run.backends:check_config",
+    "cluster": "nbsgd_jax.cluster:check_config",
+    "nonblocking": "nbsgd_jax.cluster:check_nonblocking_config",
+    "compression": "nbsgd_jax.compression:check_config",
+    "local_sgd": "nbsgd_jax.local_sgd:check_config",
+    "diloco": "nbsgd_jax.transforms.wrappers:check_diloco_config",
+    "consensus": "nbsgd_jax.consensus:check_config",
+    "matcha": "nbsgd_jax.matcha:check_config",
+    "dpsgd": "nbsgd_jax.transforms.wrappers:check_dpsgd_config",
+    "problem": "nbsgd_jax.problems:check_config",
 }
 
 
-def _check_finite(cfg, errs: Errors) -> None:
+def section_check(name: str) -> Callable:
+  """The check function of a section of :data:`SECTION_CHECKS`."""
+  module, function = SECTION_CHECKS[name].split(":")
+  return getattr(importlib.import_module(module), function)
+
+
+def _check_finite(cfg, errs: list) -> None:
   """Non-finite floats anywhere (NaN passes the range checks), unless the key has a line."""
   def leaves(node, prefix=""):
     for k, v in node.items():
@@ -577,7 +314,7 @@ def algorithm_names() -> list[str]:
   return list(importlib.import_module("nbsgd_jax.recipes").REGISTRY)
 
 
-def _combination_errors(cfg) -> Errors:
+def _combination_errors(cfg) -> list:
   """The combinations of sections that are mathematically undefined for ``cfg.algorithm``:
   the recipe registry decides (:func:`nbsgd_jax.recipes.combination_errors`; it sees ``cfg``
   before the values are known to be good)."""
@@ -594,8 +331,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   Raises:
     ConfigError: one line per problem, ``config.KEY=VALUE is not allowed: ...``, all at once.
   """
-  errs: Errors = []
-  for check in SECTION_CHECKS.values():
+  errs: list = []
+  for name in SECTION_CHECKS:
+    check = section_check(name)
     check(cfg, errs)
   _check_finite(cfg, errs)
   errs.extend(_combination_errors(cfg))
@@ -688,16 +426,10 @@ def warn_inactive(cfg: ml_collections.ConfigDict, stream: TextIO | None = None) 
 
 
 def make_cluster(cfg: ml_collections.ConfigDict):
-  """The :class:`nbsgd_jax.cluster.Cluster` of ``cfg.cluster`` (M from ``cfg.nonblocking``).
+  """The :class:`nbsgd_jax.cluster.Cluster` of ``cfg.cluster`` (:func:`nbsgd_jax.cluster.
+  from_config`).
 
   Raises:
     ValueError: a bad ``cluster.*`` value (the message names the field).
   """
-  from nbsgd_jax import cluster as cluster_lib
-  c = cfg.cluster
-  return cluster_lib.make_cluster(
-      cfg.num_workers, cfg.nonblocking.num_minibatches, scenario=c.scenario,
-      slowdown=list(c.slowdown) or None, base_time=c.base_time, delay=c.delay,
-      delay_mean=c.delay_mean, delay_shift=c.delay_shift, delay_prob=c.delay_prob,
-      spread=c.spread, slow_factor=c.slow_factor, latency=c.latency, bandwidth=c.bandwidth,
-      seed=c.seed)
+  return cluster_lib.from_config(cfg)

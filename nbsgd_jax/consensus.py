@@ -56,7 +56,7 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from nbsgd_jax import collectives
+from nbsgd_jax import checks, collectives
 from nbsgd_jax.axis import AXIS, tree_bytes, varying_like
 
 MEASURES = ("exact", "sketch")
@@ -451,3 +451,35 @@ class CriticalTarget:
       return NO_CONSTRAINT
     return self.scale * math.sqrt(critical_distance_sq(*self._stats, step_size,
                                                        self.smoothness, self.n))
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def check_config(cfg, errs: list) -> None:
+  """consensus.*; with control on, exactly one target (and target_ratio's reference run)."""
+  for key in ("control", "log_every_step", "per_layer", "critical"):
+    checks.boolean(cfg, errs, f"consensus.{key}")
+  for key, lo in (("max_gossip_steps", 1), ("sketch_size", 1), ("until_step", 0),
+                  ("smoothness_every", 1), ("smoothness_iters", 1)):
+    checks.integer(cfg, errs, f"consensus.{key}", lo)
+  for key in ("target", "target_ratio", "smoothness"):
+    checks.number(cfg, errs, f"consensus.{key}", 0)
+  checks.number(cfg, errs, "consensus.critical_ema", 0, hi=1, hi_open=True)
+  checks.number(cfg, errs, "consensus.critical_scale", 0, lo_open=True)
+  checks.choice(cfg, errs, "consensus.measure", ("exact", "sketch"))
+  checks.string(cfg, errs, "consensus.reference_workdir")
+  cs = cfg.consensus
+  if cs.get("control") is not True:
+    return
+  given = [checks.is_num(cs.target) and cs.target > 0,
+           checks.is_num(cs.target_ratio) and cs.target_ratio > 0, cs.critical is True]
+  if sum(given) != 1:
+    errs.append(f"config.consensus.target={cs.target!r}, config.consensus.target_ratio="
+                f"{cs.target_ratio!r} and config.consensus.critical={cs.critical!r} are not "
+                "allowed: give exactly one target (target > 0, target_ratio > 0 or "
+                "critical=True)")
+  elif given[1] and not cs.reference_workdir:
+    errs.append(f"config.consensus.target_ratio={cs.target_ratio!r} is not allowed with "
+                f"config.consensus.reference_workdir={cs.reference_workdir!r}: it needs "
+                "config.consensus.reference_workdir (a finished run's workdir)")

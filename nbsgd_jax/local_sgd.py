@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from nbsgd_jax import checks
+
 SCHEDULES = ("fixed", "ada_lupa", "linear", "post_local")
 AVERAGINGS = ("mean", "gossip")  # of the local_sgd recipe
 OPT_STATE_SYNCS = ("keep", "average", "reset")
@@ -155,3 +157,21 @@ def make_planner(cfg, loss_offset: float = 0.0) -> SyncPlanner:
   c = cfg.local_sgd
   return SyncPlanner(c.schedule, c.tau, alpha=c.alpha, switch_step=c.switch_step,
                      max_tau=c.max_tau, loss_offset=loss_offset)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def check_config(cfg, errs: list) -> None:
+  """Config check of local_sgd.*: the period schedule and what a sync averages."""
+  from nbsgd_jax.problems import PROBLEMS
+  for key, allowed in (("schedule", SCHEDULES), ("averaging", AVERAGINGS),
+                       ("opt_state", OPT_STATE_SYNCS)):
+    checks.choice(cfg, errs, f"local_sgd.{key}", allowed)
+  for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0)):
+    checks.integer(cfg, errs, f"local_sgd.{key}", lo)
+  checks.number(cfg, errs, "local_sgd.alpha", 0)
+  if (checks.boolean(cfg, errs, "local_sgd.offset_optimum") and cfg.local_sgd.offset_optimum
+      and cfg.get("dataset") not in PROBLEMS):
+    errs.append(f"config.local_sgd.offset_optimum=True is not allowed with config.dataset="
+                f"{cfg.get('dataset')!r}: F* is known only for {list(PROBLEMS)}")

@@ -52,6 +52,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from nbsgd_jax import checks
+
 Edge = tuple[int, int]
 Matching = list[Edge]
 
@@ -639,3 +641,15 @@ def sample_activations(plan: MatchaPlan, seed: int, step: int) -> np.ndarray:
   """
   m = len(plan.matchings)
   return np.random.default_rng([int(seed), int(step)]).random(m) < np.asarray(plan.probs)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def check_config(cfg, errs: list) -> None:
+  """matcha.*; MATCHA's base graph must be static."""
+  checks.number(cfg, errs, "matcha.budget", 0, lo_open=True, hi=1)
+  checks.integer(cfg, errs, "matcha.seed", 0)
+  if cfg.get("algorithm") == "matcha" and cfg.get("topology") == "one_peer_exponential":
+    errs.append("config.topology='one_peer_exponential' is not allowed with "
+                "config.algorithm='matcha': MATCHA samples matchings of a static base graph")

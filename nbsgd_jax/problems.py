@@ -74,6 +74,8 @@ import numpy as np
 import scipy.optimize
 import scipy.special
 
+from nbsgd_jax import checks
+
 PROBLEMS = ("least_squares", "logistic")
 
 Params = dict[str, jax.Array]
@@ -427,3 +429,19 @@ def regroup(problem: SyntheticProblem, num_workers: int) -> SyntheticProblem:
     raise _err("num_workers", num_workers, f"it must divide the problem's {n} workers")
   return problem._replace(features=problem.features.reshape(p, (n // p) * m, d),
                           targets=problem.targets.reshape(p, (n // p) * m))
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def check_config(cfg, errs: list) -> None:
+  """problem.*: the synthetic problem's size and data (:mod:`nbsgd_jax.problems`)."""
+  for key, lo in (("examples_per_worker", 1), ("shards", 0), ("dim", 1), ("seed", 0)):
+    checks.integer(cfg, errs, f"problem.{key}", lo)
+  for key in ("noise", "l2", "heterogeneity"):
+    checks.number(cfg, errs, f"problem.{key}", 0)
+  checks.number(cfg, errs, "problem.condition", 1)
+  shards, n = cfg.problem.get("shards"), cfg.get("num_workers")
+  if checks.is_int(shards) and shards and checks.is_int(n) and n >= 1 and shards % n:
+    errs.append(f"config.problem.shards={shards} is not allowed with config.num_workers={n}: "
+                "it must be a multiple of num_workers (0: num_workers)")

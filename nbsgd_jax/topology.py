@@ -50,6 +50,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from nbsgd_jax import checks
+
 WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
 
 
@@ -545,3 +547,26 @@ def slem(w: np.ndarray) -> float:
 def spectral_gap(w: np.ndarray) -> float:
   """``1 - slem(W)``: 0 for a disconnected graph, 1 for exact averaging."""
   return 1.0 - slem(w)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def check_config(cfg, errs: list) -> None:
+  """Config check of topology, mixing_weights, topology_* (torus: rows x cols = num_workers)."""
+  from nbsgd_jax import config as config_lib
+  checks.choice(cfg, errs, "topology", config_lib.TOPOLOGIES)
+  checks.choice(cfg, errs, "mixing_weights", config_lib.MIXING_WEIGHTS)
+  checks.number(cfg, errs, "topology_p", 0, lo_open=True, hi=1)
+  checks.integer(cfg, errs, "topology_seed", 0)
+  rows_ok = checks.integer(cfg, errs, "topology_rows", 0)
+  cols_ok = checks.integer(cfg, errs, "topology_cols", 0)
+  n, r, c = cfg.get("num_workers"), cfg.get("topology_rows"), cfg.get("topology_cols")
+  if cfg.get("topology") != "torus" or not (rows_ok and cols_ok and checks.is_int(n)) or not (r or c):
+    return
+  if r and c and r * c != n:
+    errs.append(f"config.topology_rows={r} x config.topology_cols={c} is not allowed with "
+                f"config.num_workers={n}: rows x cols must equal num_workers")
+  elif n % (r or c):
+    errs.append(f"config.topology_{'rows' if r else 'cols'}={r or c} is not allowed: it must "
+                f"divide config.num_workers={n}")

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from nbsgd_jax import checks
 from nbsgd_jax import config as config_lib
 from nbsgd_jax.axis import AXIS
 
@@ -125,3 +126,32 @@ def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
 
   return Backend(name, num_workers, mesh, spmd, lambda tree: jax.device_put(tree, sharding),
                  **extra)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def check_config(cfg, errs: list) -> None:
+  """Config check of backend and workers_per_device (mesh, multihost: against jax's
+  devices)."""
+  checks.choice(cfg, errs, "backend", config_lib.BACKENDS)
+  if not checks.integer(cfg, errs, "workers_per_device", 0, note="0: chosen from the device count"):
+    return
+  k, n, backend = cfg.workers_per_device, cfg.get("num_workers"), cfg.get("backend")
+  if not (checks.is_int(n) and n > 0) or backend not in ("mesh", "multihost"):
+    return
+  import jax  # deferred: the rest needs no devices; multihost: after jax.distributed.initialize
+  nd = jax.device_count()
+  if backend == "mesh":
+    if k and (n % k or n // k > nd):
+      errs.append(f"config.workers_per_device={k} is not allowed with num_workers={n} on {nd} "
+                  f"devices: it must divide num_workers with num_workers / workers_per_device "
+                  f"<= {nd}")
+  elif n % nd:
+    errs.append(f"config.num_workers={n} is not allowed with config.backend='multihost' on "
+                f"{jax.process_count()} process(es) with {nd} devices in all: the workers must "
+                f"divide evenly across processes and devices (a multiple of {nd})")
+  elif k and k * nd != n:
+    errs.append(f"config.workers_per_device={k} is not allowed with config.backend="
+                f"'multihost': num_workers={n} on {nd} devices puts {n // nd} on each "
+                "(0 picks it)")

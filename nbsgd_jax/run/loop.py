@@ -226,7 +226,8 @@ def _summary(cfg, s, run: Run, rec: dict) -> dict:
     periods = {"periods": run.host.part("planner").planner.periods}
   wall = run.watch.seconds
   summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
-             "backend": cfg.backend, "model": cfg.model, "dataset": cfg.dataset,
+             "backend": cfg.backend, "model": cfg.model if s.model is not None else "linear",
+             "dataset": cfg.dataset,
              "model_params": int(sum(np.prod(x.shape[1:]) for x in jax.tree.leaves(params))),
              **periods, **s.task.facts,
              "bytes_per_step": rec["bytes_sent"] / cfg.num_steps if cfg.num_steps else 0.0,

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from nbsgd_jax import checks
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
                                        no_state, replace_params)
 
@@ -235,3 +236,19 @@ def outer_step(reducer: WorkerTransform, outer: optax.GradientTransformation) ->
     return anchor, local_state, OuterState(anchor, outer_state, red), report
 
   return Synchronisation(init, apply, reducer.communications)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def check_diloco_config(cfg, errs: list) -> None:
+  """diloco.*: inner steps and the outer optimizer."""
+  checks.integer(cfg, errs, "diloco.inner_steps", 1, note="H")
+  checks.number(cfg, errs, "diloco.outer_lr", 0, lo_open=True)
+  checks.number(cfg, errs, "diloco.outer_momentum", 0, hi=1, hi_open=True)
+  checks.boolean(cfg, errs, "diloco.outer_nesterov")
+
+
+def check_dpsgd_config(cfg, errs: list) -> None:
+  """dpsgd.order."""
+  checks.choice(cfg, errs, "dpsgd.order", ORDERS)

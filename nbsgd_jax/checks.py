@@ -1,0 +1,70 @@
+"""Checks of one configuration key, shared by every component's section check.
+
+Each helper checks ``cfg[key]`` (a dotted key), appends one line
+``config.KEY=VALUE is not allowed: WHY`` to ``errs`` when it is bad and returns whether it was
+good. NaN passes the range checks: :func:`nbsgd_jax.config.validate`'s final scan reports it.
+A component checks its own section with ``check_config(cfg, errs)`` beside its code
+(:data:`nbsgd_jax.config.SECTION_CHECKS` lists them).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Sequence
+
+Errors = list[str]
+
+
+def is_int(v: Any) -> bool:
+  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def is_num(v: Any) -> bool:
+  return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+
+def choice(cfg, errs: Errors, key: str, allowed: Sequence) -> bool:
+  v = cfg.get(key)
+  if v in allowed:
+    return True
+  errs.append(f"config.{key}={v!r} is not allowed: use one of {list(allowed)}")
+  return False
+
+
+def integer(cfg, errs: Errors, key: str, lo: int, note: str = "") -> bool:
+  v = cfg.get(key)
+  if is_int(v) and v >= lo:
+    return True
+  errs.append(f"config.{key}={v!r} is not allowed: it must be an integer >= {lo}"
+              + (f" ({note})" if note else ""))
+  return False
+
+
+def number(cfg, errs: Errors, key: str, lo: float, lo_open: bool = False,
+            hi: float | None = None, hi_open: bool = False) -> bool:
+  v = cfg.get(key)
+  bad = not is_num(v) or v < lo or (lo_open and v == lo) or (hi is not None and (
+      v > hi or (hi_open and v == hi)))
+  if not bad:
+    return True
+  rng = f"{'>' if lo_open else '>='} {lo}" + (
+      f" and {'<' if hi_open else '<='} {hi}" if hi is not None else "")
+  errs.append(f"config.{key}={v!r} is not allowed: it must be a number {rng}")
+  return False
+
+
+def typed(cfg, errs: Errors, key: str, kind: type, allowed: str) -> bool:
+  v = cfg.get(key)
+  if isinstance(v, kind):
+    return True
+  errs.append(f"config.{key}={v!r} is not allowed: {allowed}")
+  return False
+
+
+def boolean(cfg, errs: Errors, key: str) -> bool:
+  return typed(cfg, errs, key, bool, "use True or False")
+
+
+def string(cfg, errs: Errors, key: str) -> bool:
+  return typed(cfg, errs, key, str, "it must be a string")
