@@ -16,6 +16,7 @@ under failures: :meth:`Communication.weight`).
 
 from __future__ import annotations
 
+import abc
 from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
@@ -48,7 +49,7 @@ class Round(NamedTuple):
   num_bytes: np.ndarray
 
 
-class Communication:
+class Communication(abc.ABC):
   """Base of every communication primitive (see module docstring).
 
   Args:
@@ -68,9 +69,9 @@ class Communication:
     del step
     return {}
 
+  @abc.abstractmethod
   def pattern(self, step: int, active: np.ndarray) -> Pattern:
-    """The round's pattern with every worker up (subclasses)."""
-    raise NotImplementedError(f"{type(self).__name__} has no host pattern")
+    """The round's pattern with every worker up (every primitive defines it)."""
 
   def live_pattern(self, step: int, active: np.ndarray, alive: Optional[np.ndarray]) -> Pattern:
     """:meth:`pattern` under failures: a failed worker sends nothing and nobody waits for it."""
