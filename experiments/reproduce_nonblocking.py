@@ -58,7 +58,7 @@ def make_config(algorithm: str, nonblocking: bool, a) -> "config_lib.ml_collecti
   c.nonblocking.deadline = "fastest"
   c.cluster.scenario = "lognormal"
   c.cluster.spread = a.spread
-  c.cluster.base_time = 0.01
+  c.cluster.time_per_example = 1.25e-3  # 10 ms per mini-batch of 8 at speed 1
   c.cluster.delay = "bernoulli_exponential"
   c.cluster.delay_prob = a.delay_prob
   c.cluster.delay_mean = a.delay_mean
@@ -145,7 +145,8 @@ def main():
                   "time_to_target": res["time_to_target"], "speedup": res["speedup"]})
   scenario = {"num_workers": a.workers, "model": "mlp", "dataset": "mnist10k",
               "batch_size": 32, "num_minibatches": 4, "deadline": "fastest",
-              "slowdown": f"lognormal(sigma={a.spread})", "base_time_s": 0.01,
+              "slowdown": f"lognormal(sigma={a.spread})", "time_per_example_s": 1.25e-3,
+              "delay_per": "iteration",
               "delay": "bernoulli_exponential", "delay_prob": a.delay_prob,
               "delay_mean_s": a.delay_mean, "latency_s": 1e-4, "bandwidth_Bps": 1e9,
               "dpsgd_topology": "ring", "matcha_topology": "erdos_renyi(p=0.3)",

@@ -1,24 +1,42 @@
-"""Simulated cluster: mini-batch finish times, deadlines and the max-plus clock.
+"""Simulated cluster: mini-batch finish times, deadlines and the clock.
 
 Host-side numpy, evaluated once per training step (never inside ``jit``).
 
-Model (He & Dube, arXiv 2211.00889; ``docs/algorithms.md``, "Simulated cluster and clock").
-Each of ``n`` workers splits its batch into ``M`` mini-batches. Mini-batch ``j`` on worker
-``i`` takes ``base_time * slowdown_i + d_ij`` seconds, with ``d_ij``
-a random straggler delay:
+Compute model (``docs/clock.md``). Each of ``n`` workers splits its batch of ``B`` examples
+into ``M`` mini-batches of ``B / M`` examples (``M = 1`` when nothing is dropped: a blocking
+run computes its batch at once). Mini-batch ``j`` on worker ``i`` takes
 
-* ``"none"``: ``d_ij = 0``;
-* ``"shifted_exponential"``: ``d_ij = delay_shift + Exp(mean=delay_mean)``;
-* ``"bernoulli_exponential"``: ``d_ij = Bernoulli(delay_prob) * Exp(mean=delay_mean)``.
+    ``(B / M) * time_per_example * slowdown_i + overhead + d_ij``
+
+seconds: examples x seconds per example x the worker's slowdown, a fixed per-mini-batch
+overhead (default 0), and a random straggler delay ``d_ij``. Splitting a batch into ``M``
+mini-batches does not change a blocking step's time (with ``overhead = 0``).
+
+Straggler delays (``delay_per``):
+
+* ``"iteration"`` (the default; the usual model of a slow step of a worker: Dutta et al.,
+  AISTATS 2018, "Slow and stale gradients can win the race", Sec. 3; Lee et al., IEEE Trans.
+  Inf. Theory 2018, "Speeding up distributed machine learning using codes", Sec. II): one
+  delay ``D_i`` per worker per step, spread evenly over its mini-batches (``d_ij = D_i / M``:
+  the worker is slow for the whole step). The realisation does not depend on ``M``, so a
+  blocking and a non-blocking run with one seed see the same slow steps.
+* ``"minibatch"``: one draw per mini-batch (``d_ij`` independent; He & Dube 2022's
+  simulation), so a worker's step with ``M`` mini-batches pays ``M`` draws.
+
+Distributions of a draw ``D``:
+
+* ``"none"``: ``D = 0``;
+* ``"shifted_exponential"``: ``D = delay_shift + Exp(mean=delay_mean)`` (Lee et al. 2018);
+* ``"bernoulli_exponential"``: ``D = Bernoulli(delay_prob) * Exp(mean=delay_mean)`` (an
+  occasional slow step, e.g. a background job).
 
 Mini-batches run back to back, so the finish times ``finish[i, j]`` (seconds after the start
 of the iteration) are the cumulative sums over ``j``. At a deadline (:func:`deadline`) worker
 ``i`` has finished ``m_i`` mini-batches (:func:`finished_counts`); the rest are dropped.
 
-Clock: per-worker simulated clocks follow the max-plus recursion (:func:`advance_clocks`)
-``c_i <- max_{j in N(i) + {i}} (c_j + compute_j) + comm_i`` with the alpha-beta
-communication cost ``comm_i = latency * messages_i + bytes_i / bandwidth`` (Hockney 1994,
-:func:`comm_time`).
+Clock: see :mod:`nbsgd_jax.host.parts` (``Clock``) and :func:`advance_clocks`; the
+alpha-beta communication cost ``comm_i = latency * messages_i + bytes_i / bandwidth``
+(Hockney 1994, :func:`comm_time`).
 
 Randomness: step ``t`` draws from ``np.random.default_rng([seed, t])``, so a step's delays do
 not depend on which steps were simulated before (resume-friendly).
@@ -40,8 +58,9 @@ from nbsgd_jax import checks
 
 SCENARIOS = ("homogeneous", "one_slow", "lognormal")
 DELAYS = ("none", "shifted_exponential", "bernoulli_exponential")
+DELAY_PER = ("iteration", "minibatch")
 
-DeadlineRule = Union[str, float]  # "fastest", "kth:K" or a fixed budget in seconds
+DeadlineRule = Union[str, float]  # "fastest", "kth:K", "adaptive" or a budget in seconds
 
 
 class Cluster(NamedTuple):
@@ -50,28 +69,39 @@ class Cluster(NamedTuple):
   Attributes:
     n: number of workers (``num_workers``).
     num_minibatches: mini-batches per worker per step, ``M``.
-    base_time: seconds per mini-batch on a worker with slowdown 1.
-    slowdown: float64 ``[n]``, every entry > 0; worker ``i`` takes
-      ``base_time * slowdown[i]`` seconds per mini-batch before delays.
+    time_per_example: seconds of forward and backward per example at slowdown 1.
+    minibatch_size: examples per mini-batch, ``B / M``.
+    overhead: fixed seconds per mini-batch (not scaled by the slowdown).
+    slowdown: float64 ``[n]``, every entry > 0.
     delay: one of ``DELAYS``.
+    delay_per: one of ``DELAY_PER``.
     delay_mean: mean of the exponential part of the delay, seconds.
     delay_shift: constant part of the shifted-exponential delay, seconds.
-    delay_prob: probability that a mini-batch is delayed (bernoulli_exponential).
+    delay_prob: probability of a delay (bernoulli_exponential).
     latency: alpha, seconds per message.
     bandwidth: 1 / beta, bytes per second.
     seed: non-negative integer seed of the delay draws.
   """
   n: int
   num_minibatches: int
-  base_time: float
+  time_per_example: float
+  minibatch_size: float
+  overhead: float
   slowdown: np.ndarray
   delay: str
+  delay_per: str
   delay_mean: float
   delay_shift: float
   delay_prob: float
   latency: float
   bandwidth: float
   seed: int
+
+  @property
+  def minibatch_time(self) -> np.ndarray:
+    """float64 ``[n]``: seconds per mini-batch of each worker before delays."""
+    return (self.minibatch_size * self.time_per_example * np.asarray(self.slowdown)
+            + self.overhead)
 
 
 def _err(field: str, value, why: str) -> ValueError:
@@ -94,67 +124,7 @@ def _check_real(field: str, x, low: float, strict: bool) -> float:
   return float(x)
 
 
-def make_cluster(n: int, num_minibatches: int, scenario: str = "homogeneous",
-                 slowdown: Optional[Sequence[float]] = None, base_time: float = 0.01,
-                 delay: str = "none", delay_mean: float = 0.0, delay_shift: float = 0.0,
-                 delay_prob: float = 0.0, spread: float = 0.5, slow_factor: float = 4.0,
-                 latency: float = 1e-4, bandwidth: float = 1e9, seed: int = 0) -> Cluster:
-  """Builds and validates a :class:`Cluster`.
-
-  Speeds (``slowdown``, used when ``slowdown`` is None):
-
-  * ``"homogeneous"``: all 1 (equal speeds; random delays are configured separately).
-  * ``"one_slow"``: all 1 except worker ``n - 1``, which has ``slow_factor``.
-  * ``"lognormal"``: ``exp(N(0, spread^2))`` per worker, divided by its minimum so the fastest
-    worker has slowdown 1; drawn from ``SeedSequence(seed, spawn_key=(1,))`` (independent of
-    the per-step delay streams).
-
-  An explicit ``slowdown`` (length ``n``, every entry > 0) overrides the scenario (the
-  scenario name is still validated).
-
-  Args:
-    n: number of workers, >= 1.
-    num_minibatches: ``M``, integer >= 1.
-    scenario: one of ``SCENARIOS``.
-    slowdown: optional explicit per-worker slowdowns ``[n]``.
-    base_time: seconds per mini-batch at slowdown 1, > 0.
-    delay: one of ``DELAYS``.
-    delay_mean: seconds, >= 0.
-    delay_shift: seconds, >= 0.
-    delay_prob: in [0, 1].
-    spread: lognormal standard deviation, >= 0.
-    slow_factor: slowdown of the slow worker in ``"one_slow"``, > 0.
-    latency: seconds per message, >= 0.
-    bandwidth: bytes per second, > 0.
-    seed: integer >= 0.
-
-  Returns:
-    The cluster.
-
-  Raises:
-    ValueError: any argument out of range, naming its config field.
-  """
-  if not _is_int(n) or n < 1:
-    raise _err("num_workers", n, "it must be an integer >= 1")
-  if not _is_int(num_minibatches) or num_minibatches < 1:
-    raise _err("nonblocking.num_minibatches", num_minibatches, "it must be an integer >= 1")
-  if scenario not in SCENARIOS:
-    raise _err("cluster.scenario", scenario, f"it must be one of {list(SCENARIOS)}")
-  if delay not in DELAYS:
-    raise _err("cluster.delay", delay, f"it must be one of {list(DELAYS)}")
-  base_time = _check_real("cluster.base_time", base_time, 0.0, strict=True)
-  delay_mean = _check_real("cluster.delay_mean", delay_mean, 0.0, strict=False)
-  delay_shift = _check_real("cluster.delay_shift", delay_shift, 0.0, strict=False)
-  delay_prob = _check_real("cluster.delay_prob", delay_prob, 0.0, strict=False)
-  if delay_prob > 1.0:
-    raise _err("cluster.delay_prob", delay_prob, "it must be in [0, 1]")
-  spread = _check_real("cluster.spread", spread, 0.0, strict=False)
-  slow_factor = _check_real("cluster.slow_factor", slow_factor, 0.0, strict=True)
-  latency = _check_real("cluster.latency", latency, 0.0, strict=False)
-  bandwidth = _check_real("cluster.bandwidth", bandwidth, 0.0, strict=True)
-  if not _is_int(seed) or seed < 0:
-    raise _err("cluster.seed", seed, "it must be an integer >= 0")
-
+def _slowdowns(n, scenario, slowdown, spread, slow_factor, seed) -> np.ndarray:
   if slowdown is not None:
     try:
       s = np.asarray(slowdown, dtype=np.float64)
@@ -175,16 +145,117 @@ def make_cluster(n: int, num_minibatches: int, scenario: str = "homogeneous",
     s = s / s.min()
   s = s.copy()
   s.flags.writeable = False
-  return Cluster(n=int(n), num_minibatches=int(num_minibatches), base_time=base_time,
-                 slowdown=s, delay=delay, delay_mean=delay_mean, delay_shift=delay_shift,
-                 delay_prob=delay_prob, latency=latency, bandwidth=bandwidth, seed=int(seed))
+  return s
+
+
+def make_cluster(n: int, num_minibatches: int, scenario: str = "homogeneous",
+                 slowdown: Optional[Sequence[float]] = None, time_per_example: float = 1e-3,
+                 batch_size: int = 32, overhead: float = 0.0, delay: str = "none",
+                 delay_per: str = "iteration", delay_mean: float = 0.0, delay_shift: float = 0.0,
+                 delay_prob: float = 0.0, spread: float = 0.5, slow_factor: float = 4.0,
+                 latency: float = 1e-4, bandwidth: float = 1e9, seed: int = 0) -> Cluster:
+  """Builds and validates a :class:`Cluster`.
+
+  Speeds (``slowdown``, used when ``slowdown`` is None):
+
+  * ``"homogeneous"``: all 1 (equal speeds; random delays are configured separately).
+  * ``"one_slow"``: all 1 except worker ``n - 1``, which has ``slow_factor``.
+  * ``"lognormal"``: ``exp(N(0, spread^2))`` per worker, divided by its minimum so the fastest
+    worker has slowdown 1; drawn from ``SeedSequence(seed, spawn_key=(1,))`` (independent of
+    the per-step delay streams).
+
+  An explicit ``slowdown`` (length ``n``, every entry > 0) overrides the scenario (the
+  scenario name is still validated).
+
+  Args:
+    n: number of workers, >= 1.
+    num_minibatches: ``M``, integer >= 1 (1 for a blocking run: its batch at once).
+    scenario: one of ``SCENARIOS``.
+    slowdown: optional explicit per-worker slowdowns ``[n]``.
+    time_per_example: seconds per example at slowdown 1, > 0.
+    batch_size: examples per worker per step, ``B`` >= 1 (a mini-batch has ``B / M``).
+    overhead: seconds per mini-batch, >= 0.
+    delay: one of ``DELAYS``.
+    delay_per: one of ``DELAY_PER``.
+    delay_mean: seconds, >= 0.
+    delay_shift: seconds, >= 0.
+    delay_prob: in [0, 1].
+    spread: lognormal standard deviation, >= 0.
+    slow_factor: slowdown of the slow worker in ``"one_slow"``, > 0.
+    latency: seconds per message, >= 0.
+    bandwidth: bytes per second, > 0.
+    seed: integer >= 0.
+
+  Returns:
+    The cluster.
+
+  Raises:
+    ValueError: any argument out of range, naming its config field.
+  """
+  if not _is_int(n) or n < 1:
+    raise _err("num_workers", n, "it must be an integer >= 1")
+  if not _is_int(num_minibatches) or num_minibatches < 1:
+    raise _err("nonblocking.num_minibatches", num_minibatches, "it must be an integer >= 1")
+  if not _is_int(batch_size) or batch_size < 1:
+    raise _err("batch_size", batch_size, "it must be an integer >= 1")
+  if scenario not in SCENARIOS:
+    raise _err("cluster.scenario", scenario, f"it must be one of {list(SCENARIOS)}")
+  if delay not in DELAYS:
+    raise _err("cluster.delay", delay, f"it must be one of {list(DELAYS)}")
+  if delay_per not in DELAY_PER:
+    raise _err("cluster.delay_per", delay_per, f"it must be one of {list(DELAY_PER)}")
+  time_per_example = _check_real("cluster.time_per_example", time_per_example, 0.0, strict=True)
+  overhead = _check_real("cluster.overhead", overhead, 0.0, strict=False)
+  delay_mean = _check_real("cluster.delay_mean", delay_mean, 0.0, strict=False)
+  delay_shift = _check_real("cluster.delay_shift", delay_shift, 0.0, strict=False)
+  delay_prob = _check_real("cluster.delay_prob", delay_prob, 0.0, strict=False)
+  if delay_prob > 1.0:
+    raise _err("cluster.delay_prob", delay_prob, "it must be in [0, 1]")
+  spread = _check_real("cluster.spread", spread, 0.0, strict=False)
+  slow_factor = _check_real("cluster.slow_factor", slow_factor, 0.0, strict=True)
+  latency = _check_real("cluster.latency", latency, 0.0, strict=False)
+  bandwidth = _check_real("cluster.bandwidth", bandwidth, 0.0, strict=True)
+  if not _is_int(seed) or seed < 0:
+    raise _err("cluster.seed", seed, "it must be an integer >= 0")
+  s = _slowdowns(n, scenario, slowdown, spread, slow_factor, seed)
+  return Cluster(n=int(n), num_minibatches=int(num_minibatches),
+                 time_per_example=time_per_example,
+                 minibatch_size=float(batch_size) / int(num_minibatches), overhead=overhead,
+                 slowdown=s, delay=delay, delay_per=delay_per, delay_mean=delay_mean,
+                 delay_shift=delay_shift, delay_prob=delay_prob, latency=latency,
+                 bandwidth=bandwidth, seed=int(seed))
+
+
+def delays(cluster: Cluster, step: int) -> np.ndarray:
+  """The straggler delays of one step, seconds, float64 ``[n, M]`` (``d_ij``; module
+  docstring): per iteration, one draw per worker spread evenly over its ``M`` mini-batches;
+  per mini-batch, one draw each. From ``np.random.default_rng([seed, step])``.
+
+  Raises:
+    ValueError: ``step`` not an integer >= 0.
+  """
+  if not _is_int(step) or step < 0:
+    raise _err("step", step, "it must be an integer >= 0")
+  n, m = cluster.n, cluster.num_minibatches
+  if cluster.delay == "none":
+    return np.zeros((n, m))
+  rng = np.random.default_rng([cluster.seed, int(step)])
+  size = (n, 1) if cluster.delay_per == "iteration" else (n, m)
+  if cluster.delay == "shifted_exponential":
+    d = cluster.delay_shift + rng.exponential(cluster.delay_mean, size=size)
+  else:  # bernoulli_exponential
+    hit = rng.random(size) < cluster.delay_prob
+    d = hit * rng.exponential(cluster.delay_mean, size=size)
+  if cluster.delay_per == "iteration":
+    d = np.broadcast_to(d / m, (n, m))
+  return d
 
 
 def minibatch_finish_times(cluster: Cluster, step: int) -> np.ndarray:
   """Finish times of every mini-batch in one step.
 
-  ``finish[i, j] = sum_{k <= j} (base_time * slowdown_i + d_ik)``, with delays from
-  ``np.random.default_rng([seed, step])`` (reproducible per (seed, step), independent of call
+  ``finish[i, j] = sum_{k <= j} ((B / M) * time_per_example * slowdown_i + overhead + d_ik)``
+  with the delays of :func:`delays` (reproducible per (seed, step), independent of call
   order).
 
   Args:
@@ -197,40 +268,30 @@ def minibatch_finish_times(cluster: Cluster, step: int) -> np.ndarray:
   Raises:
     ValueError: ``step`` not an integer >= 0.
   """
-  if not _is_int(step) or step < 0:
-    raise _err("step", step, "it must be an integer >= 0")
-  n, m = cluster.n, cluster.num_minibatches
-  per = np.broadcast_to(cluster.base_time * np.asarray(cluster.slowdown)[:, None], (n, m))
-  if cluster.delay == "none":
-    d = np.zeros((n, m))
-  else:
-    rng = np.random.default_rng([cluster.seed, int(step)])
-    if cluster.delay == "shifted_exponential":
-      d = cluster.delay_shift + rng.exponential(cluster.delay_mean, size=(n, m))
-    else:  # bernoulli_exponential
-      hit = rng.random((n, m)) < cluster.delay_prob
-      d = hit * rng.exponential(cluster.delay_mean, size=(n, m))
-  return np.cumsum(per + d, axis=1)
+  d = delays(cluster, step)
+  return np.cumsum(cluster.minibatch_time[:, None] + d, axis=1)
 
 
 def parse_deadline(value) -> DeadlineRule:
   """Validates a deadline rule (``nonblocking.deadline``).
 
   Args:
-    value: ``"fastest"``, ``"kth:K"`` (integer ``K >= 1``), or a fixed budget in seconds
-      (a number or numeric string, finite and > 0).
+    value: ``"fastest"``, ``"kth:K"`` (integer ``K >= 1``), ``"adaptive"`` (median + k MAD
+      of recent finishing times, :class:`DeadlineHistory`), or a fixed budget in seconds (a
+      number or numeric string, finite and > 0).
 
   Returns:
-    ``"fastest"``, ``"kth:K"`` (normalised) or a float number of seconds.
+    ``"fastest"``, ``"kth:K"`` (normalised), ``"adaptive"`` or a float number of seconds.
 
   Raises:
     ValueError: anything else, naming ``nonblocking.deadline``.
   """
   field = "nonblocking.deadline"
-  why = "it must be 'fastest', 'kth:K' with an integer K >= 1, or a number of seconds > 0"
+  why = ("it must be 'fastest', 'kth:K' with an integer K >= 1, 'adaptive', or a number of "
+         "seconds > 0")
   if isinstance(value, str):
     v = value.strip()
-    if v == "fastest":
+    if v in ("fastest", "adaptive"):
       return v
     if v.startswith("kth:"):
       try:
@@ -249,6 +310,96 @@ def parse_deadline(value) -> DeadlineRule:
   if not _is_real(seconds) or not math.isfinite(float(seconds)) or float(seconds) <= 0:
     raise _err(field, value, why)  # the value as given
   return float(seconds)
+
+
+def full_time_estimate(last_finish, count, num_minibatches: int, deadline) -> np.ndarray:
+  """Each worker's estimated time for all ``M`` mini-batches from what a deadline let it
+  finish: ``last_finish`` when ``count = M``, ``last_finish * M / count`` for
+  ``0 < count < M`` (its pace so far), ``deadline * M`` (a lower bound) when ``count = 0``.
+
+  Args:
+    last_finish: float ``[n]``, seconds at which each worker finished its last counted
+      mini-batch.
+    count: int ``[n]``, mini-batches finished, in ``[0, M]``.
+    num_minibatches: ``M``.
+    deadline: seconds, scalar or ``[n]`` (``inf`` for none).
+
+  Returns:
+    float64 ``[n]``, seconds.
+  """
+  last = np.asarray(last_finish, np.float64)
+  c = np.asarray(count, np.float64)
+  dl = np.broadcast_to(np.asarray(deadline, np.float64), last.shape)
+  pace = np.where(c > 0, last / np.maximum(c, 1), dl)
+  return np.where(c >= num_minibatches, last, pace * num_minibatches)
+
+
+class DeadlineHistory:
+  """Deadlines from the finishing times of recent steps: the rule of a real run (whose
+  current finishing times are not known in advance) and of ``"adaptive"``.
+
+  Every worker's estimated time for all ``M`` mini-batches (:func:`full_time_estimate`) of
+  the last ``window`` steps is kept. Rules:
+
+  * ``"fastest"``: the smallest over workers of each worker's median estimate;
+  * ``"kth:K"``: the K-th smallest of them;
+  * ``"adaptive"``: ``median + k * MAD`` of all estimates of live workers in the window
+    (median absolute deviation; a robust straggler cut-off as proposed for hivemind's
+    averaging, learning-at-home/hivemind#676): with ``k = 0`` half the workers finish;
+  * a float: that many seconds.
+
+  Before anything was observed the deadline is ``inf`` (the first step waits for every
+  worker, and so measures them).
+
+  Args:
+    n: workers.
+    rule: a parsed rule (:func:`parse_deadline`).
+    k: the ``k`` of ``"adaptive"``, >= 0 (``nonblocking.adaptive_k``).
+    window: steps kept, >= 1 (``nonblocking.window``).
+
+  Raises:
+    ValueError: ``k`` or ``window`` out of range (named).
+  """
+
+  def __init__(self, n: int, rule: DeadlineRule, k: float = 2.0, window: int = 10):
+    if not _is_real(k) or not math.isfinite(float(k)) or k < 0:
+      raise _err("nonblocking.adaptive_k", k, "it must be a finite number >= 0")
+    if not _is_int(window) or window < 1:
+      raise _err("nonblocking.window", window, "it must be an integer >= 1")
+    self.n, self.rule, self.k, self.window = int(n), rule, float(k), int(window)
+    self.times: list = []  # [n] float64 each, nan for a worker not observed (failed)
+
+  def observe(self, estimates, live=None) -> None:
+    """Adds one step's estimates (float ``[n]``, seconds; ``live`` bool ``[n]`` or None)."""
+    e = np.asarray(estimates, np.float64).copy()
+    if live is not None:
+      e[~np.asarray(live, bool)] = np.nan
+    self.times = (self.times + [e])[-self.window:]
+
+  def deadline(self) -> float:
+    """Seconds (``inf`` while nothing was observed)."""
+    if isinstance(self.rule, float):
+      return self.rule
+    if not self.times:
+      return math.inf
+    t = np.stack(self.times)
+    if np.all(np.isnan(t)):
+      return math.inf
+    if self.rule == "adaptive":
+      x = t[np.isfinite(t)]
+      med = float(np.median(x))
+      return med + self.k * float(np.median(np.abs(x - med)))
+    per = np.sort(np.nanmedian(np.where(np.isfinite(t), t, np.nan), axis=0))
+    per = per[np.isfinite(per)]
+    kth = int(self.rule[4:]) if self.rule.startswith("kth:") else 1
+    return float(per[min(kth, per.size) - 1])
+
+  def state_dict(self) -> dict:
+    return {"times": [[None if np.isnan(v) else float(v) for v in t] for t in self.times]}
+
+  def load_state_dict(self, d: dict) -> None:
+    self.times = [np.asarray([np.nan if v is None else v for v in t], np.float64)
+                  for t in d["times"]]
 
 
 def _check_finish(finish) -> np.ndarray:
@@ -295,6 +446,9 @@ def deadline(finish: np.ndarray, rule: DeadlineRule = "fastest",
   f = _check_finish(finish)
   n = f.shape[0]
   rule = parse_deadline(rule)
+  if rule == "adaptive":
+    raise _err("nonblocking.deadline", rule, "it is set from earlier steps: use a "
+               "DeadlineHistory")
   last = f[:, -1]
   if isinstance(rule, str) and rule.startswith("kth:"):
     k = int(rule[4:])
@@ -400,20 +554,30 @@ def comm_time(cluster: Cluster, messages, num_bytes) -> np.ndarray:
 
 
 def advance_clocks(clocks: np.ndarray, compute: np.ndarray, comm: np.ndarray,
-                   adjacency: Optional[np.ndarray] = None) -> np.ndarray:
-  """One step of the max-plus clock recursion.
+                   adjacency: Optional[np.ndarray] = None, collective: bool = True,
+                   overlap: bool = False) -> np.ndarray:
+  """One round of the clock (``docs/clock.md`` has the derivation and worked examples).
 
-  ``c_i <- max_{j in N(i) + {i}} (c_j + compute_j) + comm_i``: worker ``i`` waits for its own
-  computation and for every neighbour's, then communicates. ``adjacency`` None means
-  all-to-all (all-reduce: everyone waits for the slowest worker). ``adjacency`` is boolean
-  ``[n, n]`` with row ``i`` listing whom worker ``i`` receives from; the diagonal is treated
-  as True.
+  Worker ``j`` is ready to send at ``r_j = c_j + compute_j`` (its computation of the step
+  comes first), or at ``r_j = c_j`` with ``overlap`` (the round's input is known at the step's
+  start: the ``parallel`` order of D-PSGD). Then
+
+  * ``collective`` (an all-reduce): the round starts when the last worker of the
+    neighbourhood is ready and takes ``comm_i``: ``c_i <- max_{j in N(i)} r_j + comm_i``;
+  * point to point (gossip): worker ``i`` has what it needs when each neighbour's message
+    has arrived and its own sends are done, ``c_i <- max_{j in N(i)} (r_j + comm_j)``;
+  * with ``overlap`` worker ``i`` also finishes its computation:
+    ``c_i <- max(c_i + compute_i, ...)``.
+
+  ``N(i)`` includes ``i``; ``adjacency`` None means everyone.
 
   Args:
     clocks: float ``[n]``, seconds.
-    compute: float ``[n]``, seconds (:func:`compute_time`).
-    comm: float ``[n]``, seconds (:func:`comm_time`).
-    adjacency: optional boolean ``[n, n]``.
+    compute: float ``[n]``, seconds of computation before (or during) this round.
+    comm: float ``[n]``, seconds each worker spends sending (:func:`comm_time`).
+    adjacency: optional boolean ``[n, n]``, row ``i`` whom worker ``i`` waits for.
+    collective: lockstep round (see above).
+    overlap: the round starts with the step's computation.
 
   Returns:
     float64 ``[n]``, the new clocks in seconds.
@@ -431,11 +595,15 @@ def advance_clocks(clocks: np.ndarray, compute: np.ndarray, comm: np.ndarray,
     if a.shape != (n,):
       raise _err(field, a.shape, f"it must be an [n] array with n={n}")
     arrs.append(a)
-  ready = c + arrs[0]
-  if adjacency is None:
-    return ready.max() + arrs[1]
-  a = _check_adjacency("adjacency", adjacency, n)
-  return np.where(a, ready[None, :], -np.inf).max(axis=1) + arrs[1]
+  done = c + arrs[0]
+  ready = c if overlap else done
+  a = (np.ones((n, n), bool) if adjacency is None
+       else _check_adjacency("adjacency", adjacency, n))
+  if collective:
+    out = np.where(a, ready[None, :], -np.inf).max(axis=1) + arrs[1]
+  else:
+    out = np.where(a, (ready + arrs[1])[None, :], -np.inf).max(axis=1)
+  return np.maximum(out, done) if overlap else out
 
 
 def check_deadline(cluster: Cluster, rule: DeadlineRule) -> DeadlineRule:
@@ -457,9 +625,10 @@ def check_deadline(cluster: Cluster, rule: DeadlineRule) -> DeadlineRule:
   """
   parsed = parse_deadline(rule)
   if isinstance(parsed, float):
-    first = cluster.base_time * float(np.min(cluster.slowdown))
+    first = float(np.min(cluster.minibatch_time))
     if cluster.delay == "shifted_exponential":
-      first += cluster.delay_shift
+      first += cluster.delay_shift / (cluster.num_minibatches
+                                      if cluster.delay_per == "iteration" else 1)
     if parsed < first:
       raise _err("nonblocking.deadline", rule,
                  f"no worker can finish a mini-batch before it (the fastest first mini-batch "
@@ -516,19 +685,34 @@ def alive_mask(failures: list[Failure], step: int, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- config
 
 
-def from_config(cfg) -> Cluster:
-  """The :class:`Cluster` of ``cfg.cluster`` (M from ``cfg.nonblocking``).
+def num_minibatches(cfg) -> int:
+  """``M`` of the cluster model: ``nonblocking.num_minibatches`` when mini-batches may be
+  dropped (:func:`nbsgd_jax.config.partial_minibatches`), else 1 (the batch at once)."""
+  from nbsgd_jax import config as config_lib
+  return cfg.nonblocking.num_minibatches if config_lib.partial_minibatches(cfg) else 1
+
+
+def from_config(cfg, time_per_example: Optional[float] = None) -> Cluster:
+  """The :class:`Cluster` of ``cfg.cluster`` (``M`` from :func:`num_minibatches`, ``B`` from
+  ``batch_size``).
+
+  Args:
+    cfg: the config.
+    time_per_example: seconds, used instead of ``cluster.time_per_example`` when
+      ``cluster.measure_time_per_example`` (:func:`nbsgd_jax.run.setup.
+      measure_time_per_example`); None: the configured value.
 
   Raises:
     ValueError: a bad ``cluster.*`` value (the message names the field).
   """
   c = cfg.cluster
+  tpe = c.time_per_example if time_per_example is None else time_per_example
   return make_cluster(
-      cfg.num_workers, cfg.nonblocking.num_minibatches, scenario=c.scenario,
-      slowdown=list(c.slowdown) or None, base_time=c.base_time, delay=c.delay,
-      delay_mean=c.delay_mean, delay_shift=c.delay_shift, delay_prob=c.delay_prob,
-      spread=c.spread, slow_factor=c.slow_factor, latency=c.latency, bandwidth=c.bandwidth,
-      seed=c.seed)
+      cfg.num_workers, num_minibatches(cfg), scenario=c.scenario,
+      slowdown=list(c.slowdown) or None, time_per_example=tpe, batch_size=cfg.batch_size,
+      overhead=c.overhead, delay=c.delay, delay_per=c.delay_per, delay_mean=c.delay_mean,
+      delay_shift=c.delay_shift, delay_prob=c.delay_prob, spread=c.spread,
+      slow_factor=c.slow_factor, latency=c.latency, bandwidth=c.bandwidth, seed=c.seed)
 
 
 def _value_errors(cfg) -> list:
@@ -536,9 +720,11 @@ def _value_errors(cfg) -> list:
   errs: list = []
   checks.choice(cfg, errs, "cluster.scenario", SCENARIOS)
   checks.choice(cfg, errs, "cluster.delay", DELAYS)
-  for key in ("base_time", "slow_factor", "bandwidth"):
+  checks.choice(cfg, errs, "cluster.delay_per", DELAY_PER)
+  checks.boolean(cfg, errs, "cluster.measure_time_per_example")
+  for key in ("time_per_example", "slow_factor", "bandwidth"):
     checks.number(cfg, errs, f"cluster.{key}", 0, lo_open=True)
-  for key in ("spread", "delay_mean", "delay_shift", "latency"):
+  for key in ("spread", "delay_mean", "delay_shift", "latency", "overhead", "step_overhead"):
     checks.number(cfg, errs, f"cluster.{key}", 0)
   checks.number(cfg, errs, "cluster.delay_prob", 0, hi=1)
   checks.integer(cfg, errs, "cluster.seed", 0)
@@ -553,8 +739,9 @@ def try_from_config(cfg) -> tuple:
   """``(from_config(cfg), None)``; ``(None, line)`` when the cluster refuses the values
   (non-finite, not one slowdown per worker); ``(None, None)`` when a value it needs is bad on
   its own (the section checks report it)."""
-  n, m = cfg.get("num_workers"), cfg.nonblocking.get("num_minibatches")
-  if _value_errors(cfg) or not (checks.is_int(n) and n >= 1 and checks.is_int(m) and m >= 1):
+  n, m, b = (cfg.get("num_workers"), cfg.nonblocking.get("num_minibatches"),
+             cfg.get("batch_size"))
+  if _value_errors(cfg) or not all(checks.is_int(x) and x >= 1 for x in (n, m, b)):
     return None, None
   try:
     return from_config(cfg), None
@@ -562,9 +749,26 @@ def try_from_config(cfg) -> tuple:
     return None, f"config.{e}"
 
 
+CLOCKS = ("simulated", "wall")
+
+
 def check_config(cfg, errs: list) -> None:
-  """cluster.*: the simulated cluster behind sim_time and the failures."""
+  """cluster.*: the simulated cluster behind sim_time and the failures; the wall clock runs
+  on the multihost backend without failures."""
   errs.extend(_value_errors(cfg))
+  checks.choice(cfg, errs, "cluster.clock", CLOCKS)
+  checks.boolean(cfg, errs, "cluster.emulate")
+  if cfg.cluster.get("clock") == "wall":
+    if cfg.get("backend") != "multihost":
+      errs.append(f"config.cluster.clock='wall' is not allowed with config.backend="
+                  f"{cfg.get('backend')!r}: the wall clock runs processes apart (use "
+                  "backend='multihost', e.g. through nbsgd_jax.launch)")
+    if isinstance(cfg.cluster.get("failures"), str) and cfg.cluster.failures.strip():
+      errs.append("config.cluster.failures is not allowed with config.cluster.clock='wall': "
+                  "failures are simulated (use clock='simulated')")
+    if cfg.nonblocking.get("deadline_group") == "neighbours" and cfg.nonblocking.get("enabled"):
+      errs.append("config.nonblocking.deadline_group='neighbours' is not allowed with "
+                  "config.cluster.clock='wall': one deadline for every process (use 'all')")
   _, line = try_from_config(cfg)
   if line:
     errs.append(line)
@@ -591,8 +795,14 @@ def check_nonblocking_config(cfg, errs: list) -> None:
                 f"config.nonblocking.num_minibatches={m}: the batch must split into M equal "
                 "mini-batches (batch_size divisible by num_minibatches)")
   checks.choice(cfg, errs, "nonblocking.deadline_group", ("all", "neighbours"))
+  checks.number(cfg, errs, "nonblocking.adaptive_k", 0)
+  checks.integer(cfg, errs, "nonblocking.window", 1)
   try:
     rule = parse_deadline(cfg.nonblocking.get("deadline"))
+    if rule == "adaptive" and cfg.nonblocking.get("deadline_group") == "neighbours":
+      errs.append("config.nonblocking.deadline='adaptive' is not allowed with "
+                  "config.nonblocking.deadline_group='neighbours': the adaptive deadline is "
+                  "one for every worker (use 'all')")
     cluster, _ = try_from_config(cfg)
     if cluster is not None:
       check_deadline(cluster, rule)

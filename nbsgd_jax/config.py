@@ -90,20 +90,35 @@ def default_config() -> ml_collections.ConfigDict:
   c.cluster.slowdown = ()        # explicit per-worker slowdown factors (overrides scenario)
   c.cluster.slow_factor = 4.0    # one_slow: slowdown of the last worker
   c.cluster.spread = 0.5         # lognormal: sigma of log slowdown
-  c.cluster.base_time = 0.01     # s of compute per mini-batch at slowdown 1
+  c.cluster.time_per_example = 1e-3  # s of forward + backward per example at slowdown 1
+  c.cluster.measure_time_per_example = False  # True: time_per_example is timed on this
+                                 # device at start (the run's model and batch), in summary.json
+  c.cluster.overhead = 0.0       # s per mini-batch on top (launch, data), not slowed down
+  c.cluster.step_overhead = 0.0  # s per step after the computation (the update, dispatch and
+                                 # host sync around the collective), not slowed down
+  c.cluster.delay_per = "iteration"  # iteration: one straggler delay per worker per step |
+                                     # minibatch: one per mini-batch
   c.cluster.delay = "none"       # none | shifted_exponential | bernoulli_exponential
   c.cluster.delay_mean = 0.0     # s, mean of the exponential part of a straggler delay
   c.cluster.delay_shift = 0.0    # s, shift of shifted_exponential
-  c.cluster.delay_prob = 0.0     # probability of a delay per mini-batch (bernoulli_exponential)
+  c.cluster.delay_prob = 0.0     # probability of a delay (bernoulli_exponential)
   c.cluster.latency = 1e-4       # s per message (alpha of the alpha-beta model)
   c.cluster.bandwidth = 1e9      # bytes/s (1 / beta)
   c.cluster.seed = 0             # seed of the delays and of lognormal speeds
+  c.cluster.clock = "simulated"  # simulated: counts and sim_time from this model | wall:
+                                 # each process runs its mini-batches against its own wall
+                                 # clock (backend=multihost; deadlines in real seconds)
+  c.cluster.emulate = True       # wall: each process sleeps so that its mini-batch times
+                                 # follow this model (stragglers on homogeneous hardware)
   c.cluster.failures = ""        # simulated failures "worker:start:duration,...": the worker
                                  # is down for those steps (every algorithm)
   c.nonblocking = ml_collections.ConfigDict()  # Non-blocking SGD (He & Dube 2022)
   c.nonblocking.enabled = False  # accumulate only the mini-batches finished by the deadline
   c.nonblocking.num_minibatches = 4  # M: mini-batches per worker batch (divides batch_size)
-  c.nonblocking.deadline = "fastest"  # fastest | kth:K | seconds (e.g. "0.05")
+  c.nonblocking.deadline = "fastest"  # fastest | kth:K | adaptive | seconds (e.g. "0.05")
+  c.nonblocking.adaptive_k = 2.0  # adaptive: deadline = median + k * MAD of finishing times
+  c.nonblocking.window = 10      # steps of finishing times behind adaptive (and, on the wall
+                                 # clock, fastest / kth:K)
   c.nonblocking.deadline_group = "all"  # all: one deadline for every worker | neighbours:
                                         # each worker's over itself and its neighbours
   c.compression = ml_collections.ConfigDict()  # gradient sparsification (Shi et al. 2019)
@@ -261,13 +276,17 @@ def check_top_level(cfg, errs: list) -> None:
 
 
 def partial_minibatches(cfg) -> bool:
-  """Whether some mini-batches may be missing from a step: with Non-blocking SGD, and with
-  simulated failures (a failed worker finishes none). The run then splits every batch into
-  ``nonblocking.num_minibatches`` mini-batches (:func:`nbsgd_jax.run.setup.gradient_source`),
-  means are count-weighted and the optimizer skips idle steps (:class:`nbsgd_jax.recipes.
-  Builder`)."""
+  """Whether a step's batch is split into ``nonblocking.num_minibatches`` mini-batches of which
+  some may be dropped: with Non-blocking SGD (:func:`nbsgd_jax.run.setup.gradient_source`)."""
+  return cfg.nonblocking.get("enabled") is True
+
+
+def counted_steps(cfg) -> bool:
+  """Whether workers may contribute unequal work to a step: with Non-blocking SGD, and with
+  simulated failures (a failed worker contributes nothing). Means are then count-weighted and
+  the optimizer skips idle steps (:class:`nbsgd_jax.recipes.Builder`)."""
   fails = cfg.cluster.get("failures")
-  return cfg.nonblocking.get("enabled") is True or (isinstance(fails, str) and bool(fails.strip()))
+  return partial_minibatches(cfg) or (isinstance(fails, str) and bool(fails.strip()))
 
 
 # One entry per section, each check beside its component (``module:function``, imported when
@@ -362,10 +381,7 @@ CRITICAL_KEYS = tuple(f"consensus.{k}" for k in (
 # One entry per section that can be off; a key under two switches is named by the first off.
 SWITCHES = (
     Switch(("compression.*",), "compression.name", lambda v: v != "none"),
-    # not num_minibatches: the simulated clock charges M mini-batches per step, and failures
-    # split the batch (partial_minibatches), with non-blocking off too
-    Switch(("nonblocking.deadline", "nonblocking.deadline_group"), "nonblocking.enabled",
-           lambda v: v is True),
+    Switch(("nonblocking.*",), "nonblocking.enabled", lambda v: v is True),
     Switch(("local_sgd.*",), "algorithm", lambda v: v == "local_sgd"),
     Switch(("diloco.*",), "algorithm", lambda v: v == "diloco"),
     Switch(("matcha.*",), "algorithm", lambda v: v == "matcha"),
@@ -380,10 +396,11 @@ SWITCHES = (
     Switch(("local_sgd.offset_optimum",), "local_sgd.schedule", lambda v: v == "ada_lupa"),
     Switch(("topology_p", "topology_seed"), "topology", lambda v: v == "erdos_renyi"),
     Switch(("topology_rows", "topology_cols"), "topology", lambda v: v == "torus"),
+    Switch(("cluster.emulate",), "cluster.clock", lambda v: v == "wall"),
     Switch(("cluster.slow_factor",), "cluster.scenario", lambda v: v == "one_slow"),
     Switch(("cluster.spread",), "cluster.scenario", lambda v: v == "lognormal"),
-    Switch(("cluster.delay_mean", "cluster.delay_shift", "cluster.delay_prob"), "cluster.delay",
-           lambda v: v != "none"),
+    Switch(("cluster.delay_mean", "cluster.delay_shift", "cluster.delay_prob",
+            "cluster.delay_per"), "cluster.delay", lambda v: v != "none"),
 )
 
 
@@ -425,11 +442,11 @@ def warn_inactive(cfg: ml_collections.ConfigDict, stream: TextIO | None = None) 
   return lines
 
 
-def make_cluster(cfg: ml_collections.ConfigDict):
+def make_cluster(cfg: ml_collections.ConfigDict, time_per_example: float | None = None):
   """The :class:`nbsgd_jax.cluster.Cluster` of ``cfg.cluster`` (:func:`nbsgd_jax.cluster.
   from_config`).
 
   Raises:
     ValueError: a bad ``cluster.*`` value (the message names the field).
   """
-  return cluster_lib.from_config(cfg)
+  return cluster_lib.from_config(cfg, time_per_example)

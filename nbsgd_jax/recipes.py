@@ -100,8 +100,8 @@ class Builder:
     self.cfg, self.topology, self.plan, self.axis_name = cfg, topology, plan, axis_name
     self.n = cfg.num_workers
     # mini-batches may be missing (Non-blocking SGD, failures): count-weighted means, skips
-    from nbsgd_jax.config import partial_minibatches
-    self.weighted = partial_minibatches(cfg)
+    from nbsgd_jax.config import counted_steps
+    self.weighted = counted_steps(cfg)
     self.compressed = cfg.compression.name != "none"
     self.compression_used = False
 

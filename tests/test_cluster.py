@@ -14,13 +14,13 @@ PATH = np.array([[0, 1, 0],
 
 
 def _hand_cluster():
-  return cl.make_cluster(3, 2, slowdown=[1.0, 2.0, 3.0], base_time=1.0)
+  return cl.make_cluster(3, 2, slowdown=[1.0, 2.0, 3.0], time_per_example=1.0, batch_size=2)
 
 
 def test_hand_computed_example():
   c = _hand_cluster()
   f = cl.minibatch_finish_times(c, step=0)
-  # per mini-batch time base_time * slowdown_i = [1, 2, 3]; cumulative over M = 2:
+  # per mini-batch time (B / M) * time_per_example * slowdown_i = [1, 2, 3]; cumulative over M = 2:
   #   worker 0: [1, 2]; worker 1: [2, 4]; worker 2: [3, 6]
   np.testing.assert_array_equal(f, [[1.0, 2.0], [2.0, 4.0], [3.0, 6.0]])
   # "fastest": min_i finish[i, M-1] = min(2, 4, 6) = 2
@@ -101,18 +101,18 @@ def test_reproducible_per_seed_and_step():
 def _delays(c):
   f = cl.minibatch_finish_times(c, 1)
   per = np.diff(f, axis=1, prepend=0.0)
-  return per - c.base_time * c.slowdown[:, None]
+  return per - c.minibatch_time[:, None]
 
 
 def test_delay_means():
   # 100 workers x 200 mini-batches = 20000 draws
   c = cl.make_cluster(100, 200, delay="shifted_exponential", delay_mean=0.2, delay_shift=0.05,
-                      seed=1)
+                      seed=1, delay_per="minibatch")
   d = _delays(c)
   assert d.min() >= 0.05 - 1e-12
   assert abs(d.mean() - 0.25) < 0.05 * 0.25
   c = cl.make_cluster(100, 200, delay="bernoulli_exponential", delay_mean=0.2, delay_prob=0.3,
-                      seed=2)
+                      seed=2, delay_per="minibatch")
   d = _delays(c)
   assert abs(d.mean() - 0.3 * 0.2) < 0.05 * 0.06
   assert abs(np.mean(d > 1e-12) - 0.3) < 0.05 * 0.3
@@ -145,8 +145,9 @@ def test_comm_time():
 
 
 def test_check_deadline():
-  c = cl.make_cluster(3, 2, slowdown=[2.0, 3.0, 4.0], base_time=0.5, delay="shifted_exponential",
-                      delay_mean=0.1, delay_shift=0.25)
+  c = cl.make_cluster(3, 2, slowdown=[2.0, 3.0, 4.0], time_per_example=0.5, batch_size=2,
+                      delay="shifted_exponential", delay_mean=0.1, delay_shift=0.25,
+                      delay_per="minibatch")
   # smallest first mini-batch: 0.5 * 2 + 0.25 = 1.25
   assert cl.check_deadline(c, 1.25) == 1.25
   assert cl.check_deadline(c, "fastest") == "fastest"
@@ -176,8 +177,12 @@ def test_parse_deadline_accepts():
     (dict(num_minibatches=0), "nonblocking.num_minibatches"),
     (dict(num_minibatches=1.5), "nonblocking.num_minibatches"),
     (dict(num_minibatches=True), "nonblocking.num_minibatches"),
-    (dict(base_time=0.0), "cluster.base_time"),
-    (dict(base_time=float("nan")), "cluster.base_time"),
+    (dict(time_per_example=0.0), "cluster.time_per_example"),
+    (dict(time_per_example=-1e-3), "cluster.time_per_example"),
+    (dict(time_per_example=float("nan")), "cluster.time_per_example"),
+    (dict(overhead=-1.0), "cluster.overhead"),
+    (dict(delay_per="step"), "cluster.delay_per"),
+    (dict(batch_size=0), "batch_size"),
     (dict(slowdown=[1.0, 0.0]), "cluster.slowdown"),
     (dict(slowdown=[1.0, -2.0]), "cluster.slowdown"),
     (dict(slowdown=[1.0, 2.0, 3.0]), "cluster.slowdown"),

@@ -10,6 +10,7 @@ import types
 import pytest
 
 import nbsgd_jax
+from nbsgd_jax import cluster as cluster_lib
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import recipes
 from tests.test_validation import malformed
@@ -108,7 +109,6 @@ def test_changed_key_of_a_section_that_is_off_warns_once(overrides, line):
     {"algorithm": "matcha", "matcha__budget": 0.25},
     {"algorithm": "matcha", "dpsgd__order": "atc"},
     {"nonblocking__enabled": True, "nonblocking__deadline": "kth:2"},
-    {"nonblocking__num_minibatches": 8},  # the simulated clock charges M mini-batches
     {"consensus__control": True, "consensus__critical": True, "consensus__critical_scale": 0.5},
     {"consensus__log_every_step": True, "consensus__per_layer": True},  # not control's keys
     {"topology": "erdos_renyi", "topology_p": 0.5},
@@ -144,10 +144,19 @@ def test_batch_not_divisible_by_m_is_refused_with_nonblocking():
   assert errors_of(cfg) == [SPLIT]
 
 
-def test_batch_not_divisible_by_m_is_refused_with_failures():
-  """Simulated failures split the batch too (config.partial_minibatches)."""
-  cfg = cfg_with(batch_size=30, nonblocking__num_minibatches=4, cluster__failures="1:0:2")
-  assert errors_of(cfg) == [SPLIT]
+@pytest.mark.parametrize("failures", ["", "1:0:2"])
+def test_batch_not_divisible_by_m_is_accepted_without_nonblocking(failures):
+  """Only Non-blocking SGD splits the batch (config.partial_minibatches); a blocking run,
+  with failures too, computes it at once (M = 1 in the cluster model)."""
+  cfg = cfg_with(batch_size=30, nonblocking__num_minibatches=4, cluster__failures=failures)
+  config_lib.validate(cfg)
+  assert cluster_lib.num_minibatches(cfg) == 1
+
+
+def test_num_minibatches_warns_when_nonblocking_is_off():
+  cfg = cfg_with(nonblocking__num_minibatches=8)
+  assert config_lib.inactive_warnings(cfg) == [
+      "config.nonblocking.num_minibatches=8 has no effect: config.nonblocking.enabled=False"]
 
 
 @pytest.mark.parametrize("enabled", [False, True])

@@ -97,17 +97,17 @@ def test_nonblocking_dpsgd_straggler_only_gossips():
 
 
 def test_sim_time_closed_form_for_blocking_allreduce():
-  """Homogeneous cluster, no delay: each step costs M * base_time + 2 (n - 1) latency +
-  2 (n - 1) / n * S / bandwidth."""
+  """Homogeneous cluster, no delay: each step costs B * time_per_example + 2 (n - 1) latency
+  + 2 (n - 1) / n * S / bandwidth, whatever M."""
   n, m = 4, 2
   cfg = small_cfg(algorithm="allreduce", num_workers=n, num_steps=6, eval_every=3,
                   **{"nonblocking.num_minibatches": m})
-  cfg.cluster.base_time = 0.02
+  cfg.cluster.time_per_example = 1e-3
   cfg.cluster.latency = 1e-3
   cfg.cluster.bandwidth = 1e6
   summary = train.train(cfg)
   s_bytes = 4 * summary["model_params"]
-  per_step = m * 0.02 + 2 * (n - 1) * 1e-3 + 2 * (n - 1) / n * s_bytes / 1e6
+  per_step = cfg.batch_size * 1e-3 + 2 * (n - 1) * 1e-3 + 2 * (n - 1) / n * s_bytes / 1e6
   assert [h["sim_time"] for h in summary["history"]] == pytest.approx(
       [0.0, 3 * per_step, 6 * per_step], rel=1e-9)
 

@@ -31,7 +31,7 @@ def get_config():
   c.seed = 0
   c.cluster.scenario = "lognormal"  # worker speeds
   c.cluster.spread = 0.3
-  c.cluster.base_time = 0.01        # s per mini-batch at speed 1
+  c.cluster.time_per_example = 1.25e-3  # s per example at speed 1 (32 examples: 40 ms)
   c.cluster.delay = "bernoulli_exponential"
   c.cluster.delay_prob = 0.1
   c.cluster.delay_mean = 0.05       # s

@@ -37,7 +37,7 @@ class AllReduce(Communication):
 
   def pattern(self, step: int, active: np.ndarray) -> Pattern:
     del step, active
-    return Pattern(None, np.full(self.n, self.parts * 2.0 * (self.n - 1)))
+    return Pattern(None, np.full(self.n, self.parts * 2.0 * (self.n - 1)), collective=True)
 
   def reduce_sum(self, tree):
     """``sum_i tree_i`` on every worker (device half, no report)."""

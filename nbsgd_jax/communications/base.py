@@ -17,6 +17,7 @@ under failures: :meth:`Communication.weight`).
 from __future__ import annotations
 
 import abc
+import copy
 from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
@@ -35,18 +36,25 @@ class Pattern(NamedTuple):
     adjacency: bool ``[n, n]``, row i: whom worker i waits for (diagonal True), or None for
       everyone (an all-reduce).
     messages: float ``[n]``, messages each worker sends in the round.
+    collective: the workers of a neighbourhood move in lockstep (an all-reduce: it starts when
+      the last of them is ready); else point to point (a message from j arrives when j has
+      sent it). See :func:`nbsgd_jax.cluster.advance_clocks`.
   """
 
   adjacency: Optional[np.ndarray]
   messages: np.ndarray
+  collective: bool = False
 
 
 class Round(NamedTuple):
-  """A round the clock charges: a :class:`Pattern` plus the bytes (float ``[n]``) sent."""
+  """A round the clock charges: a :class:`Pattern`, the bytes (float ``[n]``) sent, and
+  whether it overlaps the step's computation (:attr:`Communication.overlap`)."""
 
   adjacency: Optional[np.ndarray]
   messages: np.ndarray
   num_bytes: np.ndarray
+  collective: bool = False
+  overlap: bool = False
 
 
 class Communication(abc.ABC):
@@ -59,8 +67,17 @@ class Communication(abc.ABC):
     weighted: means are count-weighted (Non-blocking SGD or failures), see :meth:`weight`.
   """
 
+  overlap = False  # the round runs while the step computes (its input is the step's start)
+
   def __init__(self, n: int, axis_name: Any = AXIS, key: str = "comm", weighted: bool = False):
     self.n, self.axis_name, self.key, self.weighted = int(n), axis_name, key, bool(weighted)
+
+  def overlapping(self) -> "Communication":
+    """A copy whose rounds overlap the step's computation (its input is known at the step's
+    start: D-PSGD's ``parallel`` order gossips ``x_t`` while ``g(x_t)`` is computed)."""
+    out = copy.copy(self)
+    out.overlap = True
+    return out
 
   # -------------------------------------------------------------------- host half
 
@@ -82,7 +99,7 @@ class Communication(abc.ABC):
     base = pat.adjacency if pat.adjacency is not None else np.ones((self.n, self.n), bool)
     adjacency = base & alive[:, None] & alive[None, :]
     np.fill_diagonal(adjacency, True)
-    return Pattern(adjacency, pat.messages * alive)
+    return Pattern(adjacency, pat.messages * alive, pat.collective)
 
   def clock_rounds(self, step: int, active: np.ndarray, alive: Optional[np.ndarray],
                    report: dict) -> list[Round]:
@@ -96,7 +113,7 @@ class Communication(abc.ABC):
       return []
     pat = self.live_pattern(step, active, alive)
     per = np.asarray(report[f"bytes/{self.key}"], np.float64) / rounds
-    return [Round(pat.adjacency, pat.messages, per)] * rounds
+    return [Round(pat.adjacency, pat.messages, per, pat.collective, self.overlap)] * rounds
 
   # -------------------------------------------------------------------- device half
 

@@ -36,7 +36,7 @@ class SparseAllGather(Communication):
     del step, active
     if self.n < 1:
       raise ValueError("SparseAllGather(n=None) has no host pattern: give n")
-    return Pattern(None, np.full(self.n, float(self.n - 1)))
+    return Pattern(None, np.full(self.n, float(self.n - 1)), collective=True)
 
   def mean(self, values, indices, d: int, ctx, send=True):
     """``((1/n) sum_j dense(values_j, indices_j), report)``, a dense ``[d]`` vector; a worker

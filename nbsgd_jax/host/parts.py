@@ -125,32 +125,40 @@ class Workload(HostPart):
   """The cluster model (:mod:`nbsgd_jax.cluster`): every worker's mini-batch finish times, and
   for Non-blocking SGD (He & Dube 2022) the deadline and the mini-batches finished by it.
 
-  Inputs: ``count`` int32 ``[n]`` (M when blocking; 0 for a failed worker), ``total`` (their
-  sum) and the host-only ``compute`` (seconds of computation of each worker in the step). A
-  failed worker computes nothing and sets no deadline.
+  Inputs: ``count`` int32 ``[n]`` (``M`` when blocking; 0 for a failed worker), ``total``
+  (their sum), and the host-only ``compute`` (seconds of computation of each worker in the
+  step, plus ``step_overhead``) and ``deadline`` (seconds; ``inf`` when blocking). A failed
+  worker computes nothing and sets no deadline.
 
   Args:
     cluster: the :class:`~nbsgd_jax.cluster.Cluster`.
     nonblocking: whether workers stop at the deadline.
-    deadline: the deadline rule (:func:`nbsgd_jax.cluster.parse_deadline`).
+    deadline: the deadline rule (:func:`nbsgd_jax.cluster.parse_deadline`); ``"adaptive"``
+      is set from earlier steps (:class:`nbsgd_jax.cluster.DeadlineHistory`), the other rules
+      from the step's own finish times.
     deadline_group: ``"all"`` (one deadline) or ``"neighbours"`` (each worker's over itself
       and whom it waits for in the step's ``primary`` communication).
     primary: the communication of a step (for ``"neighbours"``), or None.
+    adaptive_k, window: the adaptive rule's ``k`` and window (steps).
+    step_overhead: seconds per step after the computation (the update and the host's
+      dispatch around the collective; ``cluster.step_overhead``), >= 0.
 
   Raises:
-    ValueError: a bad deadline rule or group (named).
+    ValueError: a bad deadline rule, group or adaptive parameter (named).
   """
 
   name = "workload"
 
   def __init__(self, cluster, nonblocking: bool = False, deadline="fastest",
-               deadline_group: str = "all", primary=None):
+               deadline_group: str = "all", primary=None, adaptive_k: float = 2.0,
+               window: int = 10, step_overhead: float = 0.0):
     if deadline_group not in ("all", "neighbours"):
       raise ValueError(f"nonblocking.deadline_group={deadline_group!r} is not allowed: use "
                        "one of ['all', 'neighbours']")
     self.cluster, self.nonblocking, self.group = cluster, nonblocking, deadline_group
     self.rule = cluster_lib.check_deadline(cluster, cluster_lib.parse_deadline(deadline))
-    self.primary = primary
+    self.history = cluster_lib.DeadlineHistory(cluster.n, self.rule, adaptive_k, window)
+    self.primary, self.step_overhead = primary, float(step_overhead)
 
   def _group(self, step, inputs):
     if self.group != "neighbours" or self.primary is None or not inputs.get("period_end", True):
@@ -158,34 +166,51 @@ class Workload(HostPart):
     adj = self.primary.live_pattern(step, inputs["active"], inputs.get("alive")).adjacency
     return adj
 
+  def _deadline(self, step, inputs, finish, alive):
+    if self.rule == "adaptive":
+      return self.history.deadline()
+    # a failed worker sets no deadline: its mini-batches never finish
+    live = finish if alive is None else np.where(alive[:, None], finish, np.inf)
+    return cluster_lib.deadline(live, self.rule, group=self._group(step, inputs))
+
   def inputs(self, step, inputs, probe):
     cl, n = self.cluster, self.cluster.n
     finish = cluster_lib.minibatch_finish_times(cl, step)
     alive = inputs.get("alive")
     if self.nonblocking:
-      # a failed worker sets no deadline: its mini-batches never finish
-      live = finish if alive is None else np.where(alive[:, None], finish, np.inf)
-      dl = cluster_lib.deadline(live, self.rule, group=self._group(step, inputs))
+      dl = self._deadline(step, inputs, finish, alive)
       count = cluster_lib.finished_counts(finish, dl)
       compute = cluster_lib.compute_time(finish, dl)
+      last = np.take_along_axis(finish, np.maximum(count - 1, 0)[:, None], 1)[:, 0]
+      self.history.observe(cluster_lib.full_time_estimate(last, count, cl.num_minibatches, dl),
+                           alive)
     else:
+      dl = np.inf
       count = np.full(n, cl.num_minibatches, np.int32)
       compute = cluster_lib.compute_time(finish)
+    compute = compute + self.step_overhead
     if alive is not None:
       count = np.where(alive, count, 0)
       compute = np.where(alive, compute, 0.0)
     inputs["count"] = count.astype(np.int32)
     inputs["total"] = np.int32(count.sum())
     inputs["compute"] = compute
+    inputs["deadline"] = dl
+
+  def state_dict(self):
+    return self.history.state_dict() if self.rule == "adaptive" else None
+
+  def load_state_dict(self, d):
+    self.history.load_state_dict(d)
 
 
 class Clock(HostPart):
-  """The simulated clock: per-worker clocks advanced by the max-plus rule
-  ``c_i <- max_{j in N(i) + {i}} (c_j + compute_j) + comm_i`` (:func:`nbsgd_jax.cluster.
-  advance_clocks`) for every round the communications report (their ``clock_rounds``: who
-  waits for whom, messages, and the bytes the device reported), with
-  ``comm_i = latency * messages_i + bytes_i / bandwidth``; the step's computation enters the
-  first round. A step with no communication (a local step) only computes.
+  """The simulated clock: per-worker clocks advanced round by round
+  (:func:`nbsgd_jax.cluster.advance_clocks`; ``docs/clock.md``) for every round the
+  communications report (their ``clock_rounds``: who waits for whom, lockstep or point to
+  point, whether it overlaps the computation, messages, and the bytes the device reported),
+  with ``comm_i = latency * messages_i + bytes_i / bandwidth``. The step's computation enters
+  the first round; a step with no communication (a local step) only computes.
 
   Record: ``sim_time`` (s), the latest worker clock.
   """
@@ -213,11 +238,11 @@ class Clock(HostPart):
     rounds = self.rounds(step, inputs, report)
     if not rounds:
       n = self.cluster.n
-      self.clocks = cluster_lib.advance_clocks(self.clocks, compute, np.zeros(n),
-                                               np.eye(n, dtype=bool))
+      self.clocks = self.clocks + compute
     for r in rounds:
       comm = cluster_lib.comm_time(self.cluster, r.messages, r.num_bytes)
-      self.clocks = cluster_lib.advance_clocks(self.clocks, compute, comm, r.adjacency)
+      self.clocks = cluster_lib.advance_clocks(self.clocks, compute, comm, r.adjacency,
+                                               r.collective, r.overlap)
       compute = np.zeros_like(compute)
     return None
 

@@ -32,7 +32,7 @@ class Run:
   def __init__(self, s: setup_lib.Setup, host, records: Records, watch: Stopwatch):
     self.s, self.host, self.records, self.watch = s, host, records, watch
     self.state = setup_lib.init_state(s)
-    self.step_fn = setup_lib.make_train_step(s)
+    self.step_fn = setup_lib.make_train_step(s, host)
     self.pending: list = []  # (step, inputs, (loss, report)) not yet read
     self.finite_fn = evaluation_lib.make_finite_fn()
     self._smooth_fn = None
@@ -69,7 +69,7 @@ class Run:
     inputs = self.host.inputs(step, self)
     ctx = setup_lib.device_context(self.s, inputs)
     self.state, out = self.step_fn(self.state, self.s.worker_data, ctx,
-                                   inputs.get("period_end", True))
+                                   inputs.get("period_end", True), inputs=inputs)
     self.pending.append((step, inputs, out))
     if self.host.needs_report(step, inputs):
       self.watch.off_clock(self.state, self.flush)
@@ -178,7 +178,8 @@ def _run(cfg, workdir, hooks, stack) -> dict:
   if main_process:
     config_lib.warn_inactive(cfg)
   ckpt, resume = _open_checkpoints(cfg, workdir, stack)
-  per_step = cfg.consensus.log_every_step or cfg.consensus.control
+  per_step = (cfg.consensus.log_every_step or cfg.consensus.control
+              or cfg.cluster.clock == "wall")
   records = Records(cfg, workdir if main_process else None, resume, per_step, stack, workdir)
   watch = Stopwatch()
   run = Run(s, host, records, watch)
@@ -225,11 +226,14 @@ def _summary(cfg, s, run: Run, rec: dict) -> dict:
   if s.recipe.periodic:
     periods = {"periods": run.host.part("planner").planner.periods}
   wall = run.watch.seconds
+  cluster = run.host.part("workload").cluster
   summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
              "backend": cfg.backend, "model": cfg.model if s.model is not None else "linear",
              "dataset": cfg.dataset,
              "model_params": int(sum(np.prod(x.shape[1:]) for x in jax.tree.leaves(params))),
              **periods, **s.task.facts,
+             "time_per_example": cluster.time_per_example,
+             "time_per_example_measured": bool(cfg.cluster.measure_time_per_example),
              "bytes_per_step": rec["bytes_sent"] / cfg.num_steps if cfg.num_steps else 0.0,
              "samples_per_second": (cfg.num_steps * cfg.batch_size * cfg.num_workers / wall
                                     if wall > 0 else None)}

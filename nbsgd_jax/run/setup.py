@@ -11,6 +11,7 @@ The worker program of one step (on the ``"workers"`` axis)::
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -95,10 +96,11 @@ def minibatches(num_minibatches: int) -> Callable:
 
 
 def gradient_source(cfg: ml_collections.ConfigDict) -> Callable:
-  """Mini-batches whenever some may be missing (:func:`nbsgd_jax.config.partial_minibatches`:
-  Non-blocking SGD, failures), else the whole batch."""
-  if config_lib.partial_minibatches(cfg):
-    return minibatches(cfg.nonblocking.num_minibatches)
+  """Counted mini-batches whenever workers may contribute unequal work
+  (:func:`nbsgd_jax.config.counted_steps`: Non-blocking SGD's ``M``, failures' single batch,
+  :func:`nbsgd_jax.cluster.num_minibatches`), else the whole batch."""
+  if config_lib.counted_steps(cfg):
+    return minibatches(cluster_lib.num_minibatches(cfg))
   return full_batch
 
 
@@ -257,32 +259,82 @@ def make_worker_step(s: Setup, period_end: bool = True) -> Callable:
     shard and :class:`~nbsgd_jax.transforms.StepContext`; ``loss`` is the float32 mini-batch
     loss before the update, ``report`` the recipe's (``bytes_sent`` ...).
   """
-  source, transform, task = gradient_source(s.cfg), s.recipe.transform, s.task
+  source, task = gradient_source(s.cfg), s.task
 
   def step_fn(state: TrainState, data, ctx: StepContext):
     ctx = ctx._replace(period_end=period_end)
     batch = task.batch(data, state.step, s.backend.axis_name)
     loss, grads = source(task.loss_fn, state.params, batch, ctx)
-    updates, opt_state, report = transform.update(grads, state.opt_state, state.params, ctx)
-    params = optax.apply_updates(state.params, updates)
-    return TrainState(params, opt_state, state.step + 1), (loss, report)
+    return apply_update(s, state, loss, grads, ctx)
 
   return step_fn
 
 
-def make_train_step(s: Setup) -> Callable:
-  """Jitted ``(state, data, ctx, period_end=True) -> (state, (loss [n], report))`` on the
-  backend (state donated); ``ctx`` from :func:`device_context`. Periodic recipes have two
-  programs (a local step and a synchronising step), each compiled on first use."""
+def apply_update(s: Setup, state: TrainState, loss, grads, ctx: StepContext):
+  """The recipe's update of one worker from its gradient: ``(state, (loss, report))``."""
+  updates, opt_state, report = s.recipe.transform.update(grads, state.opt_state, state.params,
+                                                         ctx)
+  params = optax.apply_updates(state.params, updates)
+  return TrainState(params, opt_state, state.step + 1), (loss, report)
+
+
+def make_train_step(s: Setup, host: host_lib.Host | None = None) -> Callable:
+  """``(state, data, ctx, period_end=True, inputs=None) -> (state, (loss [n], report))`` on
+  the backend (state donated); ``ctx`` from :func:`device_context`. Periodic recipes have two
+  programs (a local step and a synchronising step), each compiled on first use. On the wall
+  clock (``cluster.clock="wall"``) the step of :mod:`nbsgd_jax.run.wallclock` (it needs the
+  run's ``host`` and each step's ``inputs``)."""
+  if s.cfg.cluster.clock == "wall":
+    from nbsgd_jax.run import wallclock
+    return wallclock.WallClockStep(s, host.part("workload"))
   programs: dict = {}
 
-  def step(state, data, ctx, period_end=True):
+  def step(state, data, ctx, period_end=True, inputs=None):
+    del inputs
     key = bool(period_end) if s.recipe.periodic else True
     if key not in programs:
       programs[key] = jax.jit(s.backend.spmd(make_worker_step(s, key)), donate_argnums=(0,))
     return programs[key](state, data, ctx)
 
   return step
+
+
+def one_worker_data(s: Setup):
+  """The data shard of the first worker this process holds (leaves without the worker axis)."""
+  def first(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      x = x.addressable_shards[0].data
+    return x[0]
+  return jax.tree.map(first, s.worker_data)
+
+
+def measure_time_per_example(s: Setup, repeats: int = 5) -> float:
+  """Seconds of forward and backward per example of the run's model at its batch size on this
+  process's first device: ``jax.value_and_grad`` of the task's loss on one worker's batch,
+  compiled and run once untimed, then the median of ``repeats`` timed runs divided by
+  ``batch_size``. Across processes (multihost) process 0's figure is used by all, so every
+  process simulates the same cluster.
+
+  Returns:
+    float seconds, > 0.
+  """
+  data = one_worker_data(s)
+  batch = jax.vmap(lambda d: s.task.batch(d, jnp.int32(0), AXIS), axis_name=AXIS)(
+      jax.tree.map(lambda x: x[None], data))
+  batch = jax.tree.map(lambda x: x[0], batch)
+  params = s.task.init_params()
+  fn = jax.jit(jax.value_and_grad(s.task.loss_fn))
+  jax.block_until_ready(fn(params, batch))
+  times = []
+  for _ in range(max(int(repeats), 1)):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(params, batch))
+    times.append(time.perf_counter() - t0)
+  seconds = max(float(np.median(times)), 1e-9) / s.cfg.batch_size
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    seconds = float(multihost_utils.broadcast_one_to_all(np.float64(seconds)))
+  return seconds
 
 
 def make_host(s: Setup) -> host_lib.Host:
@@ -298,15 +350,25 @@ def make_host(s: Setup) -> host_lib.Host:
   keys = [c.key for c in comms]
   if len(set(keys)) != len(keys):  # the clock reads each communication's bytes by its key
     raise ValueError(f"recipe {cfg.algorithm!r} has two communications with one key: {keys}")
-  cluster = config_lib.make_cluster(cfg)
+  measured = None
+  if cfg.cluster.measure_time_per_example:
+    measured = measure_time_per_example(s)
+  cluster = config_lib.make_cluster(cfg, measured)
   parts = [host_lib.Failures(cluster_lib.parse_failures(cfg.cluster.failures, n), n),
            host_lib.Activations(comms)]
   if s.recipe.periodic:
     from nbsgd_jax import local_sgd as local_sgd_lib
     offset = s.task.facts["f_star"] if cfg.local_sgd.offset_optimum else 0.0
     parts.append(host_lib.Periods(local_sgd_lib.make_planner(cfg, loss_offset=offset)))
-  parts.append(host_lib.Workload(cluster, cfg.nonblocking.enabled, cfg.nonblocking.deadline,
-                                 cfg.nonblocking.deadline_group, s.recipe.primary))
+  nb = cfg.nonblocking
+  if cfg.cluster.clock == "wall":
+    from nbsgd_jax.run import wallclock
+    parts.append(wallclock.WallWorkload(cluster, nb.enabled, nb.deadline, nb.adaptive_k,
+                                        nb.window, cfg.cluster.emulate))
+  else:
+    parts.append(host_lib.Workload(cluster, nb.enabled, nb.deadline, nb.deadline_group,
+                                   s.recipe.primary, nb.adaptive_k, nb.window,
+                                   cfg.cluster.step_overhead))
   if cfg.consensus.control:
     parts.append(_targets(cfg))
   parts += [host_lib.Clock(cluster, comms), host_lib.Totals()]

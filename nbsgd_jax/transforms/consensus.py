@@ -52,11 +52,13 @@ class ControlRounds(Communication):
     if k:
       g = self.gossip.live_pattern(step, active, alive)
       g_round = Round(g.adjacency, g.messages,
-                      np.asarray(report[f"bytes/{self.key}.gossip"], np.float64) / k)
+                      np.asarray(report[f"bytes/{self.key}.gossip"], np.float64) / k,
+                      g.collective)
     if m:
       p = self.measure.live_pattern(step, active, alive)
       m_round = Round(p.adjacency, p.messages,
-                      np.asarray(report[f"bytes/{self.key}.measure"], np.float64) / m)
+                      np.asarray(report[f"bytes/{self.key}.measure"], np.float64) / m,
+                      p.collective)
     for r in range(max(k, m)):
       if r < m:
         out.append(m_round)

@@ -39,6 +39,9 @@ from nbsgd_jax.axis import varying_like
 __all__ = [
     "AccumulateState",
     "accumulate_minibatches",
+    "add_minibatch",
+    "mean_of_sums",
+    "zero_sums",
     "minibatch_mean_gradient",
     "split_minibatches",
 ]
@@ -144,35 +147,50 @@ def minibatch_mean_gradient(
     raise ValueError('weighting="global" needs axis_name (the worker axis)')
   minibatches = split_minibatches(batch, num_minibatches)
   count = jnp.clip(jnp.asarray(count, jnp.int32), 0, num_minibatches)
-  value_and_grad = jax.value_and_grad(loss_fn)
 
   def body(carry, xs):
-    grad_sum, loss_sum = carry
     j, minibatch = xs
-    loss, grads = value_and_grad(params, minibatch)
+    new = add_minibatch(carry, loss_fn, params, minibatch)
     keep = j < count
-    grad_sum = jax.tree_util.tree_map(
-        lambda s, g: jnp.where(keep, s + g.astype(s.dtype), s), grad_sum, grads)
-    loss_sum = jnp.where(keep, loss_sum + loss.astype(jnp.float32), loss_sum)
-    return (grad_sum, loss_sum), None
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), new, carry), None
 
-  # the loss varies over the worker axis like the params (shard_map's varying types)
-  init = (jax.tree_util.tree_map(jnp.zeros_like, params),
-          varying_like(jnp.zeros((), jnp.float32), params))
   xs = (jnp.arange(num_minibatches, dtype=jnp.int32), minibatches)
-  (grad_sum, loss_sum), _ = lax.scan(body, init, xs)
+  (grad_sum, loss_sum), _ = lax.scan(body, zero_sums(params), xs)
 
   total = count
   if weighting == "global":
     grad_sum = lax.psum(grad_sum, axis_name)
     loss_sum = lax.psum(loss_sum, axis_name)
     total = lax.psum(count, axis_name)
+  grads, loss = mean_of_sums(grad_sum, loss_sum, total)
+  return grads, loss, count
+
+
+def zero_sums(params: Any) -> tuple:
+  """``(grad_sum, loss_sum)`` before any mini-batch: zeros like ``params`` and a float32 0
+  (varying over the worker axis like the params, for shard_map's types)."""
+  return (jax.tree_util.tree_map(jnp.zeros_like, params),
+          varying_like(jnp.zeros((), jnp.float32), params))
+
+
+def add_minibatch(sums: tuple, loss_fn: Callable, params: Any, minibatch: Any) -> tuple:
+  """``sums`` plus one mini-batch's ``(gradient, loss)`` (:func:`minibatch_mean_gradient`'s
+  accumulation, also run one mini-batch at a time on the wall clock,
+  :mod:`nbsgd_jax.run.wallclock`)."""
+  grad_sum, loss_sum = sums
+  loss, grads = jax.value_and_grad(loss_fn)(params, minibatch)
+  grad_sum = jax.tree_util.tree_map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
+  return grad_sum, loss_sum + loss.astype(jnp.float32)
+
+
+def mean_of_sums(grad_sum: Any, loss_sum: chex.Array, total: chex.Array) -> tuple:
+  """``(grad_sum / total, loss_sum / total)``, zeros when ``total = 0`` (nothing finished)."""
   nonzero = total > 0
   denom = jnp.maximum(total, 1)
   grads = jax.tree_util.tree_map(
       lambda s: jnp.where(nonzero, s / denom.astype(s.dtype), jnp.zeros_like(s)), grad_sum)
   loss = jnp.where(nonzero, loss_sum / denom.astype(jnp.float32), 0.0)
-  return grads, loss, count
+  return grads, loss
 
 
 class AccumulateState(NamedTuple):

@@ -97,6 +97,8 @@ def gossip_step(local, gossip, order: str = "parallel") -> WorkerTransform:
   if order not in ORDERS:
     raise ValueError(f"dpsgd.order={order!r} is not allowed: use one of {list(ORDERS)}")
   local = as_worker_transform(local)
+  if order == "parallel":  # x_t is exchanged while g(x_t) is computed: the clock overlaps them
+    gossip = gossip.overlapping()
 
   def update(grads, state, params, ctx):
     updates, state, report = local.update(grads, state, params, ctx)

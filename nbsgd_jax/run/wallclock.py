@@ -1,0 +1,215 @@
+"""Non-blocking SGD on the wall clock (``cluster.clock="wall"``, ``backend="multihost"``).
+
+He & Dube 2022's claim is about real time on a heterogeneous cluster; this runs it for real.
+A step of each process (:class:`WallClockStep`)::
+
+    deadline = the same on every process (from the finishing times exchanged last step)
+    t0 = now
+    for j in 0 .. M-1:                          # no collective: processes run apart
+        sums_j = sums_{j-1} + (grad, loss) of mini-batch j of this process's workers
+        (emulation: sleep until t0 + the cluster model's finish time of mini-batch j)
+        stop at the deadline; a mini-batch that ends after it is dropped
+    every process: the compiled collective step with its counts, and the counts, busy times
+    and finishing times of every worker (exchanged inside the same program: a psum of
+    one-hot rows), from which every process computes the same next deadline.
+
+The update is the simulated run's program (the same :func:`nbsgd_jax.transforms.
+add_minibatch` and :func:`nbsgd_jax.transforms.mean_of_sums`, then
+:func:`nbsgd_jax.run.setup.apply_update`), so feeding the recorded counts to a simulated run
+gives the same losses.
+
+Emulation (``cluster.emulate``): each process sleeps so that its mini-batch ``j`` finishes at
+``t0 + finish[i, j]`` of the cluster model (:func:`nbsgd_jax.cluster.minibatch_finish_times`:
+examples x time per example x slowdown + delays) whenever the real computation was faster:
+heterogeneous workers on homogeneous hardware. A process holding several workers runs at the
+pace of the slowest of them (its workers share its hardware and its counts).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from nbsgd_jax import cluster as cluster_lib
+from nbsgd_jax import transforms
+from nbsgd_jax.host.parts import HostPart
+
+
+class WallWorkload(HostPart):
+  """The workload of a wall-clock run: the deadline (:class:`nbsgd_jax.cluster.
+  DeadlineHistory` over the finishing times every process measured) and, once the step ran,
+  what it measured.
+
+  Inputs: ``deadline`` (seconds, ``inf`` when blocking or before anything was measured) and
+  placeholders ``count`` (M), ``total`` and ``compute`` (0) that the step replaces by its
+  measurements (:meth:`measured`): ``count`` int32 ``[n]``, ``compute`` (busy seconds before
+  the collective step) and ``wall_step_s`` (seconds of the whole step). Record (steps.jsonl):
+  ``counts``, ``deadline``, ``busy_s``, ``wall_step_s``.
+
+  Args:
+    cluster: the cluster model (its ``M``, and the times the emulation follows).
+    nonblocking: whether workers stop at the deadline.
+    deadline: the rule (:func:`nbsgd_jax.cluster.parse_deadline`); ``"fastest"`` and
+      ``"kth:K"`` are estimated from the last ``window`` steps.
+    adaptive_k, window: see :class:`nbsgd_jax.cluster.DeadlineHistory`.
+    emulate: sleep to follow the cluster model.
+
+  Raises:
+    ValueError: a bad rule or parameter (named).
+  """
+
+  name = "workload"
+
+  def __init__(self, cluster, nonblocking: bool, deadline="fastest", adaptive_k: float = 2.0,
+               window: int = 10, emulate: bool = True):
+    self.cluster, self.nonblocking, self.emulate = cluster, bool(nonblocking), bool(emulate)
+    rule = cluster_lib.parse_deadline(deadline)
+    if emulate:
+      rule = cluster_lib.check_deadline(cluster, rule)
+    self.history = cluster_lib.DeadlineHistory(cluster.n, rule, adaptive_k, window)
+
+  def inputs(self, step, inputs, probe):
+    n, m = self.cluster.n, self.cluster.num_minibatches
+    inputs["deadline"] = self.history.deadline() if self.nonblocking else math.inf
+    inputs["count"] = np.full(n, m, np.int32)
+    inputs["total"] = np.int32(n * m)
+    inputs["compute"] = np.zeros(n)
+
+  def measured(self, step: int, inputs: dict, shared: np.ndarray, wall_step_s: float) -> None:
+    """What the step measured on every worker (``shared`` float ``[n, 3]``: count, busy
+    seconds, finish time of the last counted mini-batch): the step's inputs and the next
+    deadline.
+
+    Raises:
+      ValueError: no worker finished a mini-batch by a fixed deadline (named).
+    """
+    count = np.rint(shared[:, 0]).astype(np.int32)
+    dl = inputs["deadline"]
+    if self.nonblocking and count.sum() == 0:
+      raise ValueError(
+          f"nonblocking.deadline={self.history.rule!r} is not allowed: no process finished a "
+          f"mini-batch by it ({dl:.4g} s) at step {step}; the busiest took "
+          f"{float(shared[:, 1].max()):.4g} s")
+    inputs.update(count=count, total=np.int32(count.sum()), compute=shared[:, 1].copy(),
+                  wall_step_s=float(wall_step_s))
+    if self.nonblocking:
+      self.history.observe(cluster_lib.full_time_estimate(
+          shared[:, 2], count, self.cluster.num_minibatches, dl))
+
+  def observe(self, step, inputs, report, probe):
+    return {"counts": np.asarray(inputs["count"]).tolist(),
+            "deadline": float(inputs["deadline"]), "busy_s": np.asarray(inputs["compute"]).tolist(),
+            "wall_step_s": inputs.get("wall_step_s")}
+
+  def state_dict(self):
+    return self.history.state_dict()
+
+  def load_state_dict(self, d):
+    self.history.load_state_dict(d)
+
+
+def local_workers(backend) -> np.ndarray:
+  """int ``[k]``: the workers this process holds, in increasing order."""
+  probe = jax.make_array_from_callback(
+      (backend.num_workers,), NamedSharding(backend.mesh, P(backend.mesh.axis_names[0])),
+      lambda idx: np.arange(backend.num_workers, dtype=np.int32)[idx])
+  return np.sort(np.concatenate([np.asarray(s.data) for s in probe.addressable_shards]))
+
+
+class WallClockStep:
+  """The step function of a wall-clock run (module docstring); the signature of
+  :func:`nbsgd_jax.run.setup.make_train_step`'s, with the step's ``inputs`` (deadline in;
+  measurements out, :meth:`WallWorkload.measured`).
+
+  Args:
+    s: the run's :class:`~nbsgd_jax.run.setup.Setup` (backend ``"multihost"`` or ``"mesh"``).
+    workload: the run's :class:`WallWorkload`.
+  """
+
+  def __init__(self, s, workload: WallWorkload):
+    from nbsgd_jax.run import setup as setup_lib
+    self.s, self.workload = s, workload
+    b, task, m = s.backend, s.task, workload.cluster.num_minibatches
+    self.n, self.m = b.num_workers, m
+    self.sharding = NamedSharding(b.mesh, P(b.mesh.axis_names[0]))
+    self.local = local_workers(b)
+    axis = b.axis_name
+
+    def minibatch(params, data, step, j, sums):
+      batch = transforms.split_minibatches(task.batch(data, step, axis), m)
+      one = jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, j, keepdims=False), batch)
+      return transforms.add_minibatch(sums, task.loss_fn, params, one)
+
+    def update(period_end, state, sums, count, measured, ctx):
+      ctx = ctx._replace(count=count, total=lax.psum(count, axis), period_end=period_end)
+      grads, loss = transforms.mean_of_sums(*sums, count)
+      state, out = setup_lib.apply_update(s, state, loss, grads, ctx)
+      rows = jax.nn.one_hot(lax.axis_index(axis), self.n, dtype=jnp.float32)
+      return state, out, lax.psum(rows[:, None] * measured[None, :], axis)
+
+    self._zeros = jax.jit(b.spmd(transforms.zero_sums))
+    self._minibatch = jax.jit(b.spmd(minibatch))
+    self._update = {key: jax.jit(b.spmd(lambda *a, key=key: update(key, *a)),
+                                 donate_argnums=(0,)) for key in (True, False)}
+    self._compiled: dict = {}
+    self._index = [self._global(np.full(self.n, j, np.int32)) for j in range(m)]
+
+  def _global(self, values: np.ndarray) -> jax.Array:
+    """A worker-sharded array from this process's entries of ``values`` (``[n, ...]``)."""
+    return jax.make_array_from_callback(values.shape, self.sharding, lambda idx: values[idx])
+
+  def _program(self, key, fn, *args):
+    """``fn`` compiled ahead of time for ``args`` (compilation stays out of the timed loop)."""
+    if key not in self._compiled:
+      self._compiled[key] = fn.lower(*args).compile()
+    return self._compiled[key]
+
+  def _pace(self, step: int) -> Optional[np.ndarray]:
+    """The model's finish times of this process's mini-batches (its slowest worker's), or
+    None without emulation."""
+    if not self.workload.emulate:
+      return None
+    finish = cluster_lib.minibatch_finish_times(self.workload.cluster, step)
+    return finish[self.local].max(axis=0)
+
+  def __call__(self, state, data, ctx, period_end: bool = True, inputs: Optional[dict] = None):
+    step, deadline = int(inputs["step"]), float(inputs["deadline"])
+    key = bool(period_end) if self.s.recipe.periodic else True
+    sums = self._zeros(state.params)
+    mb = self._program("minibatch", self._minibatch, state.params, data, state.step,
+                       self._index[0], sums)
+    pace = self._pace(step)
+    t0 = time.perf_counter()
+    count, last = 0, 0.0
+    for j in range(self.m):
+      if time.perf_counter() - t0 >= deadline:
+        break
+      new = jax.block_until_ready(mb(state.params, data, state.step, self._index[j], sums))
+      done = time.perf_counter() - t0
+      if pace is not None and pace[j] > done:  # emulation: finish at the model's time
+        time.sleep(max(min(pace[j], deadline) - done, 0.0))
+        done = max(pace[j], time.perf_counter() - t0)
+      if done > deadline:
+        break
+      sums, count, last = new, j + 1, done
+    busy = time.perf_counter() - t0
+    local = np.zeros((self.n, 3), np.float32)
+    local[self.local] = (count, busy, last)
+    counts = self._global(np.rint(local[:, 0]).astype(np.int32))
+    measured = self._global(local)
+    program = self._program(("update", key), self._update[key], state, sums, counts, measured,
+                            ctx)
+    state, out, shared = program(state, sums, counts, measured, ctx)
+    rows = np.asarray(shared.addressable_shards[0].data)[0].astype(np.float64)
+    self.workload.measured(step, inputs, rows, time.perf_counter() - t0)
+    return state, out
+
+
+__all__ = ["WallClockStep", "WallWorkload", "local_workers"]

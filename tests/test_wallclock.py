@@ -1,0 +1,117 @@
+"""Non-blocking SGD on the wall clock (cluster.clock="wall", backend="multihost"): two
+processes with emulated stragglers train with counts that really vary, and a simulate-backend
+run fed the recorded counts gives the same losses (the numerics are the same program)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from nbsgd_jax import cluster as cl
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import train
+from nbsgd_jax.run import wallclock
+
+from tests.test_train import small_cfg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# worker 1 is 3x slower; 4 mini-batches of 4 examples at 2 ms each: 8 ms / 24 ms per batch
+OVERRIDES = {"algorithm": "allreduce", "num_workers": 2, "num_steps": 10, "eval_every": 5,
+             "batch_size": 16, "learning_rate": 0.1, "nonblocking.enabled": True,
+             "nonblocking.num_minibatches": 4, "nonblocking.deadline": "adaptive",
+             "nonblocking.adaptive_k": 0.0, "cluster.slowdown": (1.0, 3.0),
+             "cluster.time_per_example": 2e-3}
+
+
+def _launch(tmp_path, workdir):
+  cfg_file = tmp_path / "wall_config.py"
+  cfg_file.write_text(textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {ROOT!r})
+      from tests.test_train import small_cfg
+      def get_config():
+        return small_cfg(**{OVERRIDES!r}, **{{"cluster.clock": "wall"}})
+      """))
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  return subprocess.run(
+      [sys.executable, "-m", "nbsgd_jax.launch", "--num_processes=2",
+       "--devices_per_process=1", "--timeout=300", "--", f"--config={cfg_file}",
+       f"--workdir={workdir}"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=330)
+
+
+def _replay(counts):
+  """Losses of a simulate-backend run whose step t uses ``counts[t]``."""
+  cfg = small_cfg(**OVERRIDES)
+  s = train.setup(cfg)
+  state, step, host = train.init_state(s), train.make_train_step(s), train.make_host(s)
+  losses = []
+  for t, c in enumerate(counts):
+    inputs = host.inputs(t)
+    inputs["count"], inputs["total"] = np.asarray(c, np.int32), np.int32(sum(c))
+    state, (loss, _) = step(state, s.worker_data, train.device_context(s, inputs))
+    losses.append(float(np.mean(np.asarray(loss))))
+  return losses
+
+
+def test_two_processes_train_on_the_wall_clock_and_replay_exactly(tmp_path):
+  workdir = tmp_path / "wall"
+  proc = _launch(tmp_path, workdir)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  steps = [json.loads(line) for line in (workdir / "steps.jsonl").read_text().splitlines()]
+  metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in steps] == list(range(1, 11))
+  counts = [r["counts"] for r in steps]
+  assert counts[0] == [4, 4]  # the first step waits for everybody and measures them
+  assert len({c for r in counts for c in r}) > 1  # the counts really vary
+  assert any(r[1] < r[0] for r in counts[1:])  # the slow process finishes fewer
+  assert all(math.isfinite(r["deadline"]) for r in steps[1:])
+  assert all(r["wall_step_s"] > 0 for r in steps)
+  assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["sim_time"] > 0 and summary["wall_time"] > 0
+  np.testing.assert_allclose(_replay(counts), [r["train_batch_loss"] for r in steps],
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_wall_clock_needs_multihost():
+  cfg = small_cfg(**{"cluster.clock": "wall"})
+  with pytest.raises(config_lib.ConfigError, match=r"cluster\.clock='wall' is not allowed "
+                     r"with config\.backend='simulate'"):
+    config_lib.validate(cfg)
+
+
+def test_a_deadline_no_process_can_meet_is_refused():
+  c = cl.make_cluster(2, 4, time_per_example=1e-3, batch_size=16)
+  with pytest.raises(ValueError, match=r"nonblocking\.deadline=0\.001 is not allowed: no "
+                     r"worker can finish"):
+    wallclock.WallWorkload(c, True, 0.001, emulate=True)
+  part = wallclock.WallWorkload(c, True, 0.001, emulate=False)  # measured, not modelled
+  inputs: dict = {"step": 3}
+  part.inputs(3, inputs, None)
+  with pytest.raises(ValueError, match=r"nonblocking\.deadline=0\.001 is not allowed: no "
+                     r"process finished a mini-batch by it"):
+    part.measured(3, inputs, np.array([[0, 0.002, 0.0], [0, 0.003, 0.0]]), 0.01)
+  with pytest.raises(ValueError, match=r"nonblocking\.adaptive_k=-0\.5"):
+    wallclock.WallWorkload(c, True, "adaptive", adaptive_k=-0.5)
+
+
+def test_measured_counts_set_the_next_deadline():
+  c = cl.make_cluster(2, 4, time_per_example=1e-3, batch_size=16)
+  part = wallclock.WallWorkload(c, True, "fastest", window=2)
+  inputs: dict = {"step": 0}
+  part.inputs(0, inputs, None)
+  assert inputs["deadline"] == math.inf
+  # worker 0 finished 4 mini-batches at 0.02 s, worker 1 two by 0.03 s (pace 0.06 s for 4)
+  part.measured(0, inputs, np.array([[4, 0.02, 0.02], [2, 0.031, 0.03]]), 0.04)
+  np.testing.assert_array_equal(inputs["count"], [4, 2])
+  assert inputs["total"] == 6 and inputs["wall_step_s"] == 0.04
+  nxt: dict = {"step": 1}
+  part.inputs(1, nxt, None)
+  assert nxt["deadline"] == pytest.approx(0.02)
