@@ -12,9 +12,11 @@ deadline (median + 1 MAD of the last 10 steps' finishing times) on both clocks. 
 measures each step on the wall clock (``steps.jsonl``: ``wall_step_s``, from the first
 mini-batch to the end of the collective step); the simulated run of the same config on the
 simulate backend predicts it (``sim_time``). Both are read from step 2 on (the first real step
-opens gloo's connections). One calibration run first (blocking all-reduce, no stragglers)
-measures the seconds a real step spends after its computation; the predictions charge them
-as ``cluster.step_overhead``.
+opens gloo's connections). Two calibration runs first (blocking all-reduce and D-PSGD, no
+stragglers) measure the seconds a real step spends after its computation; solved for a fixed
+``cluster.step_overhead`` plus ``cluster.latency`` per message, they enter every prediction.
+D-PSGD runs in the ``atc`` order: on the wall clock the gossip runs in the collective step,
+after the mini-batches (it does not overlap them), which is the ``atc`` clock rule.
 
 Writes ``DIR/results.json``::
 
@@ -52,7 +54,7 @@ SCENARIO = {
     "cluster.time_per_example": 1.5e-3, "cluster.slowdown": (1.0, 1.25, 1.5, 3.0),
     "cluster.delay": "bernoulli_exponential", "cluster.delay_per": "iteration",
     "cluster.delay_prob": 0.2, "cluster.delay_mean": 0.04, "cluster.seed": 1,
-    "topology": "ring",
+    "topology": "ring", "dpsgd.order": "atc",
 }
 RUNS = [("allreduce", False), ("allreduce", True), ("dpsgd", False), ("dpsgd", True)]
 
@@ -107,13 +109,17 @@ def simulated_run(ov: dict) -> dict:
                     if r["step"] % ov["eval_every"] == 0 or r["step"] == 1]}
 
 
-def calibrate(workdir: str, steps: int) -> float:
-  """Seconds a real step spends after its computation (the update, the collectives and the
-  host's dispatch), from a blocking all-reduce run without stragglers: the clock's
-  ``cluster.step_overhead`` for every prediction (like measuring alpha and beta with a
-  ping-pong, once, before the experiment)."""
-  ov = overrides("allreduce", False, steps, {"cluster.slowdown": (), "cluster.delay": "none"})
-  return real_run("calibration", ov, workdir)["after_compute_s"]
+def calibrate(workdir: str, steps: int) -> tuple:
+  """``(step_overhead, latency)`` of this machine: the seconds a real step spends after its
+  computation (the update, the collectives and the host's dispatch) in two blocking runs
+  without stragglers, all-reduce (``2 (n - 1) = 6`` messages a step) and ring D-PSGD (2),
+  solved for ``after = step_overhead + messages * latency`` (like measuring alpha with a
+  ping-pong, once, before the experiment; bytes / bandwidth is below 1 ms here)."""
+  plain = {"cluster.slowdown": (), "cluster.delay": "none"}
+  after = {alg: real_run(f"calibration_{alg}", overrides(alg, False, steps, plain),
+                         workdir)["after_compute_s"] for alg in ("allreduce", "dpsgd")}
+  latency = max((after["allreduce"] - after["dpsgd"]) / 4.0, 0.0)
+  return max(after["dpsgd"] - 2 * latency, 0.0), latency
 
 
 def time_to_target(curve: list, target: float) -> float:
@@ -137,11 +143,12 @@ def main(argv=None) -> int:
   start = time.time()
   results = []
   with tempfile.TemporaryDirectory() as work:
-    overhead = calibrate(work, max(a.steps // 3, 10))
-    print(f"calibrated step_overhead: {overhead:.4f} s", flush=True)
+    overhead, latency = calibrate(work, max(a.steps // 3, 10))
+    print(f"calibrated step_overhead {overhead:.4f} s, latency {latency:.4f} s", flush=True)
     for algorithm, nb in RUNS:
       name = f"{algorithm}_{'nonblocking' if nb else 'blocking'}"
-      ov = overrides(algorithm, nb, a.steps, {"cluster.step_overhead": overhead})
+      ov = overrides(algorithm, nb, a.steps, {"cluster.step_overhead": overhead,
+                                              "cluster.latency": latency})
       pred = simulated_run(ov)
       real = real_run(name, ov, work)
       results.append({"name": name, "pred": pred, "real": real})
@@ -167,7 +174,7 @@ def main(argv=None) -> int:
         "predicted_per_step": b["predicted_s_per_step"] / n["predicted_s_per_step"]}
   out = {"scenario": {k: list(v) if isinstance(v, tuple) else v for k, v in SCENARIO.items()}
          | {"steps": a.steps, "processes": 4, "target_train_loss": target,
-            "calibrated_step_overhead_s": overhead},
+            "calibrated_step_overhead_s": overhead, "calibrated_latency_s": latency},
          "runs": runs, "speedups": speedups, "seconds": time.time() - start}
   common.write_results(a.out, out, markdown(out))
   plot(out, os.path.join(a.out, "validate_clock.png"))
