@@ -10,24 +10,18 @@ import optax
 import pytest
 
 from nbsgd_jax import cluster as cl
-from nbsgd_jax import config as config_lib
 from nbsgd_jax import host as host_lib
 from nbsgd_jax import train
 from nbsgd_jax.communications import AllReduce, Gossip
 from nbsgd_jax.transforms import gossip_step
 
+from tests.test_train import small_cfg as train_cfg
+
 
 def small_cfg(**overrides):
-  c = config_lib.default_config()
-  c.model = "mlp"
-  c.mlp_hidden = (16,)
-  c.num_workers = 4
-  c.batch_size = 8
-  c.num_steps = 4
-  c.eval_every = 4
-  c.eval_train_examples = 64
-  c.progress = False
-  return config_lib.override(c, {k.replace("__", "."): v for k, v in overrides.items()})
+  """tests.test_train's small run (4 workers, batch 8), 4 steps; ``a__b`` stands for ``a.b``."""
+  return train_cfg(**{"num_steps": 4, "eval_every": 4,
+                      **{k.replace("__", "."): v for k, v in overrides.items()}})
 
 
 # ----------------------------------------------------------------------------- compute model
