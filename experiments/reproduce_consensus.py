@@ -12,8 +12,11 @@ labels), the LeNet-style CNN on mnist10k, ring topology, trains: centralized SGD
 (``allreduce``), D-PSGD (``dpsgd``, logging Xi every step: the reference run) and D-PSGD with
 consensus control, target = ratio x the reference run's Xi at each step (``--ratios``) or
 c x the critical consensus distance Gamma_t estimated on the fly (``--critical_scales``,
-:class:`nbsgd_jax.consensus.CriticalTarget`), always and only in the first phase (``--phase``
-of the steps). Every extra gossip and every Xi
+:class:`nbsgd_jax.consensus.CriticalTarget`, constants ``--critical_form``), always and only in
+the first phase. Phases are Kong et al.'s: the intervals between the decays of a step
+learning-rate schedule (``--schedule step --milestones 0.5 0.75``, optional ``--warmup``), so
+phase 1 ends at the first decay; ``--schedule cosine`` takes the first ``--phase`` of the
+steps instead. ``--model`` picks the CNN (default) or the MLP. Every extra gossip and every Xi
 measurement (an all-reduce of the model) is charged in bytes and simulated time.
 
 Outputs in ``OUT``: ``results.json``, ``results.md`` (table: final test accuracy, MB sent,
@@ -38,6 +41,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402  (experiments/common.py)
 from nbsgd_jax import config as config_lib  # noqa: E402
+from nbsgd_jax import consensus  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
 
 
@@ -46,10 +50,13 @@ def make_config(a, n: int, partition: str, algorithm: str, **kw):
   c.algorithm = algorithm
   c.num_workers = n
   c.topology = "ring"
-  c.model = "cnn"
+  c.model = a.model
   c.batch_size = a.batch_total // n
   c.learning_rate = a.lr
-  c.lr_schedule = "cosine"
+  c.lr_schedule = a.schedule
+  if a.schedule == "step":  # Kong et al.: phases are the intervals between step decays
+    c.lr_milestones = tuple(a.milestones)
+  c.warmup_steps = a.warmup
   c.momentum = 0.9
   c.weight_decay = 5e-4
   c.num_steps = a.steps
@@ -61,6 +68,19 @@ def make_config(a, n: int, partition: str, algorithm: str, **kw):
   c.progress = False
   c.consensus.log_every_step = True
   return config_lib.override(c, kw)
+
+
+def first_phase_end(a) -> int:
+  """The first step after the first phase: the first decay of the step schedule (Kong et al.
+  2021, Sec. 4: phases are the intervals between learning-rate decays), else ``--phase`` of
+  the steps."""
+  if a.schedule == "step":
+    return int(round(a.milestones[0] * a.steps))  # nbsgd_jax.run.setup.milestone_step
+  return int(a.phase * a.steps)
+
+
+def phase_label(a) -> str:
+  return "phase 1" if a.schedule == "step" else f"first {a.phase:g}"
 
 
 def read_steps(workdir: str) -> list[dict]:
@@ -107,7 +127,7 @@ def finished_run(workdir: str, cfg) -> dict | None:
 def run_setting(a, n: int, partition: str) -> dict:
   tag = f"n{n}_{partition}"
   base = os.path.join(a.runs_dir or os.path.join(a.out, "runs"), tag)
-  phase_end = int(a.phase * a.steps)
+  phase_end = first_phase_end(a)
   plan = [("allreduce", "allreduce", {}), ("dpsgd", "dpsgd", {})]
   for measure in a.measures:
     for r in a.ratios:
@@ -119,20 +139,21 @@ def run_setting(a, n: int, partition: str) -> dict:
       if "always" in a.control_phases:
         plan.append((f"control {r:g}x (always{tag_m})", "dpsgd", ctl))
       if "first" in a.control_phases:
-        plan.append((f"control {r:g}x (first {a.phase:g}{tag_m})", "dpsgd",
+        plan.append((f"control {r:g}x ({phase_label(a)}{tag_m})", "dpsgd",
                      {**ctl, "consensus.until_step": phase_end}))
     for c in a.critical_scales:
       ctl = {"consensus.control": True, "consensus.critical": True,
              "consensus.critical_scale": c, "consensus.max_gossip_steps": a.max_gossip_steps,
              "consensus.measure": measure, "consensus.sketch_size": a.sketch_size,
-             "consensus.smoothness_every": a.smoothness_every}
+             "consensus.smoothness_every": a.smoothness_every,
+             "consensus.critical_form": a.critical_form}
       tag_m = "" if measure == "exact" else ", sketch"
       if a.smoothness_every != 100:  # its own workdir beside the default's
         tag_m += f", L every {a.smoothness_every}"
       if "always" in a.control_phases:
         plan.append((f"control {c:g} Gamma (always{tag_m})", "dpsgd", ctl))
       if "first" in a.control_phases:
-        plan.append((f"control {c:g} Gamma (first {a.phase:g}{tag_m})", "dpsgd",
+        plan.append((f"control {c:g} Gamma ({phase_label(a)}{tag_m})", "dpsgd",
                      {**ctl, "consensus.until_step": phase_end}))
   runs = {}
   for name, algo, kw in plan:
@@ -207,14 +228,27 @@ def plot_scatter(settings: list, path: str) -> None:
 
 
 def markdown(settings: list, a) -> str:
-  lines = [f"LeNet-style CNN on mnist10k, ring, {a.steps} steps, total batch {a.batch_total} "
-           f"(per worker {a.batch_total} / n), lr {a.lr} cosine, momentum 0.9, weight decay "
-           f"5e-4, seed {a.seed}; control: K = {a.max_gossip_steps} extra gossip steps at most, "
-           f"exact Xi measurement (an all-reduce of the model, charged); first phase = first "
-           f"{a.phase:g} of the steps."]
+  schedule = getattr(a, "schedule", "cosine")
+  if schedule == "step":
+    sched = (f"step decays x0.1 at {', '.join(f'{m:g}' for m in a.milestones)} of the steps"
+             + (f" after {a.warmup} warm-up steps" if getattr(a, "warmup", 0) else ""))
+    phase = f"phase 1 = the steps before the first decay (step {first_phase_end(a)})"
+  else:
+    sched, phase = "cosine", f"first phase = first {a.phase:g} of the steps"
+  lines = [f"{getattr(a, 'model', 'cnn')} on mnist10k, ring, {a.steps} steps, total batch "
+           f"{a.batch_total} (per worker {a.batch_total} / n), lr {a.lr} {sched}, momentum 0.9, "
+           f"weight decay 5e-4, seed {a.seed}; control: K = {a.max_gossip_steps} extra gossip "
+           f"steps at most, exact Xi measurement (an all-reduce of the model, charged); "
+           f"{phase}."]
   if getattr(a, "critical_scales", None):
+    # runs stored before --critical_form existed used the config's default then, "paper"
+    form = getattr(a, "critical_form", "paper")
+    gamma = {"paper": "eta sigma^2 / (L n) + ||grad f||^2 / (8 L^2) (Kong et al. 2021, "
+                      "Prop. 3.1; consensus.critical_form = paper)",
+             "derived": "||grad f||^2 / (2 L^2) + eta sigma^2 / (L n) (the descent-lemma "
+                        "form, consensus.critical_form = derived)"}[form]
     lines += ["", "`control c Gamma`: target c x Gamma_t, the critical consensus distance "
-              "Gamma_t^2 = ||grad f||^2 / (2 L^2) + eta sigma^2 / (L n) (nbsgd_jax.consensus), "
+              f"Gamma_t^2 = {gamma} (nbsgd_jax.consensus), "
               f"with ||grad f||^2 and sigma^2 from a sketch all-reduce of the gradients "
               f"(r = {a.sketch_size} coordinates, charged) of every controlled step, averaged "
               "over steps (moving average, decay consensus.critical_ema = 0.9), and L from 20 "
@@ -253,9 +287,18 @@ def main():
   ap.add_argument("--ratios", type=float, nargs="*", default=[0.5])
   ap.add_argument("--critical_scales", type=float, nargs="*", default=[],
                   help="c of the runs with target c x Gamma_t (critical consensus distance)")
+  ap.add_argument("--critical_form", default=config_lib.default_config().consensus.critical_form,
+                  choices=list(consensus.CRITICAL_FORMS),
+                  help="Gamma_t's constants (consensus.critical_form)")
   ap.add_argument("--smoothness_every", type=int, default=100,
                   help="critical runs: re-estimate L every this many steps")
-  ap.add_argument("--phase", type=float, default=0.25)
+  ap.add_argument("--schedule", default="step", choices=["step", "cosine"],
+                  help="step: decays x0.1 at --milestones, phase 1 ends at the first")
+  ap.add_argument("--milestones", type=float, nargs="+", default=[0.5, 0.75])
+  ap.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
+  ap.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
+  ap.add_argument("--phase", type=float, default=0.25,
+                  help="cosine schedule only: the first phase as a fraction of the steps")
   ap.add_argument("--control_phases", nargs="+", default=["always", "first"],
                   choices=["always", "first"],
                   help="controlled runs: at every step and/or in the first phase only")

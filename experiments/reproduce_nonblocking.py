@@ -1,73 +1,182 @@
-"""Non-blocking SGD vs its blocking baselines on a simulated heterogeneous cluster.
+"""Non-blocking SGD against its blocking baselines over a grid of cluster heterogeneity.
 
 He & Dube, "Accelerating Parallel Stochastic Gradient Descent via Non-blocking Mini-batches"
-(arXiv 2211.00889): claim, up to 2x less time to the same training loss than D-PSGD and MATCHA
-when workers are heterogeneous and straggle.
+(arXiv 2211.00889). Claim: up to 2x less time to the same training loss than D-PSGD and
+MATCHA on heterogeneous workers.
 
-    python experiments/reproduce_nonblocking.py --out runs/nonblocking
+    python experiments/reproduce_nonblocking.py --quick --out runs/nb_quick   # < 10 min
+    python experiments/reproduce_nonblocking.py --out docs/nonblocking         # the study
 
-Trains allreduce, dpsgd and matcha, blocking and non-blocking (same seed, same data, 16
-simulated workers, mnist10k, MLP), on the scenario below; picks the target training loss that
-every run reaches (the highest final loss), reads each run's simulated time to it (linear
-interpolation between evaluations) and writes ``OUT/results.json``, ``OUT/loss_vs_time.png``
-and ``OUT/results.md``; then repeats the six runs for several straggler-delay means
-(``--delay_means``) and adds the speed-up per mean (``sweep`` in results.json).
+The study (docs/nonblocking.md has the set-up, the rule and the numbers):
 
-Scenario (``scenario`` in results.json): worker speeds lognormal (sigma ``--spread``), base
-time 10 ms per mini-batch, M = 4 mini-batches per batch of 32, random straggler delays
-Bernoulli(p) x Exponential(mean) per mini-batch, ring topology for dpsgd and an Erdos-Renyi
-base graph for matcha (budget 0.5), alpha-beta network (100 us, 1 GB/s), deadline "fastest".
+* **Cells** (``CELLS``): worker speeds lognormal(sigma) normalised to the fastest, and
+  straggler delays Bernoulli(p) x Exponential(mean) per worker per step (mean in units of a
+  full batch's compute time T_b = B x time_per_example), from homogeneous and delay-free to
+  heavy stragglers.
+* **Algorithms** ``allreduce_ring``, ``dpsgd`` (ring), ``matcha`` (Erdos-Renyi base graph,
+  budget 0.5), each blocking (M = 1: the whole batch at once) and non-blocking (M = 4
+  mini-batches, deadline ``fastest``).
+* **Learning rates** from ``--lrs`` with momentum 0.9, chosen on seed 0: blocking on the
+  steps-to-target (a blocking run's trajectory does not depend on the cluster, so this choice
+  holds in every cell); non-blocking separately in every cell on the time to target.
+* **Target** (per algorithm and seed): the lowest training loss (averaged model, 1000
+  examples) the blocking run at its chosen learning rate reaches within 80 % of its step
+  budget. Every other run (non-blocking and the baselines) is given the same simulated time
+  budget: ``--time_factor`` x the blocking run's (same algorithm, seed and cell), capped at
+  ``--nb_step_factor`` x its steps, and stops at the target (``stop_train_loss``,
+  ``stop_sim_time``); a run that never reaches the target counts as not reached (no
+  speed-up is made up for it).
+* **Baselines** (``allreduce_ring``, every heterogeneous cell): backup workers (Chen et al.
+  2016: wait for the fastest K = n - n/8 workers and drop the rest, i.e. M = 1 with deadline
+  ``kth:K``) and a fixed deadline of ``--fixed_deadline`` x T_b seconds with M = 4; each at
+  the better of the blocking and non-blocking learning rates on seed 0.
+* **Seeds** ``--seeds``: a seed sets the initialisation, the data order and the cluster draw.
+* Full study only: the update order of the gossip algorithms (``atc``, the default, against
+  ``parallel``) in the heterogeneous reference cell, and a row in the paper's likely setting
+  (MATCHA's 8-node graph 0, 8 workers, the CNN).
+
+Every run's history is cached in ``--runs_dir`` (default ``OUT/runs``) under a hash of its
+config, so a crashed study resumes. Writes ``OUT/results.json`` (``time_to_target`` of the
+reference cell, mean over seeds, keys allreduce / nb_allreduce / dpsgd / nb_dpsgd / matcha /
+nb_matcha; ``cells``: every cell's speed-ups with mean, std, per seed, learning rates and the
+fraction of mini-batches used), ``OUT/results.md``, ``OUT/speedup.png`` (speed-up per cell) and
+``OUT/loss_vs_time.png`` (the reference cell's curves).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
+import common  # noqa: E402  (experiments/common.py)
 from nbsgd_jax import config as config_lib  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
 
-ALGORITHMS = ("allreduce", "dpsgd", "matcha")
+ALGORITHMS = ("allreduce_ring", "dpsgd", "matcha")
+KEYS = {"allreduce_ring": "allreduce", "dpsgd": "dpsgd", "matcha": "matcha"}
+BATCH, M, TIME_PER_EXAMPLE = 32, 4, 1.25e-3
+T_B = BATCH * TIME_PER_EXAMPLE  # seconds: a full batch at the fastest speed, no delay
+
+# name -> (lognormal sigma of the speeds, delay probability, delay mean in units of T_B)
+CELLS = {
+    "homogeneous": (0.0, 0.0, 0.0),
+    "speeds 0.3": (0.3, 0.0, 0.0),
+    "stragglers": (0.0, 0.1, 1.0),
+    "speeds 0.3 + stragglers": (0.3, 0.1, 1.0),
+    "speeds 0.6 + heavy stragglers": (0.6, 0.2, 2.0),
+}
+REFERENCE_CELL = "speeds 0.3 + stragglers"
+TARGET_FRACTION = 0.8
 
 
-def make_config(algorithm: str, nonblocking: bool, a) -> "config_lib.ml_collections.ConfigDict":
+# ----------------------------------------------------------------------------- runs
+
+
+def make_config(a, algorithm: str, lr: float, seed: int, cell: str, nb: bool = False,
+                deadline="fastest", minibatches: int = M, budget=None, **extra):
+  """One run's config; ``budget``: ``(target loss, seconds)`` at which a non-blocking run
+  stops (it runs ``--nb_step_factor`` x ``--steps`` steps at most)."""
+  spread, prob, mean = CELLS[cell]
   c = config_lib.default_config()
   c.algorithm = algorithm
   c.num_workers = a.workers
-  c.topology = "ring" if algorithm == "dpsgd" else "erdos_renyi"
-  c.topology_p = 0.3
-  c.model = "mlp"
-  c.batch_size = 32
-  c.learning_rate = 0.1
+  c.model = a.model
+  c.topology = a.topology if algorithm != "allreduce_ring" else "ring"
+  if algorithm == "matcha":
+    c.topology = a.matcha_topology
+    c.matcha.budget = 0.5
+  c.batch_size = BATCH
+  c.learning_rate = lr
   c.momentum = 0.9
-  c.num_steps = a.steps
+  c.num_steps = int(round(a.steps * (a.nb_step_factor if nb else 1)))
   c.eval_every = a.eval_every
   c.eval_train_examples = 1000
-  c.seed = a.seed
+  c.seed = seed
   c.progress = False
-  c.matcha.budget = 0.5
-  c.nonblocking.enabled = nonblocking
-  c.nonblocking.num_minibatches = 4
-  c.nonblocking.deadline = "fastest"
-  c.cluster.scenario = "lognormal"
-  c.cluster.spread = a.spread
-  c.cluster.time_per_example = 1.25e-3  # 10 ms per mini-batch of 8 at speed 1
-  c.cluster.delay = "bernoulli_exponential"
-  c.cluster.delay_prob = a.delay_prob
-  c.cluster.delay_mean = a.delay_mean
-  c.cluster.seed = a.seed
-  return c
+  c.cluster.seed = seed
+  c.cluster.time_per_example = TIME_PER_EXAMPLE
+  if spread > 0:
+    c.cluster.scenario, c.cluster.spread = "lognormal", spread
+  if prob > 0:
+    c.cluster.delay = "bernoulli_exponential"
+    c.cluster.delay_prob, c.cluster.delay_mean = prob, mean * T_B
+  if budget is not None:
+    c.stop_train_loss, c.stop_sim_time = budget
+  if nb:
+    c.nonblocking.enabled = True
+    c.nonblocking.num_minibatches = minibatches
+    c.nonblocking.deadline = deadline
+  return config_lib.override(c, extra)
 
 
-def time_to_target(history: list[dict], target: float) -> float | None:
-  """Simulated seconds until ``train_loss <= target``, interpolated between evaluations."""
+def cache_key(config: dict) -> str:
+  """A run's cache key: its config (as JSON) without the keys of sections that are off, so
+  that keys added to an unused section later do not invalidate the cache."""
+  off = config_lib.inactive_keys(ml_collections.ConfigDict(config))
+  flat = {k: v for k, v in config_lib.flatten_dict(config).items() if k not in off}
+  return hashlib.sha1(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_index(runs_dir: str) -> dict:
+  """key -> path of every cached run in ``runs_dir``."""
+  index = {}
+  for name in sorted(os.listdir(runs_dir)):
+    if name.endswith(".json"):
+      with open(os.path.join(runs_dir, name)) as f:
+        index[cache_key(json.load(f)["config"])] = os.path.join(runs_dir, name)
+  return index
+
+
+def run(a, cfg) -> dict:
+  """The run's ``{"history", "minibatch_fraction", "diverged"}``, from the cache or trained."""
+  text = cfg.to_json_best_effort(sort_keys=True)
+  key = cache_key(json.loads(text))
+  path = a.cache.get(key, os.path.join(a.runs_dir, key + ".json"))
+  if os.path.exists(path):
+    with open(path) as f:
+      out = json.load(f)
+    a.seconds[key] = out["real_seconds"]
+    return out
+  t = time.time()
+  try:
+    s = train.train(cfg)
+    out = {"history": [{k: h[k] for k in ("step", "sim_time", "train_loss")}
+                       for h in s["history"]],
+           "minibatch_fraction": s["history"][-1].get("minibatch_fraction", 1.0),
+           "steps": s["steps"], "stopped": s["stopped"],
+           "diverged": False}
+  except train.TrainingDiverged:
+    out = {"history": [], "minibatch_fraction": float("nan"), "diverged": True}
+  out["config"] = json.loads(text)
+  out["real_seconds"] = time.time() - t
+  common.write_atomic(path, json.dumps(out))
+  a.seconds[key] = out["real_seconds"]
+  a.trained += 1
+  print(f"    trained {cfg.algorithm:14s} nb={cfg.nonblocking.enabled!s:5s} "
+        f"lr={cfg.learning_rate:<5g} seed={cfg.seed} ({out['real_seconds']:.0f} s)", flush=True)
+  return out
+
+
+def lowest_loss(history: list, last_step: float) -> float:
+  """The lowest training loss evaluated at steps <= ``last_step`` (inf if none)."""
+  losses = [h["train_loss"] for h in history if h["step"] <= last_step]
+  return min(losses) if losses else math.inf
+
+
+def time_to_target(history: list, target: float):
+  """Simulated seconds until ``train_loss <= target`` (linear interpolation between
+  evaluations), or None if never."""
   prev = None
   for h in history:
     if h["train_loss"] <= target:
@@ -79,103 +188,291 @@ def time_to_target(history: list[dict], target: float) -> float | None:
   return None
 
 
-def run_all(a) -> dict:
-  runs = {}
-  for algo in ALGORITHMS:
-    for nb in (False, True):
-      name = ("nb_" if nb else "") + algo
-      t = time.time()
-      s = train.train(make_config(algo, nb, a))
-      runs[name] = s["history"]
-      print(f"  {name:14s} final train loss {s['train_loss']:.4f}  sim {s['sim_time']:.2f} s "
-            f" acc {s['test_accuracy']:.4f}  ({time.time() - t:.0f} s real)", flush=True)
-  target = max(h[-1]["train_loss"] for h in runs.values())
-  ttt = {k: time_to_target(h, target) for k, h in runs.items()}
-  speedup = {a_: ttt[a_] / ttt["nb_" + a_] for a_ in ALGORITHMS}
-  return {"target_loss": target, "time_to_target": ttt, "speedup": speedup, "runs": runs}
+def _best(runs: dict, score) -> float:
+  """The key of ``runs`` with the lowest ``score(run)`` (ties: the first)."""
+  return min(runs, key=lambda k: score(runs[k]))
 
 
-def plot(runs: dict, target: float, path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+# ----------------------------------------------------------------------------- study
+
+
+def blocking_lrs(a, cell0: str) -> dict:
+  """Per algorithm, the learning rate whose blocking run on seed 0 reaches the lowest loss
+  within 80 % of its budget."""
+  out = {}
+  for algo in a.algorithms:
+    runs = {lr: run(a, make_config(a, algo, lr, a.seeds[0], cell0)) for lr in a.lrs}
+    out[algo] = _best(runs, lambda r: lowest_loss(r["history"], TARGET_FRACTION * a.steps))
+  return out
+
+
+def _end_time(r) -> float:
+  """A run's simulated seconds at its last evaluation (0: diverged, no time budget)."""
+  return r["history"][-1]["sim_time"] if r["history"] else 0.0
+
+
+def _ttt_or_inf(r, target):
+  t = time_to_target(r["history"], target)
+  return math.inf if t is None else t
+
+
+def _stats(values: list) -> dict:
+  got = [v for v in values if v is not None]
+  return {"mean": float(np.mean(got)) if got else None,
+          "std": float(np.std(got)) if got else None,
+          "per_seed": values, "reached": len(got)}
+
+
+def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
+  """Every algorithm's blocking and non-blocking runs in one cell, and the baselines."""
+  rows = []
+  for algo in a.algorithms:
+    s0 = a.seeds[0]
+    blocking = {seed: run(a, make_config(a, algo, lr_b[algo], seed, cell)) for seed in a.seeds}
+    budget = {seed: (targets[algo, seed], a.time_factor * _end_time(blocking[seed]))
+              for seed in a.seeds}
+    grid = {lr: run(a, make_config(a, algo, lr, s0, cell, nb=True, budget=budget[s0]))
+            for lr in a.lrs}
+    lr_nb = _best(grid, lambda r: (_ttt_or_inf(r, targets[algo, s0]),
+                                   lowest_loss(r["history"], math.inf)))
+    variants = [("non-blocking", dict(nb=True), lr_nb)]
+    if algo == "allreduce_ring" and cell != "homogeneous" and a.baselines:
+      k = a.workers - max(1, a.workers // 8)
+      variants += [(f"backup workers (kth:{k})", dict(nb=True, deadline=f"kth:{k}",
+                                                      minibatches=1), None),
+                   (f"fixed deadline {a.fixed_deadline:g} T_b",
+                    dict(nb=True, deadline=f"{a.fixed_deadline * T_B:g}"), None)]
+    for name, kw, lr in variants:
+      if lr is None:  # a baseline: the better of the two tuned rates on seed 0
+        cand = {x: run(a, make_config(a, algo, x, s0, cell, budget=budget[s0], **kw))
+                for x in {lr_b[algo], lr_nb}}
+        lr = _best(cand, lambda r: (_ttt_or_inf(r, targets[algo, s0]),
+                                    lowest_loss(r["history"], math.inf)))
+      speedups, fracs, tb, tn, curves = [], [], [], [], None
+      for seed in a.seeds:
+        b = blocking[seed]
+        r = run(a, make_config(a, algo, lr, seed, cell, budget=budget[seed], **kw))
+        if curves is None:  # the first seed's curves, for the plot
+          curves = {"blocking": b["history"], "this": r["history"]}
+        t_b = time_to_target(b["history"], targets[algo, seed])
+        t_n = time_to_target(r["history"], targets[algo, seed])
+        tb.append(t_b)
+        tn.append(t_n)
+        speedups.append(t_b / t_n if (t_b and t_n) else None)
+        fracs.append(r["minibatch_fraction"])
+      rows.append({"cell": cell, "algorithm": algo, "variant": name,
+                   "slowdown_sigma": CELLS[cell][0], "delay_prob": CELLS[cell][1],
+                   "delay_mean_T_b": CELLS[cell][2], "lr_blocking": lr_b[algo],
+                   "lr": lr, "seeds": list(a.seeds), "speedup": _stats(speedups),
+                   "time_blocking": _stats(tb), "time": _stats(tn),
+                   "minibatch_fraction": float(np.nanmean(fracs)),
+                   "target_seed0": targets[algo, a.seeds[0]], "curves_seed0": curves})
+      sp = rows[-1]["speedup"]
+      print(f"  {cell:30s} {algo:14s} {name:26s} speed-up "
+            + (f"{sp['mean']:.2f} +- {sp['std']:.2f}" if sp["mean"] else "not reached")
+            + f" ({sp['reached']}/{len(a.seeds)} seeds), mini-batches used "
+            f"{rows[-1]['minibatch_fraction']:.0%}", flush=True)
+  return rows
+
+
+def study_order(a, cell: str, lr_b: dict, targets: dict) -> list:
+  """Blocking gossip algorithms in the ``parallel`` order against the default ``atc``."""
+  rows = []
+  for algo in [x for x in a.algorithms if x != "allreduce_ring"]:
+    ratios = []
+    for seed in a.seeds:
+      atc = run(a, make_config(a, algo, lr_b[algo], seed, cell))
+      par = run(a, make_config(a, algo, lr_b[algo], seed, cell, **{"dpsgd.order": "parallel"}))
+      t_a = time_to_target(atc["history"], targets[algo, seed])
+      t_p = time_to_target(par["history"], targets[algo, seed])
+      ratios.append(t_a / t_p if (t_a and t_p) else None)
+    rows.append({"cell": cell, "algorithm": algo, "lr": lr_b[algo],
+                 "atc_over_parallel_time": _stats(ratios)})
+  return rows
+
+
+def run_scenario(a) -> dict:
+  cells = list(a.cells)
+  lr_b = blocking_lrs(a, cells[0])
+  targets = {}
+  for algo in a.algorithms:
+    for seed in a.seeds:
+      h = run(a, make_config(a, algo, lr_b[algo], seed, cells[0]))["history"]
+      targets[algo, seed] = lowest_loss(h, TARGET_FRACTION * a.steps)
+  rows = []
+  for cell in cells:
+    rows += study_cell(a, cell, lr_b, targets)
+  out = {"cells": rows, "lr_blocking": lr_b,
+         "targets": {f"{k[0]}/seed{k[1]}": v for k, v in targets.items()}}
+  if a.order:
+    out["order"] = study_order(a, a.reference_cell, lr_b, targets)
+  return out
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _fmt(s: dict, digits=2, unit="x") -> str:
+  if s["mean"] is None:
+    return "not reached"
+  extra = "" if s["reached"] == len(s["per_seed"]) else f" ({s['reached']}/{len(s['per_seed'])})"
+  return f"{s['mean']:.{digits}f} +- {s['std']:.{digits}f}{unit}{extra}"
+
+
+def markdown(res: dict) -> str:
+  lines = []
+  for name, sc in res["scenarios"].items():
+    lines += [f"### {name}", "", sc["setting"], "",
+              "| cell | algorithm | variant | speed-up (mean +- std) | mini-batches used | "
+              "blocking time to target (s) | lr (blocking / this) |",
+              "|---|---|---|---:|---:|---:|---|"]
+    for r in sc["cells"]:
+      lines.append(f"| {r['cell']} | {r['algorithm']} | {r['variant']} | {_fmt(r['speedup'])} "
+                   f"| {r['minibatch_fraction']:.0%} | {_fmt(r['time_blocking'], 2, '')} | "
+                   f"{r['lr_blocking']:g} / {r['lr']:g} |")
+    if sc.get("order"):
+      lines += ["", "Update order (blocking, same learning rate and target): time to target "
+                "with `atc` / with `parallel`", "", "| algorithm | atc / parallel |",
+                "|---|---:|"]
+      for r in sc["order"]:
+        lines.append(f"| {r['algorithm']} | {_fmt(r['atc_over_parallel_time'], 3)} |")
+    lines.append("")
+  lines.append(f"{res['runs']} runs, {res['train_seconds']:.0f} s of training on this machine "
+               f"(the sum over runs, cached ones included); this invocation trained "
+               f"{res['runs_trained']} and took {res['real_seconds']:.0f} s.")
+  return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: str) -> None:
+  plt = common.pyplot()
+  sc = res["scenarios"]["main"]
+  rows = [r for r in sc["cells"] if r["variant"] == "non-blocking"]
+  cells = list(dict.fromkeys(r["cell"] for r in rows))
+  algos = list(dict.fromkeys(r["algorithm"] for r in rows))
+  fig, ax = plt.subplots(figsize=(8, 4.2))
+  width = 0.8 / len(algos)
+  for j, algo in enumerate(algos):
+    xs, ys, es = [], [], []
+    for i, cell in enumerate(cells):
+      r = next(r for r in rows if r["cell"] == cell and r["algorithm"] == algo)
+      xs.append(i + (j - (len(algos) - 1) / 2) * width)
+      ys.append(r["speedup"]["mean"] or 0.0)
+      es.append(r["speedup"]["std"] or 0.0)
+      sp = r["speedup"]
+      if sp["reached"] < len(sp["per_seed"]):  # the mean is over the seeds that reached it
+        ax.annotate(f"{sp['reached']}/{len(sp['per_seed'])}", (xs[-1], ys[-1] + es[-1]),
+                    ha="center", va="bottom", fontsize=7)
+    ax.bar(xs, ys, width, yerr=es, capsize=3, label=algo)
+  ax.axhline(1.0, color="gray", lw=0.8, ls=":")
+  ax.set_xticks(range(len(cells)), [c.replace(" + ", "\n+ ") for c in cells], fontsize=8)
+  ax.set_ylabel("speed-up to target (blocking / non-blocking)")
+  ax.set_title("Non-blocking SGD, mean +- std over seeds (k/n: seeds that reached the target)")
+  ax.legend()
+  fig.tight_layout()
+  common.save_figure(fig, path)
+
+
+def plot_curves(res: dict, path: str) -> None:
+  """Training loss against simulated time in the reference cell (first seed), blocking
+  dashed, non-blocking solid, with each algorithm's target."""
+  plt = common.pyplot()
+  rows = [r for r in res["scenarios"]["main"]["cells"]
+          if r["cell"] == res["reference_cell"] and r["variant"] == "non-blocking"]
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  colors = {"allreduce": "C0", "dpsgd": "C1", "matcha": "C2"}
-  for name, hist in runs.items():
-    algo = name.removeprefix("nb_")
-    ax.plot([h["sim_time"] for h in hist], [h["train_loss"] for h in hist],
-            color=colors[algo], ls="-" if name.startswith("nb_") else "--",
-            label=("Non-blocking " if name.startswith("nb_") else "") + algo)
-  ax.axhline(target, color="gray", lw=0.8, ls=":", label=f"target {target:.3f}")
+  for j, r in enumerate(rows):
+    for key, ls, label in (("blocking", "--", ""), ("this", "-", "non-blocking ")):
+      h = r["curves_seed0"][key]
+      ax.plot([x["sim_time"] for x in h], [x["train_loss"] for x in h], ls=ls, color=f"C{j}",
+              label=f"{label}{r['algorithm']}")
+    ax.axhline(r["target_seed0"], color=f"C{j}", lw=0.8, ls=":")
   ax.set_xlabel("simulated time (s)")
   ax.set_ylabel("training loss (averaged model)")
   ax.set_yscale("log")
-  ax.legend()
-  ax.set_title("Non-blocking SGD vs blocking, 16 heterogeneous workers")
+  ax.set_title(f"{res['reference_cell']}, seed {rows[0]['seeds'][0]} (dotted: targets)")
+  ax.legend(fontsize=8)
   fig.tight_layout()
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=120)
-  os.replace(tmp, path)
+  common.save_figure(fig, path)
+
+
+def scenario_args(a, quick: bool) -> dict:
+  """name -> the argparse namespace of each scenario."""
+  base = dict(vars(a))
+  base.update(algorithms=ALGORITHMS, trained=0, reference_cell=REFERENCE_CELL,
+              seconds={})  # one dict for every scenario: run key -> seconds it took to train
+  if quick:
+    main = dict(base, workers=8, steps=150, eval_every=15, cells=["homogeneous", REFERENCE_CELL],
+                lrs=a.lrs or [0.2, 0.4], order=False)
+    return {"main": main}
+  main = dict(base, cells=list(CELLS), lrs=a.lrs or [0.1, 0.2, 0.4, 0.8], order=True)
+  out = {"main": main}
+  if not a.skip_paper:
+    out["paper setting"] = dict(base, workers=8, model="cnn", topology="matcha_graph0",
+                                matcha_topology="matcha_graph0", cells=[REFERENCE_CELL],
+                                lrs=a.lrs or [0.025, 0.05, 0.1, 0.2], order=False,
+                                baselines=False)
+  return out
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True)
+  ap.add_argument("--quick", action="store_true",
+                  help="8 workers, 150 steps, 2 cells, 2 learning rates (< 10 min)")
+  ap.add_argument("--runs_dir", default=None, help="run cache (default OUT/runs)")
   ap.add_argument("--workers", type=int, default=16)
-  ap.add_argument("--steps", type=int, default=300)
+  ap.add_argument("--steps", type=int, default=200)
   ap.add_argument("--eval_every", type=int, default=20)
-  ap.add_argument("--spread", type=float, default=0.3)
-  ap.add_argument("--delay_prob", type=float, default=0.1)
-  ap.add_argument("--delay_mean", type=float, default=0.05)
-  ap.add_argument("--delay_means", type=float, nargs="*", default=[0.01, 0.05, 0.1])
-  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--time_factor", type=float, default=1.5,
+                  help="non-blocking runs' simulated time budget / the blocking run's")
+  ap.add_argument("--nb_step_factor", type=float, default=5.0,
+                  help="non-blocking runs' step cap / the blocking run's steps")
+  ap.add_argument("--lrs", type=float, nargs="*", default=None)
+  ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+  ap.add_argument("--fixed_deadline", type=float, default=1.5,
+                  help="the fixed-deadline baseline's deadline, in units of T_b")
+  ap.add_argument("--model", default="mlp")
+  ap.add_argument("--topology", default="ring", help="dpsgd's graph")
+  ap.add_argument("--matcha_topology", default="erdos_renyi")
+  ap.add_argument("--no_baselines", dest="baselines", action="store_false")
+  ap.add_argument("--skip_paper", action="store_true")
   a = ap.parse_args()
-  os.makedirs(a.out, exist_ok=True)
+  a.runs_dir = a.runs_dir or os.path.join(a.out, "runs")
+  os.makedirs(a.runs_dir, exist_ok=True)
+  a.cache = cache_index(a.runs_dir)
   start = time.time()
-  print(f"main scenario: delay mean {a.delay_mean} s")
-  main_res = run_all(a)
-  sweep = []
-  for dm in a.delay_means:
-    if dm == a.delay_mean:
-      res = main_res
-    else:
-      print(f"sweep: delay mean {dm} s")
-      res = run_all(argparse.Namespace(**{**vars(a), "delay_mean": dm}))
-    sweep.append({"delay_mean": dm, "target_loss": res["target_loss"],
-                  "time_to_target": res["time_to_target"], "speedup": res["speedup"]})
-  scenario = {"num_workers": a.workers, "model": "mlp", "dataset": "mnist10k",
-              "batch_size": 32, "num_minibatches": 4, "deadline": "fastest",
-              "slowdown": f"lognormal(sigma={a.spread})", "time_per_example_s": 1.25e-3,
-              "delay_per": "iteration",
-              "delay": "bernoulli_exponential", "delay_prob": a.delay_prob,
-              "delay_mean_s": a.delay_mean, "latency_s": 1e-4, "bandwidth_Bps": 1e9,
-              "dpsgd_topology": "ring", "matcha_topology": "erdos_renyi(p=0.3)",
-              "matcha_budget": 0.5, "steps": a.steps, "seed": a.seed}
-  results = {"target_loss": main_res["target_loss"], "time_to_target": main_res["time_to_target"],
-             "speedup": main_res["speedup"], "scenario": scenario, "sweep": sweep,
-             "real_seconds": time.time() - start}
-  tmp = os.path.join(a.out, "results.json.tmp")
-  with open(tmp, "w") as f:
-    json.dump(results, f, indent=2)
-  os.replace(tmp, os.path.join(a.out, "results.json"))
-  plot(main_res["runs"], main_res["target_loss"], os.path.join(a.out, "loss_vs_time.png"))
-  lines = [f"Target training loss {main_res['target_loss']:.4f} (delay mean {a.delay_mean} s)", "",
-           "| algorithm | blocking: time to target (s) | non-blocking (s) | speed-up |",
-           "|---|---:|---:|---:|"]
-  for al in ALGORITHMS:
-    tt = main_res["time_to_target"]
-    lines.append(f"| {al} | {tt[al]:.2f} | {tt['nb_' + al]:.2f} | "
-                 f"{main_res['speedup'][al]:.2f}x |")
-  lines += ["", "| delay mean (s) | " + " | ".join(f"{al} speed-up" for al in ALGORITHMS) + " |",
-            "|---:|" + "---:|" * len(ALGORITHMS)]
-  for sw in sweep:
-    lines.append(f"| {sw['delay_mean']} | " +
-                 " | ".join(f"{sw['speedup'][al]:.2f}x" for al in ALGORITHMS) + " |")
-  text = "\n".join(lines) + "\n"
-  with open(os.path.join(a.out, "results.md"), "w") as f:
-    f.write(text)
-  print(text)
-  print(f"wrote {a.out}/results.json, results.md, loss_vs_time.png in "
+  scenarios, trained, seconds = {}, 0, {}
+  for name, ns in scenario_args(a, a.quick).items():
+    sa = argparse.Namespace(**ns)
+    print(f"scenario {name}: {sa.workers} workers, {sa.model}, {sa.steps} steps, "
+          f"lrs {sa.lrs}, seeds {sa.seeds}", flush=True)
+    res = run_scenario(sa)
+    res["setting"] = (f"{sa.workers} workers, {sa.model} on mnist10k, batch {BATCH} "
+                      f"(M = {M} for non-blocking, deadline fastest), {sa.steps} steps "
+                      f"blocking; the others stop at the target or at {sa.time_factor:g} x "
+                      f"the blocking run's simulated time (at most "
+                      f"{int(sa.steps * sa.nb_step_factor)} steps), "
+                      f"T_b = {T_B * 1e3:g} ms, dpsgd on {sa.topology}, matcha on "
+                      f"{sa.matcha_topology} (budget 0.5), momentum 0.9, seeds {sa.seeds}; "
+                      f"target: the lowest loss of the tuned blocking run within "
+                      f"{TARGET_FRACTION:.0%} of its steps")
+    scenarios[name] = res
+    trained += sa.trained
+    seconds.update(sa.seconds)
+  ref = [r for r in scenarios["main"]["cells"] if r["cell"] == REFERENCE_CELL]
+  ttt = {}
+  for r in ref:
+    if r["variant"] == "non-blocking":
+      ttt[KEYS[r["algorithm"]]] = r["time_blocking"]["mean"]
+      ttt["nb_" + KEYS[r["algorithm"]]] = r["time"]["mean"]
+  results = {"time_to_target": ttt, "reference_cell": REFERENCE_CELL,
+             "cells": scenarios["main"]["cells"], "scenarios": scenarios,
+             "quick": a.quick, "runs_trained": trained, "runs": len(seconds),
+             "train_seconds": sum(seconds.values()), "real_seconds": time.time() - start}
+  os.makedirs(a.out, exist_ok=True)
+  common.write_results(a.out, results, markdown(results))
+  plot(results, os.path.join(a.out, "speedup.png"))
+  plot_curves(results, os.path.join(a.out, "loss_vs_time.png"))
+  print(f"wrote {a.out}/results.json, results.md, speedup.png, loss_vs_time.png in "
         f"{time.time() - start:.0f} s")
 
 

@@ -22,8 +22,10 @@ p = g + e exactly as the next step will see it (same batch, same residual) and r
 (``topk_bound.png``), the fitted normal (mean, std, excess kurtosis), and histograms of
 worker 0's p at a few steps against the fitted normal (``p_histograms.png``).
 (c) In the gaussian_k runs, the number of entries Gaussian-k selects on p over training, as a
-fraction of k, with the paper's correction steps (3 rounds) and with the bracketing correction
-(3 and 8 rounds) (``gaussian_k_count.png``).
+fraction of k, with the paper's correction steps exactly as GaussianK-SGD's GaussianCompressor
+(``paper/3``: at most 3 thresholds evaluated, k = floor(d density), unbiased std) and with the
+bracketing correction (``bracket/3``, ``bracket/8``: at most 3 and 8 corrections, i.e. 4 and 9
+thresholds) (``gaussian_k_count.png``); the count is against the project's k = ceil(d density).
 
 Outputs in ``OUT``: ``results.json`` (everything), ``results.md`` (tables) and the PNGs.
 """
@@ -113,6 +115,8 @@ class GradientProbe:
 
   def __init__(self, every: int, densities: tuple, hist_steps: tuple, run_density: float,
                variants: tuple = (("paper", 3), ("bracket", 3), ("bracket", 8))):
+    # (correction, rounds): paper's rounds = thresholds evaluated (the reference's `loops < 3`),
+    # bracket's = corrections after the first (compression.gaussian_threshold)
     self.every = every
     self.densities = densities
     self.hist_steps = set(hist_steps)

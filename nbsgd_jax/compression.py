@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import statistics
 from typing import Callable, Optional
 
 import jax
@@ -164,38 +165,74 @@ def random_k(x: Array, key: Optional[Array] = None, *, density: float) -> Messag
 
 
 CORRECTIONS = ("bracket", "paper")
+# Default ``rounds`` of each correction (``rounds=None``): bracket, corrections after the
+# initial threshold; paper, thresholds evaluated, GaussianK-SGD's ``while loops < 3`` in
+# ``GaussianCompressor.compress`` (``GaussianCompressor2`` uses 5).
+DEFAULT_ROUNDS = {"bracket": 8, "paper": 3}
 
 
-def gaussian_threshold(x: Array, density: float, rounds: int = 8,
+def default_rounds(correction: str) -> int:
+  """``rounds`` used for ``rounds=None``: 8 corrections (bracket), 3 evaluated thresholds
+  (paper, GaussianK-SGD's ``GaussianCompressor``).
+
+  Raises:
+    ValueError: unknown correction.
+  """
+  if correction not in CORRECTIONS:
+    raise ValueError(f"correction={correction!r} is not allowed: choose one of {CORRECTIONS}")
+  return DEFAULT_ROUNDS[correction]
+
+
+def gaussian_threshold(x: Array, density: float, rounds: Optional[int] = None,
                        block_size: Optional[int] = None,
                        correction: str = "bracket") -> tuple[Array, Array]:
   """Gaussian-k threshold, corrected toward k.
 
-  Following GaussianK-SGD's ``GaussianCompressor``: thr = mean(x) + |Phi^-1(density/2)|
-  * std(x) (``gen_threshold_from_normal_distribution``'s right threshold) and an
-  entry is selected iff ``|x_i| > thr``.  Then, at most ``rounds`` times while the count
-  is outside [2k/3, 4k/3], the threshold is corrected and the count recomputed (one
-  pass over x per round), so the returned count always matches the returned thr:
+  An entry is selected iff ``|x_i| > thr``; the returned count always matches the
+  returned thr (one counting pass over x per evaluated threshold).
 
-  * ``"paper"``: the paper's loop, count < 2k/3: thr *= 0.5; count > 4k/3: thr *= 1.5.
-    On heavy-tailed vectors (the error-fed p = g + e) these fixed steps can jump over
-    the band back and forth (measured in ``docs/sparsification``);
-  * ``"bracket"`` (default): the same steps until the band is bracketed by a threshold
-    that selects too many (lo) and one that selects too few (hi), then bisection in
-    log-threshold, thr = sqrt(lo * hi) (hi / 2 if lo <= 0).  Never worse than the
-    paper's steps before bracketing, and it converges once bracketed.
+  * ``"paper"``: exactly the reference loop, hclhkbu/GaussianK-SGD ``compression.py``,
+    ``GaussianCompressor.compress`` (Shi et al. 2019)::
+
+      k = max(int(d * density), 1)                      # floor, not num_selected's ceil
+      thr = mean(x) + |Phi^-1(density / 2)| * std(x)    # std unbiased (d - 1), as torch.std
+      loops = 0
+      while loops < rounds:                             # the reference's bound: 3
+        count = #{i : |x_i| > thr}
+        if count < 2k/3: thr *= 0.5
+        elif count > 4k/3: thr *= 1.5
+        else: break
+        loops += 1
+
+    The selection is the last *evaluated* threshold's: at most ``rounds`` thresholds are
+    evaluated and the threshold multiplied in the last iteration is never used; this
+    returns that last evaluated threshold and its count. ``rounds`` >= 1 (default 3;
+    ``GaussianCompressor2`` uses 5). Mean and std are computed in x's precision (float32
+    for float32 x, so thr agrees with the reference's float64 statistics to ~1e-6
+    relative; float64 x under ``jax_enable_x64`` agrees to rounding). On heavy-tailed
+    vectors (the error-fed p = g + e) the fixed steps can jump over [2k/3, 4k/3] back and
+    forth (measured in ``docs/sparsification``). For d = 1 the std is taken as 0 (torch
+    gives nan there and selects nothing).
+  * ``"bracket"`` (default): thr = mean(x) + |Phi^-1(density/2)| * std(x) with the
+    population std, k = ``num_selected(d, density)``; then, at most ``rounds`` times
+    while the count is outside [2k/3, 4k/3], a correction: the paper's x0.5 / x1.5 steps
+    until the band is bracketed by a threshold that selects too many (lo) and one that
+    selects too few (hi), then bisection in log-threshold, thr = sqrt(lo * hi) (hi / 2 if
+    lo <= 0). ``rounds`` corrections (default 8) evaluate up to rounds + 1 thresholds.
 
   Args:
     x: [d] float vector.
     density: fraction in (0, 1].
-    rounds: maximum number of corrections (>= 0).
+    rounds: bracket: maximum number of corrections (>= 0); paper: maximum number of
+      evaluated thresholds, the reference's loop bound (>= 1). None: the correction's
+      default (:data:`DEFAULT_ROUNDS`: bracket 8, paper 3).
     block_size: block length of the counting pass (performance only; None: by
       density, 32 for density <= 0.002 else 8).
     correction: ``"bracket"`` or ``"paper"``.
   Returns:
     thr (scalar, x.dtype) and count (int32 scalar) = #{i : |x_i| > thr}.
   Raises:
-    ValueError: bad x, density, rounds, block_size or correction.
+    ValueError: bad x, density, rounds (paper: < 1), block_size or correction.
   """
   thr, count, _ = _threshold_and_block_counts(x, density, rounds, block_size, correction)
   return thr, count
@@ -218,26 +255,60 @@ def _block_counts(x: Array, thr: Array, s: int) -> Array:
   return main
 
 
+def _check_rounds(rounds, correction: str) -> int:
+  """``rounds`` resolved (None: the correction's default) and checked."""
+  if correction not in CORRECTIONS:
+    raise ValueError(f"correction={correction!r} is not allowed: choose one of {CORRECTIONS}")
+  if rounds is None:
+    return DEFAULT_ROUNDS[correction]
+  if isinstance(rounds, bool) or int(rounds) != rounds:
+    raise ValueError(f"rounds={rounds!r} is not allowed: it must be an int")
+  if correction == "paper" and rounds < 1:
+    raise ValueError(
+        f"rounds={rounds!r} is not allowed with correction='paper': it is the reference loop's "
+        "bound on evaluated thresholds (GaussianCompressor: 3), an int >= 1")
+  if rounds < 0:
+    raise ValueError(f"rounds={rounds!r} is not allowed: it must be an int >= 0")
+  return int(rounds)
+
+
+def _initial_threshold(x: Array, d: int, density: float, paper: bool) -> Array:
+  """mean + |z| std, z = Phi^-1(density / 2), in x's dtype (statistics in float32 at least).
+
+  paper: z in float64 from ``(1 - (1 - density)) / 2`` as the reference's
+  ``gen_threshold_from_normal_distribution(1 - ratio, ...)`` and the unbiased std (two
+  passes); bracket: z from float32 ``ndtri`` and the population std (one pass), unchanged.
+  """
+  xf = x.astype(jnp.float32) if x.dtype != jnp.float64 else x
+  mean = jnp.mean(xf)
+  if paper:
+    z = abs(statistics.NormalDist().inv_cdf((1.0 - (1.0 - density)) / 2.0))
+    var = jnp.sum(jnp.square(xf - mean)) / max(d - 1, 1)
+    std = jnp.sqrt(var)
+  else:
+    with jax.ensure_compile_time_eval():
+      z = abs(float(ndtri(jnp.float32(density / 2.0))))
+    std = jnp.sqrt(jnp.maximum(jnp.mean(jnp.square(xf)) - mean * mean, 0.0))
+  return (mean + z * std).astype(x.dtype)
+
+
 def _threshold_and_block_counts(x, density, rounds, block_size, correction="bracket"):
   x = _check_x(x)
   density = _check_density(density)
-  if int(rounds) != rounds or rounds < 0:
-    raise ValueError(f"rounds={rounds!r} is not allowed: it must be an int >= 0")
-  if correction not in CORRECTIONS:
-    raise ValueError(f"correction={correction!r} is not allowed: choose one of {CORRECTIONS}")
+  rounds = _check_rounds(rounds, correction)
   if block_size is None:
     block_size = _default_block_size(density)
   if int(block_size) != block_size or block_size < 1:
     raise ValueError(
         f"block_size={block_size!r} is not allowed: it must be an int >= 1")
   d = x.shape[0]
-  k = num_selected(d, density)
-  with jax.ensure_compile_time_eval():
-    z = abs(float(ndtri(jnp.float32(density / 2.0))))
-  xf = x.astype(jnp.float32) if x.dtype != jnp.float64 else x
-  mean = jnp.mean(xf)
-  std = jnp.sqrt(jnp.maximum(jnp.mean(jnp.square(xf)) - mean * mean, 0.0))
-  thr = (mean + z * std).astype(x.dtype)
+  bracket = correction == "bracket"
+  if bracket:
+    k, corrections = num_selected(d, density), rounds
+  else:  # the reference's k and loop: `rounds` evaluated thresholds, so rounds - 1 steps
+    k, corrections = max(int(d * density), 1), rounds - 1
+  thr = _initial_threshold(x, d, density, paper=not bracket)
+
   def counts_at(t):
     # The barrier keeps XLA:CPU from fusing the total into the per-block
     # reduction, which makes that pass several times slower.
@@ -248,11 +319,10 @@ def _threshold_and_block_counts(x, density, rounds, block_size, correction="brac
     return (3 * count < 2 * k) | (3 * count > 4 * k)
 
   c0, n0 = counts_at(thr)
-  bracket = correction == "bracket"
 
   def cond(state):
     i, _, _, n, _, _ = state
-    return (i < rounds) & out_of_range(n)
+    return (i < corrections) & out_of_range(n)
 
   def body(state):
     i, t, _, n, lo, hi = state
@@ -275,16 +345,18 @@ def _threshold_and_block_counts(x, density, rounds, block_size, correction="brac
 
 
 def gaussian_k_with_count(x: Array, key: Optional[Array] = None, *, density: float,
-                          capacity_factor: float = 4 / 3, rounds: int = 8,
+                          capacity_factor: float = 4 / 3, rounds: Optional[int] = None,
                           block_size: Optional[int] = None,
                           correction: str = "bracket") -> tuple[Array, Array, Array]:
   """Gaussian-k with a fixed-capacity output and the number actually selected.
 
   Selection is ``|x_i| > thr`` with thr from ``gaussian_threshold``.  The selected
   entries are compacted, in increasing index order, into cap = min(d,
-  ceil(capacity_factor * k)) slots; if count > cap the selected entries with the
-  largest indices are dropped (no magnitude ordering).  Unused slots hold index d
-  and value 0.
+  ceil(capacity_factor * k)) slots, k = ``num_selected(d, density)`` (with the default
+  4/3 this covers the band [2k/3, 4k/3] of both corrections: the paper's k is
+  max(floor(d density), 1) <= k); if count > cap the selected entries with the largest
+  indices are dropped (no magnitude ordering; the reference sends all of them).  Unused
+  slots hold index d and value 0.
 
   Compaction avoids a d-long cumsum/nonzero/top_k (slow on XLA:CPU): per-block
   counts over blocks of ``block_size`` (fused with the counting pass), a cumsum
@@ -299,7 +371,9 @@ def gaussian_k_with_count(x: Array, key: Optional[Array] = None, *, density: flo
     density: fraction in (0, 1].
     key: unused.
     capacity_factor: >= 1 (default 4/3, the top of the correction band).
-    rounds: maximum number of threshold corrections.
+    rounds: bracket: maximum number of threshold corrections; paper: maximum number of
+      evaluated thresholds (the reference's loop bound, >= 1); None: the correction's
+      default (8 / 3), see ``gaussian_threshold``.
     block_size: block length for counting/compaction (performance only; None:
       32 for density <= 0.002 else 8).
     correction: ``"bracket"`` (default) or ``"paper"``, see ``gaussian_threshold``.
@@ -312,6 +386,7 @@ def gaussian_k_with_count(x: Array, key: Optional[Array] = None, *, density: flo
   del key
   x = _check_x(x)
   density = _check_density(density)
+  rounds = _check_rounds(rounds, correction)
   if not capacity_factor >= 1.0:
     raise ValueError(
         f"capacity_factor={capacity_factor!r} is not allowed: it must be >= 1")
@@ -354,7 +429,7 @@ def gaussian_k_with_count(x: Array, key: Optional[Array] = None, *, density: flo
 
 
 def gaussian_k(x: Array, key: Optional[Array] = None, *, density: float,
-               capacity_factor: float = 4 / 3, rounds: int = 8,
+               capacity_factor: float = 4 / 3, rounds: Optional[int] = None,
                block_size: Optional[int] = None, correction: str = "bracket") -> Message:
   """Gaussian-k (Shi et al. 2019): ``gaussian_k_with_count`` without the count.
 
@@ -416,6 +491,8 @@ def check_config(cfg, errs: list) -> None:
   """compression.*, all of them whatever compression.name is."""
   checks.choice(cfg, errs, "compression.name", ("none",) + tuple(COMPRESSORS))
   checks.number(cfg, errs, "compression.density", 0, lo_open=True, hi=1)
+  # gaussian_rounds 0 is the correction's default (DEFAULT_ROUNDS), so paper's rounds >= 1
+  # holds for every allowed value.
   rounds = cfg.compression.get("gaussian_rounds")
   if not (checks.is_int(rounds) and 0 <= rounds <= 64):
     errs.append(f"config.compression.gaussian_rounds={rounds!r} is not allowed: it must be "

@@ -30,13 +30,13 @@ from nbsgd_jax import cluster as cluster_lib  # numpy only
 # the built-in recipes (nbsgd_jax.recipes.REGISTRY also holds those registered from outside)
 ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha", "local_sgd", "diloco")
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete", "star",
-              "erdos_renyi")
+              "erdos_renyi", "matcha_graph0")
 MIXING_WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
 BACKENDS = ("simulate", "mesh", "multihost")
 MODELS = ("logreg", "mlp", "cnn")
 PARTITIONS = ("iid", "dirichlet")
 DPSGD_ORDERS = ("parallel", "atc")
-LR_SCHEDULES = ("constant", "cosine", "inverse_time")
+LR_SCHEDULES = ("constant", "cosine", "inverse_time", "step")
 SYNTHETIC = ("least_squares", "logistic")  # nbsgd_jax.problems, with their known F*
 COMPRESSIONS = ("none", "top_k", "gaussian_k", "random_k")
 
@@ -47,6 +47,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.algorithm = "dpsgd"          # one of ALGORITHMS
   c.num_workers = 8              # workers n
   c.topology = "ring"            # communication graph of decentralized algorithms
+                                 # (matcha_graph0: MATCHA's 8-node Erdos-Renyi graph 0)
   c.mixing_weights = "metropolis_hastings"  # how W is built from the graph
   c.topology_p = 0.3             # erdos_renyi edge probability, in (0, 1]
   c.topology_seed = 0            # erdos_renyi graph seed
@@ -67,8 +68,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.batch_size = 32              # examples per worker per step
   c.learning_rate = 0.05         # SGD step size (peak value of the schedule)
   c.lr_schedule = "constant"     # constant | cosine (decay to 0 at num_steps) |
-                                 # inverse_time: learning_rate * t0 / (step + t0)
+                                 # inverse_time: learning_rate * t0 / (step + t0) |
+                                 # step: x lr_decay at each of lr_milestones
   c.lr_time_scale = 100.0        # steps, t0 of inverse_time
+  c.lr_milestones = (0.5, 0.75)  # step: decays at these fractions of num_steps (Goyal et al.
+                                 # 2017; Kong et al. 2021 on CIFAR-10), increasing in (0, 1)
+  c.lr_decay = 0.1               # step: factor at each milestone, in (0, 1]
   c.warmup_steps = 0             # linear warm-up from 0 over this many steps
   c.momentum = 0.9               # heavy-ball momentum in [0, 1) (0 = plain SGD)
   c.nesterov = False             # Nesterov momentum
@@ -76,6 +81,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.num_steps = 1000             # training steps (iterations)
   c.eval_every = 100             # steps between evaluations (a final one is always made)
   c.eval_train_examples = 2000   # training examples used for train_loss (averaged model)
+  c.stop_sim_time = 0.0          # s: stop at the first evaluation with sim_time >= this, before
+                                 # num_steps (equal-time budgets; 0: off)
+  c.stop_train_loss = 0.0        # stop at the first evaluation with train_loss <= this, before
+                                 # num_steps (time to a target loss; 0: off)
   c.seed = 0                     # init, data order and partition seed
   c.progress = True              # tqdm progress bar
   c.tensorboard = False          # also write workdir/tensorboard event files (tensorboardX):
@@ -84,7 +93,9 @@ def default_config() -> ml_collections.ConfigDict:
                                  # multiple of eval_every; 0: none); a run started again in
                                  # the same workdir resumes from the newest one
   c.dpsgd = ml_collections.ConfigDict()
-  c.dpsgd.order = "parallel"     # parallel (Lian et al.: gossip x while computing g(x)) | atc
+  c.dpsgd.order = "atc"          # atc: local step, then gossip (the reference codes: MATCHA's
+                                 # train_mpi.py, Koloskova et al. 2020) | parallel (Lian et
+                                 # al. Eq. 2: gossip x while computing g(x), overlapped)
   c.cluster = ml_collections.ConfigDict()  # simulated cluster behind sim_time (He & Dube)
   c.cluster.scenario = "homogeneous"  # homogeneous | one_slow | lognormal (worker speeds)
   c.cluster.slowdown = ()        # explicit per-worker slowdown factors (overrides scenario)
@@ -127,12 +138,20 @@ def default_config() -> ml_collections.ConfigDict:
   c.compression.density = 0.01   # k / d, in (0, 1]
   c.compression.error_feedback = True  # keep the unsent residual and add it next step
   c.compression.flatten = True   # one selection over the whole model (False: per layer)
-  c.compression.gaussian_rounds = 8  # gaussian_k: max threshold corrections toward k
-  c.compression.gaussian_correction = "bracket"  # bracket | paper (x0.5 / x1.5 steps only)
+  c.compression.gaussian_rounds = 0  # gaussian_k, 0: the correction's default. bracket: max
+                                     # threshold corrections toward k (default 8); paper:
+                                     # max thresholds evaluated, GaussianK-SGD's loop bound
+                                     # (default 3, its GaussianCompressor)
+  c.compression.gaussian_correction = "bracket"  # bracket | paper (GaussianK-SGD's loop:
+                                                 # x0.5 / x1.5 steps only)
   c.local_sgd = ml_collections.ConfigDict()  # LUPA-SGD (Haddadpour et al. 2019)
   c.local_sgd.tau = 4            # local steps per communication period (tau_0 of ada_lupa)
   c.local_sgd.schedule = "fixed"  # fixed | ada_lupa | linear | post_local (see local_sgd.py)
-  c.local_sgd.alpha = 0.1        # linear: tau_i = ceil(tau (1 + alpha i))
+  c.local_sgd.alpha = 0.1        # linear: tau_i = ceil(tau (1 + alpha (i + 1))), i = 0, 1, ..
+                                 # (the released code's ramp, see local_sgd.py)
+  c.local_sgd.num_comm = 0       # linear: > 0 derives alpha = 2 / (num_comm + 1) * num_steps /
+                                 # (num_comm tau) as the released main.py --num-comm (alpha
+                                 # ignored); 0: use alpha
   c.local_sgd.switch_step = 0    # post_local: tau = 1 before this step, then tau
   c.local_sgd.max_tau = 0        # cap on any period (0: none)
   c.local_sgd.averaging = "mean"  # mean (exact average) | gossip (one step over topology)
@@ -152,6 +171,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.consensus.critical = False   # target = critical_scale x the critical consensus distance
                                  # Gamma_t, estimated on the fly (nbsgd_jax.consensus.CriticalTarget)
   c.consensus.critical_scale = 1.0  # c in target = c Gamma_t
+  c.consensus.critical_form = "paper"  # Gamma_t's constants: paper (Kong et al. Prop. 3.1,
+                                 # ||grad f||^2 / (8 L^2) + eta sigma^2 / (L n)) | derived
   c.consensus.critical_ema = 0.9  # moving-average decay of the gradient statistics behind
                                   # Gamma_t, in [0, 1) (0: the last step's only)
   c.consensus.smoothness = 0.0   # L of Gamma_t; 0: estimated (Hessian power iteration)
@@ -251,6 +272,8 @@ def check_top_level(cfg, errs: list) -> None:
   checks.integer(cfg, errs, "num_steps", 0)
   checks.integer(cfg, errs, "eval_every", 1)
   checks.integer(cfg, errs, "eval_train_examples", 1)
+  checks.number(cfg, errs, "stop_sim_time", 0)
+  checks.number(cfg, errs, "stop_train_loss", 0)
   checks.integer(cfg, errs, "seed", 0)
   for key in ("nesterov", "progress", "tensorboard"):
     checks.boolean(cfg, errs, key)
@@ -262,6 +285,12 @@ def check_top_level(cfg, errs: list) -> None:
                 "(e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10'), 'least_squares' "
                 "or 'logistic'")
   checks.number(cfg, errs, "lr_time_scale", 0, lo_open=True)
+  checks.number(cfg, errs, "lr_decay", 0, lo_open=True, hi=1)
+  ms = cfg.get("lr_milestones")
+  if (not isinstance(ms, (tuple, list)) or not ms
+      or not all(checks.is_num(x) and 0 < x < 1 for x in ms) or list(ms) != sorted(set(ms))):
+    errs.append(f"config.lr_milestones={ms!r} is not allowed: it must be a non-empty tuple of "
+                "increasing fractions of num_steps in (0, 1), e.g. (0.5, 0.75)")
   for key, length in (("mlp_hidden", 0), ("cnn_channels", 2)):
     v = cfg.get(key)
     if (not isinstance(v, (tuple, list)) or not all(checks.is_int(x) and x >= 1 for x in v)
@@ -373,10 +402,12 @@ class Switch(NamedTuple):
 
 CONTROL_KEYS = tuple(f"consensus.{k}" for k in (
     "target", "target_ratio", "reference_workdir", "critical", "critical_scale", "critical_ema",
+    "critical_form",
     "smoothness", "smoothness_every", "smoothness_iters", "until_step", "max_gossip_steps",
     "measure", "sketch_size"))
 CRITICAL_KEYS = tuple(f"consensus.{k}" for k in (
-    "critical_scale", "critical_ema", "smoothness", "smoothness_every", "smoothness_iters"))
+    "critical_scale", "critical_ema", "critical_form", "smoothness", "smoothness_every",
+    "smoothness_iters"))
 
 # One entry per section that can be off; a key under two switches is named by the first off.
 SWITCHES = (
@@ -393,6 +424,7 @@ SWITCHES = (
     Switch(("model", "mlp_hidden", "cnn_channels", "partition", "dirichlet_alpha", "data_dir",
             "eval_train_examples"), "dataset", lambda v: v not in SYNTHETIC),
     Switch(("lr_time_scale",), "lr_schedule", lambda v: v == "inverse_time"),
+    Switch(("lr_milestones", "lr_decay"), "lr_schedule", lambda v: v == "step"),
     Switch(("local_sgd.offset_optimum",), "local_sgd.schedule", lambda v: v == "ada_lupa"),
     Switch(("topology_p", "topology_seed"), "topology", lambda v: v == "erdos_renyi"),
     Switch(("topology_rows", "topology_cols"), "topology", lambda v: v == "torus"),
@@ -414,6 +446,16 @@ def _switched_keys(switch: Switch, default: ml_collections.ConfigDict) -> list[s
     else:
       keys.append(key)
   return keys
+
+
+def inactive_keys(cfg: ml_collections.ConfigDict) -> set[str]:
+  """The dotted keys of the sections that are off in ``cfg`` (:data:`SWITCHES`): what a run
+  does not depend on (e.g. to compare runs whatever those keys hold)."""
+  default, out = default_config(), set()
+  for switch in SWITCHES:
+    if not switch.on(cfg.get(switch.switch)):
+      out.update(_switched_keys(switch, default))
+  return out
 
 
 def inactive_warnings(cfg: ml_collections.ConfigDict) -> list[str]:

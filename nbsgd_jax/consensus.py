@@ -36,8 +36,15 @@ plus the noise term, i.e. D-SGD keeps the centralized rate up to a factor 2, whe
     Xi_t^2 <= Gamma_t^2 = ||grad f(x_bar_t)||^2 / (2 L^2) + eta sigma^2 / (L n).
 
 This is the form of Kong et al.'s critical value (gradient-norm term over L^2 plus a noise term
-eta sigma^2 / (L n)); the constants are from the derivation above. ``eta`` is the effective step
-``lr_t / (1 - momentum)``.
+eta sigma^2 / (L n)) with the constants of the derivation above (``form="derived"``). Kong et al.'s Proposition 3.1 states the critical consensus distance as
+
+    Gamma_t^2 := (1 / (L n)) eta sigma^2 + (1 / (8 L^2)) ||grad f(x_bar_t)||^2
+
+(``form="paper"``, the config's default ``consensus.critical_form``: a gradient term 4x
+smaller, the noise term the same). That statement is
+taken from a secondary source quoting Prop. 3.1 (and agrees with our reading of the paper);
+the paper's own text (arXiv 2102.04828) could not be retrieved here, so check it before
+relying on the constant. ``eta`` is the effective step ``lr_t / (1 - momentum)``.
 
 Every extra gossip and every measurement is counted in the bytes the step reports and in the
 simulated clock (:class:`nbsgd_jax.transforms.consensus.ControlRounds`).
@@ -353,19 +360,33 @@ class TargetSchedule:
     return self.ratio * float(np.interp(step + 1, steps, xi))
 
 
-def critical_distance_sq(grad_sq: float, noise: float, step_size: float, smoothness: float,
-                         num_workers: int) -> float:
-  """``Gamma^2 = ||grad f||^2 / (2 L^2) + eta sigma^2 / (L n)`` (module docstring; the form
-  of Kong et al. 2021, Prop. 3.1), in squared parameter units.
+CRITICAL_FORMS = ("derived", "paper")
+# the coefficient c of ||grad f||^2 / L^2 in Gamma^2 = c ||grad f||^2 / L^2 + eta sigma^2 / (L n)
+_GRAD_COEF = {"derived": 1.0 / 2.0, "paper": 1.0 / 8.0}
 
+
+def critical_distance_sq(grad_sq: float, noise: float, step_size: float, smoothness: float,
+                         num_workers: int, form: str = "derived") -> float:
+  """The critical consensus distance squared, in squared parameter units.
+
+  * ``"derived"``: ``Gamma^2 = ||grad f||^2 / (2 L^2) + eta sigma^2 / (L n)`` (the descent-lemma
+    derivation in the module docstring; Kong et al.'s form, our constants);
+  * ``"paper"``: ``Gamma^2 = eta sigma^2 / (L n) + ||grad f||^2 / (8 L^2)``, Kong et al. 2021,
+    Proposition 3.1 (as quoted, see the module docstring).
+
+  Args:
+    grad_sq: ``||grad f(x_bar)||^2``; noise: ``sigma^2`` (per-worker gradient variance);
+    step_size: eta; smoothness: L > 0; num_workers: n >= 1; form: one of CRITICAL_FORMS.
   Raises:
-    ValueError: smoothness <= 0 or num_workers < 1.
+    ValueError: smoothness <= 0, num_workers < 1 or an unknown form.
   """
   if not smoothness > 0:
     raise ValueError(f"smoothness={smoothness!r} is not allowed: it must be > 0")
   if num_workers < 1:
     raise ValueError(f"num_workers={num_workers!r} is not allowed: it must be >= 1")
-  return (grad_sq / (2.0 * smoothness ** 2)
+  if form not in CRITICAL_FORMS:
+    raise ValueError(f"form={form!r} is not allowed: use one of {list(CRITICAL_FORMS)}")
+  return (_GRAD_COEF[form] * grad_sq / smoothness ** 2
           + step_size * noise / (smoothness * num_workers))
 
 
@@ -392,13 +413,18 @@ class CriticalTarget:
     smoothness: L > 0, or 0 to take :meth:`set_smoothness` values (estimates).
     until_step: control only the steps < until_step (0: always).
     ema: decay of the moving average of the gradient statistics, in [0, 1).
+    form: ``Gamma_t``'s constants, ``"derived"`` (default) or ``"paper"`` (Kong et al.'s
+      Prop. 3.1), see :func:`critical_distance_sq`.
 
   Raises:
     ValueError: bad values (the message names the field).
   """
 
   def __init__(self, num_workers: int, scale: float = 1.0, smoothness: float = 0.0,
-               until_step: int = 0, ema: float = 0.0):
+               until_step: int = 0, ema: float = 0.0, form: str = "derived"):
+    if form not in CRITICAL_FORMS:
+      raise ValueError(f"form={form!r} is not allowed: use one of {list(CRITICAL_FORMS)}")
+    self.form = form
     if not 0 <= ema < 1:
       raise ValueError(f"consensus.critical_ema={ema!r} is not allowed: it must be in [0, 1)")
     if not scale > 0:
@@ -450,7 +476,7 @@ class CriticalTarget:
     if self._stats is None or self.smoothness is None:
       return NO_CONSTRAINT
     return self.scale * math.sqrt(critical_distance_sq(*self._stats, step_size,
-                                                       self.smoothness, self.n))
+                                                       self.smoothness, self.n, self.form))
 
 
 # ----------------------------------------------------------------------------- config
@@ -468,6 +494,7 @@ def check_config(cfg, errs: list) -> None:
   checks.number(cfg, errs, "consensus.critical_ema", 0, hi=1, hi_open=True)
   checks.number(cfg, errs, "consensus.critical_scale", 0, lo_open=True)
   checks.choice(cfg, errs, "consensus.measure", ("exact", "sketch"))
+  checks.choice(cfg, errs, "consensus.critical_form", CRITICAL_FORMS)
   checks.string(cfg, errs, "consensus.reference_workdir")
   cs = cfg.consensus
   if cs.get("control") is not True:

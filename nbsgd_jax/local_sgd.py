@@ -11,9 +11,31 @@ and lasts ``tau_i`` steps; the workers synchronise after step ``s_i + tau_i - 1`
   ``tau_i = ceil((F(x_0) / F(x_{s_i}))^(1/3)) * tau_0``, with ``F`` the training loss of the
   averaged model measured at each synchronisation (:meth:`SyncPlanner.observe`) minus an
   optional known offset (e.g. ``F*`` of a synthetic problem); the period grows as the loss
-  falls. ``max_tau`` caps it.
-* ``"linear"``: the released code's ramp (mmkamani7/LUPA-SGD),
-  ``tau_i = ceil(tau_0 (1 + alpha i))``.
+  falls. ``max_tau`` caps it. Not verified against the paper's text: Sec. 5 of arXiv
+  1910.13598 could not be read here (whether ``tau_0`` sits inside the ceiling is open), and
+  the released code has no loss-based rule (its ``--adaptive`` is the linear ramp below).
+* ``"linear"``: the released code's ramp (mmkamani7/LUPA-SGD, ``main.py`` with
+  ``--adaptive`` and ``utils.SyncHook``)::
+
+    alpha = 2 / (num_comm + 1) * (train_steps / (num_comm * sync_step))
+    local_updates = [sync_step * (1 + alpha * j) for j in range(num_comm + 1)]
+
+  SyncHook averages in ``before_run`` of global step 0 and then whenever
+  ``step >= last_synced_step + local_updates[j]`` (TF's ``SecondOrStepTimer``, float
+  ``every_steps``), ``j = 1, 2, ...`` counting the syncs after step 0. Mapping: that code's
+  sync before step ``s`` is our sync after step ``s - 1``; its step-0 sync of the workers'
+  (differently initialised) models is our common initial model (every worker starts from
+  the same parameters here), so it is neither counted nor charged; ``sync_step`` is
+  ``tau`` (= ``tau_0``) and ``train_steps`` is ``num_steps``. Hence period ``i`` (0-based,
+  starting at step ``s_i``) ends with a sync after step ``ceil(s_i + tau (1 + alpha (i + 1)))
+  - 1`` (the float sum as in TF), i.e. ``tau_i = ceil(tau (1 + alpha (i + 1)))`` up to float
+  rounding. ``alpha`` is ``local_sgd.alpha``, or derived as above from ``num_comm`` > 0
+  (``--num-comm``). Periods past ``local_updates[num_comm]`` (where the released hook would
+  index past its list) continue the ramp; with the derived alpha they start after
+  ``num_steps`` (the first ``num_comm`` periods add up to ``num_comm tau + num_steps``).
+  In the released code every tower's ``apply_gradients`` increments the global step, so with
+  G GPUs its ``--train-steps`` and ``--sync-step`` count G x iterations: divide both by G
+  for ``num_steps`` and ``tau`` (alpha is unchanged).
 * ``"post_local"``: post-local SGD (Lin et al., "Don't Use Large Mini-Batches, Use Local SGD",
   ICLR 2020): ``tau = 1`` for the periods that start before ``switch_step``, then ``tau``.
 """
@@ -36,7 +58,10 @@ class SyncPlanner:
   Args:
     schedule: one of :data:`SCHEDULES`.
     tau: ``tau`` (fixed, post_local) or ``tau_0`` (ada_lupa, linear), an int >= 1.
-    alpha: slope of the ``"linear"`` ramp, >= 0.
+    alpha: slope of the ``"linear"`` ramp, >= 0 (ignored when ``num_comm`` > 0).
+    num_comm: ``"linear"``: the released code's number of communications; > 0 derives
+      ``alpha = 2 / (num_comm + 1) * (num_steps / (num_comm * tau))`` (0: use ``alpha``).
+    num_steps: training steps behind the derived alpha (needed when ``num_comm`` > 0).
     switch_step: first step of the local phase (``"post_local"``), >= 0.
     max_tau: upper bound on any period (0: none).
     loss_offset: subtracted from every observed loss in ``"ada_lupa"`` (``F - offset``,
@@ -52,7 +77,8 @@ class SyncPlanner:
   """
 
   def __init__(self, schedule: str = "fixed", tau: int = 1, alpha: float = 0.0,
-               switch_step: int = 0, max_tau: int = 0, loss_offset: float = 0.0):
+               switch_step: int = 0, max_tau: int = 0, loss_offset: float = 0.0,
+               num_comm: int = 0, num_steps: int = 0):
     if schedule not in SCHEDULES:
       raise ValueError(f"local_sgd.schedule={schedule!r} is not allowed: use one of "
                        f"{list(SCHEDULES)}")
@@ -66,7 +92,16 @@ class SyncPlanner:
     if not _is_int(max_tau) or max_tau < 0:
       raise ValueError(f"local_sgd.max_tau={max_tau!r} is not allowed: it must be an int >= 0 "
                        "(0: no cap)")
+    if not _is_int(num_comm) or num_comm < 0:
+      raise ValueError(f"local_sgd.num_comm={num_comm!r} is not allowed: it must be an int >= 0 "
+                       "(0: use local_sgd.alpha)")
+    if num_comm and (not _is_int(num_steps) or num_steps < 1):
+      raise ValueError(f"num_steps={num_steps!r} is not allowed with local_sgd.num_comm="
+                       f"{num_comm}: the derived alpha needs an int >= 1")
+    if num_comm:
+      alpha = linear_alpha(num_comm, num_steps, tau)
     self.schedule, self.tau, self.alpha = schedule, int(tau), float(alpha)
+    self.num_comm = int(num_comm)
     self.switch_step, self.max_tau, self.loss_offset = switch_step, max_tau, float(loss_offset)
     self.periods: list[int] = []
     self.sync_steps: list[int] = []
@@ -98,7 +133,9 @@ class SyncPlanner:
     if self.schedule == "fixed":
       tau = self.tau
     elif self.schedule == "linear":
-      tau = math.ceil(round(self.tau * (1.0 + self.alpha * i), 9))
+      # the released SyncHook: sync before the first step >= last sync + local_updates[i + 1]
+      every = self.tau * (1 + self.alpha * (i + 1))
+      tau = math.ceil(start + every) - start
     elif self.schedule == "post_local":
       tau = 1 if start < self.switch_step else self.tau
     else:  # ada_lupa
@@ -148,6 +185,13 @@ def _is_int(x) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
 
+def linear_alpha(num_comm: int, num_steps: int, tau: int) -> float:
+  """The released code's ramp slope (mmkamani7/LUPA-SGD ``main.py``, ``--adaptive``):
+  ``2 / (num_comm + 1) * (num_steps / (num_comm * tau))``, the same float operations
+  (``train_steps = num_steps``, ``sync_step = tau``)."""
+  return 2 / (num_comm + 1) * (num_steps / (num_comm * tau))
+
+
 def make_planner(cfg, loss_offset: float = 0.0) -> SyncPlanner:
   """The :class:`SyncPlanner` of a config: ``local_sgd.*`` for ``local_sgd``; for ``diloco``
   a fixed period of ``diloco.inner_steps``. ``loss_offset``: ADA-LUPA's ``F*`` when
@@ -156,7 +200,8 @@ def make_planner(cfg, loss_offset: float = 0.0) -> SyncPlanner:
     return SyncPlanner("fixed", cfg.diloco.inner_steps)
   c = cfg.local_sgd
   return SyncPlanner(c.schedule, c.tau, alpha=c.alpha, switch_step=c.switch_step,
-                     max_tau=c.max_tau, loss_offset=loss_offset)
+                     max_tau=c.max_tau, loss_offset=loss_offset, num_comm=c.num_comm,
+                     num_steps=cfg.num_steps)
 
 
 # ----------------------------------------------------------------------------- config
@@ -168,7 +213,7 @@ def check_config(cfg, errs: list) -> None:
   for key, allowed in (("schedule", SCHEDULES), ("averaging", AVERAGINGS),
                        ("opt_state", OPT_STATE_SYNCS)):
     checks.choice(cfg, errs, f"local_sgd.{key}", allowed)
-  for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0)):
+  for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0), ("num_comm", 0)):
     checks.integer(cfg, errs, f"local_sgd.{key}", lo)
   checks.number(cfg, errs, "local_sgd.alpha", 0)
   if (checks.boolean(cfg, errs, "local_sgd.offset_optimum") and cfg.local_sgd.offset_optimum

@@ -133,7 +133,8 @@ class Builder:
     """``(x, key) -> (values, indices)`` of ``config.compression``."""
     from nbsgd_jax import compression
     c = self.cfg.compression
-    options = ({"rounds": c.gaussian_rounds, "correction": c.gaussian_correction}
+    options = ({"rounds": c.gaussian_rounds or None,  # 0: the correction's default
+                "correction": c.gaussian_correction}
                if c.name == "gaussian_k" else {})
     return compression.make_compressor(c.name, c.density, **options)
 

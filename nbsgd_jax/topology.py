@@ -462,6 +462,25 @@ def one_peer_exponential(n: int) -> Topology:
                   period=tau, phases=tuple(phases))
 
 
+# JYWa/MATCHA util.py select_graph(0): "8-node erdos-renyi graph as shown in Fig. 1(a) in the
+# main paper" (Wang et al. 2019), listed there as its matchings.
+MATCHA_GRAPH_0 = ((1, 5), (6, 7), (0, 4), (2, 3), (1, 7), (3, 6), (1, 0), (3, 7), (5, 6),
+                  (1, 2), (7, 0), (3, 1))
+
+
+def matcha_graph0(n: int, weights: str = "metropolis_hastings") -> Topology:
+  """MATCHA's base graph 0 (:data:`MATCHA_GRAPH_0`, 8 nodes, 12 edges; Wang et al.,
+  "MATCHA", 2019, Fig. 1(a); JYWa/MATCHA ``select_graph(0)``).
+
+  Raises:
+    ValueError: ``n != 8`` (named ``num_workers``).
+  """
+  if n != 8:
+    raise ValueError(f"num_workers={n!r} is not allowed with topology='matcha_graph0': "
+                     "MATCHA's graph 0 has 8 nodes")
+  return from_edges(8, MATCHA_GRAPH_0, weights, name="matcha_graph0")
+
+
 # name -> builder. Signatures differ (torus takes rows, cols; erdos_renyi p and seed;
 # one_peer_exponential no weights): use :func:`make` for one uniform call.
 TOPOLOGIES: dict[str, Callable[..., Topology]] = {
@@ -472,7 +491,9 @@ TOPOLOGIES: dict[str, Callable[..., Topology]] = {
     "star": star,
     "erdos_renyi": erdos_renyi,
     "one_peer_exponential": one_peer_exponential,
+    "matcha_graph0": matcha_graph0,
 }
+FIXED_SIZE = {"matcha_graph0": 8}  # graphs with one number of workers
 
 
 def _torus_dims(n: int, rows: Optional[int], cols: Optional[int]) -> tuple[int, int]:
@@ -562,6 +583,9 @@ def check_config(cfg, errs: list) -> None:
   rows_ok = checks.integer(cfg, errs, "topology_rows", 0)
   cols_ok = checks.integer(cfg, errs, "topology_cols", 0)
   n, r, c = cfg.get("num_workers"), cfg.get("topology_rows"), cfg.get("topology_cols")
+  if cfg.get("topology") == "matcha_graph0" and n != 8:
+    errs.append(f"config.topology='matcha_graph0' is not allowed with config.num_workers={n}: "
+                "MATCHA's graph 0 has 8 nodes")
   if cfg.get("topology") != "torus" or not (rows_ok and cols_ok and checks.is_int(n)) or not (r or c):
     return
   if r and c and r * c != n:

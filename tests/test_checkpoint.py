@@ -185,12 +185,12 @@ def test_divergence_stops_with_step_and_workers_and_keeps_last_good_checkpoint(t
 
 
 def test_divergence_of_the_averaged_model_writes_no_bad_record(tmp_path):
-  """Finite workers whose averaged model's loss overflows (lr 1e8, 2 workers: train_loss is
-  NaN at step 4 while every step loss and model is still finite): the evaluation stops the
+  """Finite workers whose averaged model's loss overflows (lr 1e8, 2 workers, parallel order:
+  train_loss is NaN at step 4 while every step loss and model is still finite): the evaluation stops the
   run instead of writing a NaN record."""
   import math
   cfg = small_cfg(algorithm="dpsgd", learning_rate=1e8, num_steps=12, eval_every=1,
-                  num_workers=2)
+                  num_workers=2, **{"dpsgd.order": "parallel"})
   with pytest.raises(train.TrainingDiverged) as e:
     train.train(cfg, str(tmp_path))
   assert (e.value.step, e.value.what, e.value.workers) == (4, "train_loss", [])

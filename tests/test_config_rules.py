@@ -72,8 +72,10 @@ def test_every_section_has_a_check():
      "config.local_sgd.tau=8 has no effect: config.algorithm='dpsgd'"),
     ({"algorithm": "allreduce", "matcha__budget": 0.25},
      "config.matcha.budget=0.25 has no effect: config.algorithm='allreduce'"),
-    ({"algorithm": "allreduce", "dpsgd__order": "atc"},
-     "config.dpsgd.order='atc' has no effect: config.algorithm='allreduce'"),
+    ({"lr_milestones": (0.3, 0.6)},
+     "config.lr_milestones=(0.3, 0.6) has no effect: config.lr_schedule='constant'"),
+    ({"algorithm": "allreduce", "dpsgd__order": "parallel"},
+     "config.dpsgd.order='parallel' has no effect: config.algorithm='allreduce'"),
     ({"nonblocking__deadline": "kth:2"},
      "config.nonblocking.deadline='kth:2' has no effect: config.nonblocking.enabled=False"),
     ({"consensus__critical_scale": 0.5},  # off twice (control and critical): named once
@@ -107,7 +109,7 @@ def test_changed_key_of_a_section_that_is_off_warns_once(overrides, line):
     {"algorithm": "allreduce", "compression__name": "top_k", "compression__density": 0.05},
     {"algorithm": "local_sgd", "local_sgd__tau": 8},
     {"algorithm": "matcha", "matcha__budget": 0.25},
-    {"algorithm": "matcha", "dpsgd__order": "atc"},
+    {"algorithm": "matcha", "dpsgd__order": "parallel"},
     {"nonblocking__enabled": True, "nonblocking__deadline": "kth:2"},
     {"consensus__control": True, "consensus__critical": True, "consensus__critical_scale": 0.5},
     {"consensus__log_every_step": True, "consensus__per_layer": True},  # not control's keys

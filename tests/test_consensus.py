@@ -325,6 +325,33 @@ def test_critical_target_schedule():
       consensus.CriticalTarget(num_workers=4, **kw)
 
 
+def _kong_prop_3_1_gamma_sq(grad_norm_sq, sigma_sq, eta, L, n):
+  """Kong, Lin, Koloskova, Jaggi, Stich, ICML 2021, Proposition 3.1 (critical consensus
+  distance), as quoted: Gamma_t^2 := (1 / (L n)) eta sigma^2 + (1 / (8 L^2)) ||grad f(x_bar)||^2."""
+  return (1.0 / (L * n)) * eta * sigma_sq + (1.0 / (8.0 * L ** 2)) * grad_norm_sq
+
+
+def test_critical_distance_paper_form_is_kong_prop_3_1():
+  rng = np.random.default_rng(7)
+  for _ in range(20):
+    g2, s2, eta, L = rng.exponential(size=4) + 1e-3
+    n = int(rng.integers(1, 65))
+    ref = _kong_prop_3_1_gamma_sq(g2, s2, eta, L, n)
+    got = consensus.critical_distance_sq(g2, s2, eta, L, n, form="paper")
+    assert got == pytest.approx(ref, rel=1e-12)
+    # the default keeps the derived constants: 1/2 instead of 1/8 on the gradient term
+    assert consensus.critical_distance_sq(g2, s2, eta, L, n) == pytest.approx(
+        ref + (0.5 - 0.125) * g2 / L ** 2, rel=1e-12)
+  crit = consensus.CriticalTarget(num_workers=16, scale=1.5, smoothness=2.5, form="paper")
+  crit.observe(grad_sq=0.4, noise=3.0)
+  assert crit.at(0, 0.05) == pytest.approx(
+      1.5 * math.sqrt(_kong_prop_3_1_gamma_sq(0.4, 3.0, 0.05, 2.5, 16)), rel=1e-12)
+  with pytest.raises(ValueError, match="form='kong' is not allowed"):
+    consensus.CriticalTarget(num_workers=4, form="kong")
+  with pytest.raises(ValueError, match="form='kong' is not allowed"):
+    consensus.critical_distance_sq(1.0, 1.0, 0.1, 1.0, 4, form="kong")
+
+
 def test_critical_target_moving_average():
   """The statistics behind Gamma_t: an exponential moving average, against a numpy loop."""
   rng = np.random.default_rng(0)
@@ -367,7 +394,7 @@ def test_training_with_critical_target(tmp_path):
     avg = new if avg is None else beta * avg + (1 - beta) * new
     eta = float(sched(r["step"] - 1)) / (1 - cfg.momentum)
     lsm = r["smoothness"]
-    gamma2 = (avg[0] / (2 * lsm ** 2) + eta * avg[1] / (lsm * n))
+    gamma2 = (avg[0] / (8 * lsm ** 2) + eta * avg[1] / (lsm * n))  # Kong et al. Prop. 3.1
     assert r["target"] == pytest.approx(math.sqrt(gamma2), rel=1e-5)
     assert r["measured_consensus_distance"] <= r["target"] * (1 + 1e-5)
     bound += r["gossip_steps"] > 0

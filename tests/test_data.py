@@ -318,3 +318,18 @@ def test_label_histogram():
   np.testing.assert_array_equal(hist, [[1, 1, 0, 0], [0, 1, 3, 0]])
   with pytest.raises(ValueError, match="num_classes"):
     data.label_histogram(labels, [np.array([0])], 2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_train_loss_examples_are_spread_over_every_iid_shard(seed):
+  """``train_loss`` is measured on a uniform sample of the training set, not on the shards the
+  partition's first draws make (workers 0 and 1 would hold all 1,000 of them). Reference: a
+  uniform sample of 1,000 of 8,000 puts Hypergeometric(8000, 500, 1000) examples in each
+  shard of 500, mean 62.5, std 7.4: within [25, 100] (5 std) with probability > 1 - 1e-5."""
+  from nbsgd_jax.run import task
+  shards = data.partition(np.zeros(8000, np.int64), 16, scheme="iid", seed=seed)
+  sub = task.train_loss_examples(8000, 1000, seed)
+  assert len(set(sub.tolist())) == 1000
+  counts = [np.isin(s, sub).sum() for s in shards]
+  assert 25 <= min(counts) and max(counts) <= 100, counts
+  assert len(task.train_loss_examples(300, 1000, seed)) == 300

@@ -92,9 +92,9 @@ def test_fixed_schedule_syncs_every_tau():
 def test_linear_and_post_local_schedules():
   p = local_sgd.SyncPlanner("linear", 2, alpha=0.5)
   s = _syncs(p, 40)
-  # tau_i = ceil(2 (1 + 0.5 i)) = 2, 3, 4, 5, 6, 7, 8, ...
-  assert p.periods[:6] == [2, 3, 4, 5, 6, 7]
-  assert s[:4] == [1, 4, 8, 13]
+  # the released ramp starts after its step-0 sync: tau_i = ceil(2 (1 + 0.5 (i + 1))) = 3, 4, ..
+  assert p.periods[:6] == [3, 4, 5, 6, 7, 8]
+  assert s[:4] == [2, 6, 11, 17]
   p = local_sgd.SyncPlanner("post_local", 5, switch_step=3)
   assert _syncs(p, 14) == [0, 1, 2, 7, 12]
 
@@ -112,6 +112,87 @@ def test_ada_lupa_follows_the_loss_rule():
   assert p.periods == ref[:len(p.periods)]
   assert s == list(np.cumsum(p.periods) - 1)[:len(s)]
   assert p.periods[-1] > p.periods[0]  # the period grew as the loss fell
+
+
+class _StepTimer:
+  """tf.train.SecondOrStepTimer (tensorflow/python/training/basic_session_run_hooks.py) with
+  every_secs=None: should_trigger_for_step / update_last_triggered_step."""
+
+  def __init__(self, every_steps):
+    self._every_steps = every_steps
+    self._last_triggered_step = None
+
+  def should_trigger_for_step(self, step):
+    if self._last_triggered_step is None:
+      return True
+    if self._last_triggered_step == step:
+      return False
+    if self._every_steps is not None and step >= self._last_triggered_step + self._every_steps:
+      return True
+    return False
+
+  def update_last_triggered_step(self, step):
+    self._last_triggered_step = step
+
+
+def _released_linear_syncs(train_steps, num_comm, sync_step, towers=1):
+  """mmkamani7/LUPA-SGD with --adaptive: main.py's local_updates and utils.SyncHook, run by
+  an Estimator until the global step reaches train_steps (StopAtStepHook), each session run
+  advancing the global step once per tower (every tower's apply_gradients increments it).
+  Returns the global steps before which SyncHook.before_run averaged the models."""
+  alpha = 2 / (num_comm + 1) * (train_steps / (num_comm * sync_step))
+  local_updates = [sync_step * (1 + alpha * i) for i in range(num_comm + 1)]
+  timer, count, synced = _StepTimer(sync_step), 0, []
+  global_step = 0
+  while global_step < train_steps:
+    if timer.should_trigger_for_step(global_step):  # SyncHook.before_run
+      synced.append(global_step)
+      timer.update_last_triggered_step(global_step)
+      count += 1
+      timer._every_steps = local_updates[count]
+    global_step += towers
+  return synced
+
+
+@pytest.mark.parametrize("train_steps,num_comm,sync_step,towers", [
+    (5469, 10, 91, 1),   # the README's run (its 4 GPUs aside)
+    (1000, 9, 10, 1),    # local_updates[9] = 10 (1 + 9 alpha) = 210 up to float rounding
+    (200, 5, 4, 1),
+    (80000, 50, 16, 1),
+    (4000, 8, 20, 4),    # 4 towers: --train-steps 4000 --sync-step 20 = 1000 steps, tau 5
+    (2400, 6, 12, 4),
+])
+def test_linear_num_comm_matches_the_released_code(train_steps, num_comm, sync_step, towers):
+  released = _released_linear_syncs(train_steps, num_comm, sync_step, towers)
+  assert released[0] == 0  # the sync of the initial models: our common initialisation
+  # its sync before global step s is ours after step s / towers - 1
+  expected = [s // towers - 1 for s in released[1:]]
+  num_steps, tau = train_steps // towers, sync_step // towers
+  p = local_sgd.SyncPlanner("linear", tau, alpha=123.0, num_comm=num_comm, num_steps=num_steps)
+  assert p.alpha == pytest.approx(2 / (num_comm + 1) * num_steps / (num_comm * tau))
+  # the released code never syncs after its last step (that would be before a step not run)
+  ours = [t for t in _syncs(p, num_steps) if t < num_steps - 1]
+  assert ours == expected
+  assert len(expected) < num_comm  # the ramp outlasts training (local_updates never runs out)
+
+
+def test_linear_config_num_comm():
+  cfg = config_lib.default_config()
+  config_lib.override(cfg, {"algorithm": "local_sgd", "num_steps": 500,
+                            "local_sgd.schedule": "linear", "local_sgd.tau": 5,
+                            "local_sgd.num_comm": 4})
+  config_lib.validate(cfg)
+  p = local_sgd.make_planner(cfg)
+  assert p.alpha == 2 / 5 * (500 / (4 * 5)) and p.num_comm == 4
+  cfg.local_sgd.num_comm = 0
+  assert local_sgd.make_planner(cfg).alpha == cfg.local_sgd.alpha
+  with pytest.raises(ValueError, match="local_sgd.num_comm=-1 is not allowed"):
+    local_sgd.SyncPlanner("linear", 2, num_comm=-1, num_steps=10)
+  with pytest.raises(ValueError, match="num_steps=0 is not allowed"):
+    local_sgd.SyncPlanner("linear", 2, num_comm=3)
+  cfg.local_sgd.num_comm = -2
+  with pytest.raises(config_lib.ConfigError, match="local_sgd.num_comm=-2"):
+    config_lib.validate(cfg)
 
 
 def test_ada_lupa_max_tau_and_offset():

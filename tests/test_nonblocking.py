@@ -67,13 +67,16 @@ def test_nonblocking_allreduce_weights_by_finished_counts():
     np.testing.assert_allclose(np.asarray(got["bias"][i]), b - 0.5 * gb / total, atol=1e-5)
 
 
-def test_nonblocking_dpsgd_straggler_only_gossips():
+@pytest.mark.parametrize("order", ["atc", "parallel"])
+def test_nonblocking_dpsgd_straggler_only_gossips(order):
   """Decentralized form: a worker with no finished mini-batch takes no gradient step but
-  still gossips; the others step with the mean of their own finished mini-batches."""
+  still gossips; the others step with the mean of their own finished mini-batches
+  (``parallel``: x_i <- sum_j W_ij x_j + u_i; ``atc``: x_i <- sum_j W_ij (x_j + u_j))."""
   n = 4
   cfg = small_cfg(algorithm="dpsgd", model="logreg", num_workers=n, batch_size=8,
                   momentum=0.9, learning_rate=0.5,
-                  **{"nonblocking.enabled": True, "nonblocking.num_minibatches": 2})
+                  **{"nonblocking.enabled": True, "nonblocking.num_minibatches": 2,
+                     "dpsgd.order": order})
   cfg.cluster.slowdown = (1.0, 1.0, 1.0, 100.0)
   counts = _finished_counts(cfg, 0)
   np.testing.assert_array_equal(counts, [2, 2, 2, 0])
@@ -82,12 +85,17 @@ def test_nonblocking_dpsgd_straggler_only_gossips():
   k0, b0 = np.asarray(p0["kernel"], np.float64), np.asarray(p0["bias"], np.float64)
   w = topology.ring(n).mixing_matrix
   got = state.params["params"]["Dense_0"]
+  uk, ub = np.zeros_like(k0), np.zeros_like(b0)  # u_i: -0.5 x the mean finished gradient
   for i in range(n):
-    mk, mb = np.einsum("j,jab->ab", w[i], k0), w[i] @ b0
     if counts[i]:
       grads = _minibatch_grads(s, cfg, k0[i], b0[i], i, 0)
-      mk = mk - 0.5 * np.mean([g[0] for g in grads], axis=0)
-      mb = mb - 0.5 * np.mean([g[1] for g in grads], axis=0)
+      uk[i] = -0.5 * np.mean([g[0] for g in grads], axis=0)
+      ub[i] = -0.5 * np.mean([g[1] for g in grads], axis=0)
+  for i in range(n):
+    if order == "parallel":
+      mk, mb = np.einsum("j,jab->ab", w[i], k0) + uk[i], w[i] @ b0 + ub[i]
+    else:
+      mk, mb = np.einsum("j,jab->ab", w[i], k0 + uk), w[i] @ (b0 + ub)
     np.testing.assert_allclose(np.asarray(got["kernel"][i]), mk, atol=1e-5)
     np.testing.assert_allclose(np.asarray(got["bias"][i]), mb, atol=1e-5)
   # the straggler's momentum buffer stayed at zero: no gradient step at all

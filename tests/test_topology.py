@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from nbsgd_jax import config as config_lib
 from nbsgd_jax import topology
 
 NS = (1, 2, 3, 8, 16)
@@ -142,7 +143,7 @@ def test_star_closed_form(n):
 
 def test_two_workers_all_weights_average_exactly():
   for weights in topology.WEIGHTS:
-    for name in topology.TOPOLOGIES:
+    for name in sorted(set(topology.TOPOLOGIES) - set(topology.FIXED_SIZE)):
       topo = topology.make(name, 2, weights, p=1.0)
       assert topo.edges == ((0, 1),)
       np.testing.assert_allclose(topo.mixing_matrix, np.full((2, 2), 0.5), atol=1e-15)
@@ -150,7 +151,7 @@ def test_two_workers_all_weights_average_exactly():
 
 def test_single_worker():
   for weights in topology.WEIGHTS:
-    for name in topology.TOPOLOGIES:
+    for name in sorted(set(topology.TOPOLOGIES) - set(topology.FIXED_SIZE)):
       topo = topology.make(name, 1, weights, p=0.5)
       assert topo.edges == () and topo.mean_degree == 0.0
       np.testing.assert_array_equal(topo.mixing_matrix, [[1.0]])
@@ -312,3 +313,20 @@ def test_from_edges_degenerate():
 def test_bad_inputs(call, match):
   with pytest.raises(ValueError, match=match):
     call()
+
+
+def test_matcha_graph0_is_matchas_base_graph():
+  # JYWa/MATCHA util.py select_graph(0), as its list of matchings
+  matchings = [[(1, 5), (6, 7), (0, 4), (2, 3)], [(1, 7), (3, 6)], [(1, 0), (3, 7), (5, 6)],
+               [(1, 2), (7, 0)], [(3, 1)]]
+  want = {tuple(sorted(e)) for m in matchings for e in m}
+  t = topology.make("matcha_graph0", 8)
+  assert {tuple(sorted(e)) for e in t.edges} == want and len(want) == 12
+  assert topology.is_connected(8, t.edges)
+  with pytest.raises(ValueError, match="num_workers=16"):
+    topology.make("matcha_graph0", 16)
+  errs = []
+  cfg = config_lib.default_config()
+  cfg.topology, cfg.num_workers = "matcha_graph0", 16
+  topology.check_config(cfg, errs)
+  assert errs and "matcha_graph0" in errs[0]

@@ -72,12 +72,14 @@ def _logreg_grads_numpy(kernel, bias, x, y):
   return x.T @ p / len(y), p.mean(0)
 
 
-@pytest.mark.parametrize("topo", ["ring", "complete"])
-def test_dpsgd_matches_dense_numpy(topo):
-  """D-PSGD (Lian et al. Eq. 2): X <- W X - lr G(X), with a numpy logistic regression."""
+@pytest.mark.parametrize("topo,order", [("ring", "parallel"), ("complete", "parallel"),
+                                        ("ring", "atc"), ("complete", "atc")])
+def test_dpsgd_matches_dense_numpy(topo, order):
+  """D-PSGD with a numpy logistic regression: ``parallel`` is Lian et al. 2017 Eq. 2,
+  X <- W X - lr G(X); ``atc`` (adapt then combine, MATCHA's train_mpi.py) is X <- W (X - lr G(X))."""
   n, lr, steps = 5, 0.5, 3
   cfg = small_cfg(algorithm="dpsgd", model="logreg", topology=topo, num_workers=n,
-                  momentum=0.0, learning_rate=lr)
+                  momentum=0.0, learning_rate=lr, **{"dpsgd.order": order})
   s, state, _ = run_steps(cfg, steps)
   params0 = train.init_state(s).params["params"]["Dense_0"]
   k = np.asarray(params0["kernel"], np.float64)
@@ -96,8 +98,12 @@ def test_dpsgd_matches_dense_numpy(topo):
       a, c = _logreg_grads_numpy(k[i], b[i], images[i, idx], labels[i, idx])
       gk.append(a)
       gb.append(c)
-    k = np.einsum("ij,jab->iab", w, k) - lr * np.stack(gk)
-    b = w @ b - lr * np.stack(gb)
+    if order == "parallel":
+      k = np.einsum("ij,jab->iab", w, k) - lr * np.stack(gk)
+      b = w @ b - lr * np.stack(gb)
+    else:
+      k = np.einsum("ij,jab->iab", w, k - lr * np.stack(gk))
+      b = w @ (b - lr * np.stack(gb))
   got = state.params["params"]["Dense_0"]
   np.testing.assert_allclose(np.asarray(got["kernel"]), k, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(np.asarray(got["bias"]), b, rtol=1e-4, atol=1e-5)
@@ -191,3 +197,21 @@ def test_train_on_mesh_backend_matches_simulate():
   for a, b in zip(mesh["history"], sim["history"]):
     for key in ("train_loss", "test_loss", "test_accuracy", "consensus_distance", "bytes_sent"):
       assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+
+
+def test_stop_knobs_end_training_where_the_full_run_crosses_them():
+  """``stop_train_loss`` / ``stop_sim_time`` end the run at the first evaluation of the full
+  (unstopped) run that crosses them, with the same history up to there."""
+  kw = dict(num_steps=20, eval_every=5, learning_rate=0.05,
+            **{"cluster.scenario": "lognormal", "cluster.spread": 0.5})
+  full = train.train(small_cfg(**kw))
+  hist = full["history"]
+  assert full["steps"] == 20 and full["stopped"] is None
+  for key, field, value, crossed in (
+      ("stop_train_loss", "train_loss", hist[2]["train_loss"], lambda h, v: h <= v),
+      ("stop_sim_time", "sim_time", hist[3]["sim_time"], lambda h, v: h >= v)):
+    want = next(h["step"] for h in hist[1:] if crossed(h[field], value))
+    got = train.train(small_cfg(**kw, **{key: value}))
+    assert got["steps"] == want < 20 and got["stopped"] == field, (key, got["steps"], want)
+    chex.assert_trees_all_close([h[field] for h in got["history"]],
+                                [h[field] for h in hist if h["step"] <= want], rtol=1e-6)

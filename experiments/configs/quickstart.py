@@ -4,9 +4,9 @@
 
 8 simulated workers, D-PSGD on a ring, as ``experiments/configs/mnist.py``, but the MLP
 (784-256-10) for 200 steps (about 10 s of training on a laptop CPU) with an evaluation every
-20 steps, on a simulated cluster with stragglers: worker speeds lognormal (sigma 0.3), 10 ms
-per mini-batch, and a delay of Exponential(50 ms) on 10% of the mini-batches, so that
-blocking and non-blocking runs differ in simulated time.
+20 steps, on a simulated cluster with stragglers: worker speeds lognormal (sigma 0.3), 40 ms
+per batch of 32 at speed 1, and a delay of Exponential(50 ms) on 10% of the workers' steps
+(``docs/clock.md``), so that blocking and non-blocking runs differ in simulated time.
 """
 
 from nbsgd_jax.config import default_config

@@ -128,7 +128,8 @@ class Workload(HostPart):
   Inputs: ``count`` int32 ``[n]`` (``M`` when blocking; 0 for a failed worker), ``total``
   (their sum), and the host-only ``compute`` (seconds of computation of each worker in the
   step, plus ``step_overhead``) and ``deadline`` (seconds; ``inf`` when blocking). A failed
-  worker computes nothing and sets no deadline.
+  worker computes nothing and sets no deadline. Record: ``minibatch_fraction``, the
+  mini-batches counted so far over ``n M`` per step (1 for a blocking run without failures).
 
   Args:
     cluster: the :class:`~nbsgd_jax.cluster.Cluster`.
@@ -159,6 +160,7 @@ class Workload(HostPart):
     self.rule = cluster_lib.check_deadline(cluster, cluster_lib.parse_deadline(deadline))
     self.history = cluster_lib.DeadlineHistory(cluster.n, self.rule, adaptive_k, window)
     self.primary, self.step_overhead = primary, float(step_overhead)
+    self.counted = self.offered = 0  # mini-batches counted / the n M of every step so far
 
   def _group(self, step, inputs):
     if self.group != "neighbours" or self.primary is None or not inputs.get("period_end", True):
@@ -196,12 +198,22 @@ class Workload(HostPart):
     inputs["total"] = np.int32(count.sum())
     inputs["compute"] = compute
     inputs["deadline"] = dl
+    self.counted += int(count.sum())
+    self.offered += n * cl.num_minibatches
+
+  def record(self):
+    return {"minibatch_fraction": self.counted / max(self.offered, 1)}
 
   def state_dict(self):
-    return self.history.state_dict() if self.rule == "adaptive" else None
+    d = {"counted": self.counted, "offered": self.offered}
+    if self.rule == "adaptive":
+      d["history"] = self.history.state_dict()
+    return d
 
   def load_state_dict(self, d):
-    self.history.load_state_dict(d)
+    if "history" in d:
+      self.history.load_state_dict(d["history"])
+    self.counted, self.offered = int(d.get("counted", 0)), int(d.get("offered", 0))
 
 
 class Clock(HostPart):

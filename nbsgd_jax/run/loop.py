@@ -146,7 +146,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
   ``consensus_distance``, ``bytes_sent`` (bytes per worker, cumulative), ``rounds``
   (communication rounds so far) and, for decentralized recipes, ``worker_test_accuracy``),
   ``workdir/steps.jsonl`` (per step, with consensus control or ``consensus.log_every_step``)
-  and ``workdir/summary.json`` (with ``periods`` for periodic recipes). ``wall_time`` counts
+  and ``workdir/summary.json`` (with ``periods`` for periodic recipes, ``steps`` taken and
+  ``stopped``: ``"sim_time"`` / ``"train_loss"`` where ``cfg.stop_sim_time`` /
+  ``cfg.stop_train_loss`` ended training at an evaluation before ``num_steps``, else None). ``wall_time`` counts
   the training steps (compilation included), not evaluation, hooks or host measurements.
 
   Args:
@@ -201,7 +203,8 @@ def _run(cfg, workdir, hooks, stack) -> dict:
       watch.off_clock(run.state, lambda hook=hook: hook(step, run.state, s))
 
   watch.resume()
-  for step in range(start, cfg.num_steps):
+  done, stopped = start, stop_reason(cfg, rec) if start else None
+  for step in range(start, cfg.num_steps if stopped is None else start):
     run_hooks(step)
     run.step(step)
     done = step + 1
@@ -210,17 +213,33 @@ def _run(cfg, workdir, hooks, stack) -> dict:
       rec = run.evaluate(done)
       bar.set_postfix({k: f"{rec[k]:.4g}" for k in ("train_loss", "test_accuracy", "gap")
                        if k in rec})
-      if ckpt is not None and done % cfg.checkpoint_every == 0 and done < cfg.num_steps:
+      stopped = stop_reason(cfg, rec)
+      if (ckpt is not None and done % cfg.checkpoint_every == 0 and done < cfg.num_steps
+          and stopped is None):
         ckpt.save(done, run.state, {"host": host.state_dict(), "wall": watch.seconds})
       watch.resume()
     bar.update(1)
+    if stopped is not None:
+      break
   watch.pause(run.state)
-  run_hooks(cfg.num_steps)
-  return _summary(cfg, s, run, rec)
+  run_hooks(done)
+  return _summary(cfg, s, run, rec, done, stopped)
 
 
-def _summary(cfg, s, run: Run, rec: dict) -> dict:
-  """The last evaluation plus the run's facts; written to ``summary.json``."""
+def stop_reason(cfg, rec: dict) -> Optional[str]:
+  """Why training stops after the evaluation ``rec`` before ``num_steps``: ``"sim_time"``
+  (``rec["sim_time"] >= cfg.stop_sim_time`` s), ``"train_loss"`` (``rec["train_loss"] <=
+  cfg.stop_train_loss``), or None (go on; a knob at 0 is off)."""
+  if cfg.stop_sim_time > 0 and rec["sim_time"] >= cfg.stop_sim_time:
+    return "sim_time"
+  if cfg.stop_train_loss > 0 and rec["train_loss"] <= cfg.stop_train_loss:
+    return "train_loss"
+  return None
+
+
+def _summary(cfg, s, run: Run, rec: dict, steps: int, stopped: Optional[str]) -> dict:
+  """The last evaluation plus the run's facts (``steps`` taken, ``stopped``: why before
+  ``num_steps``, or None); written to ``summary.json``."""
   params = run.state.params  # sizes from shapes: indexing a mesh-sharded worker needs a gather
   periods = {}
   if s.recipe.periodic:
@@ -234,8 +253,9 @@ def _summary(cfg, s, run: Run, rec: dict) -> dict:
              **periods, **s.task.facts,
              "time_per_example": cluster.time_per_example,
              "time_per_example_measured": bool(cfg.cluster.measure_time_per_example),
-             "bytes_per_step": rec["bytes_sent"] / cfg.num_steps if cfg.num_steps else 0.0,
-             "samples_per_second": (cfg.num_steps * cfg.batch_size * cfg.num_workers / wall
+             "steps": steps, "stopped": stopped,
+             "bytes_per_step": rec["bytes_sent"] / steps if steps else 0.0,
+             "samples_per_second": (steps * cfg.batch_size * cfg.num_workers / wall
                                     if wall > 0 else None)}
   run.records.summary(summary)
   summary["history"] = list(run.records.history)

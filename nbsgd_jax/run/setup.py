@@ -49,11 +49,19 @@ class TrainState(NamedTuple):
 
 
 def make_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
-  """Learning rate per step: optional linear warm-up, then constant, cosine decay to 0, or
+  """Learning rate per step: optional linear warm-up, then constant, cosine decay to 0,
   inverse time ``learning_rate * t0 / (t + t0)``, ``t0 = lr_time_scale`` (the step sizes of
-  the PL analyses, e.g. Haddadpour et al. 2019: ``2 / (mu (t + a))``)."""
+  the PL analyses, e.g. Haddadpour et al. 2019: ``2 / (mu (t + a))``), or step decays
+  (``lr_decay`` at each of ``lr_milestones`` x ``num_steps``, counted from step 0; Goyal et
+  al. 2017; the phases of Kong et al. 2021)."""
   decay_steps = max(cfg.num_steps - cfg.warmup_steps, 1)
-  if cfg.lr_schedule == "cosine":
+  if cfg.lr_schedule == "step":
+    bounds: dict = {}
+    for f in cfg.lr_milestones:  # two milestones on one step decay twice there
+      b = max(milestone_step(cfg, f) - cfg.warmup_steps, 1)
+      bounds[b] = bounds.get(b, 1.0) * cfg.lr_decay
+    main = optax.piecewise_constant_schedule(cfg.learning_rate, bounds)
+  elif cfg.lr_schedule == "cosine":
     main = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps)
   elif cfg.lr_schedule == "inverse_time":  # eta_t = eta t0 / (t + t0), e.g. 2 / (mu (t + a))
     lr, t0 = cfg.learning_rate, float(cfg.lr_time_scale)
@@ -64,6 +72,12 @@ def make_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
     warm = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
     return optax.join_schedules([warm, main], [cfg.warmup_steps])
   return main
+
+
+def milestone_step(cfg: ml_collections.ConfigDict, fraction: float) -> int:
+  """The first step (0-based) with the decayed rate of the milestone at ``fraction`` of
+  ``num_steps``: ``round(fraction * num_steps)``."""
+  return int(round(fraction * cfg.num_steps))
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -381,7 +395,8 @@ def _targets(cfg) -> host_lib.Targets:
   try:
     if cs.critical:
       schedule = consensus_lib.CriticalTarget(cfg.num_workers, cs.critical_scale, cs.smoothness,
-                                              cs.until_step, cs.critical_ema)
+                                              cs.until_step, cs.critical_ema,
+                                              cs.critical_form)
     else:
       schedule = consensus_lib.TargetSchedule(cs.target, cs.target_ratio, cs.reference_workdir,
                                               cs.until_step)

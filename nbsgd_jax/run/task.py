@@ -147,15 +147,24 @@ class Task(NamedTuple):
   facts: dict
 
 
+def train_loss_examples(num: int, count: int, seed: int) -> np.ndarray:
+  """The indices (int ``[min(count, num)]``) of the training examples behind ``train_loss``:
+  a uniform sample without replacement from a stream of its own
+  (``SeedSequence(seed, spawn_key=(2,))``). It must not share the partition's stream
+  (``default_rng(seed)``): the first draws of that permutation are workers 0 and 1's iid
+  shards, so the loss would be measured on their data only."""
+  rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,)))
+  return rng.permutation(num)[:min(count, num)]
+
+
 def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData, model,
                         backend, decentralized: bool) -> Task:
   """Image classification with a flax model: cross-entropy on batches drawn without
   replacement (:func:`worker_batch`); evaluation of the averaged model on the test set and
-  on ``eval_train_examples`` fixed training examples."""
+  on ``eval_train_examples`` fixed training examples (:func:`train_loss_examples`)."""
   from nbsgd_jax.run import evaluation as ev
   capacity = worker_data.labels.shape[1]
-  sub = np.random.default_rng(cfg.seed).permutation(len(dataset.train_labels))
-  sub = sub[:min(cfg.eval_train_examples, len(sub))]
+  sub = train_loss_examples(len(dataset.train_labels), cfg.eval_train_examples, cfg.seed)
   eval_data = backend.replicate((ev.chunked(dataset.test_images, dataset.test_labels, 500),
                                  ev.chunked(dataset.train_images[sub],
                                             dataset.train_labels[sub], 500)))

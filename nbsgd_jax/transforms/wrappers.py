@@ -8,7 +8,10 @@
 * :func:`gossip_step`: decentralized SGD, D-PSGD (Lian et al., NeurIPS 2017, Algorithm 1) with
   any gossip communication: ``order="parallel"`` (their Eq. (2)) ``x_i <- sum_j W_ij x_j + u_i``
   (the exchange of x does not depend on the gradient, so it overlaps the computation) or
-  ``"atc"`` (adapt-then-combine, as in BlueFog) ``x_i <- sum_j W_ij (x_j + u_j)``.
+  ``"atc"`` (adapt-then-combine) ``x_i <- sum_j W_ij (x_j + u_j)``: the local step, then the
+  gossip, as the reference codes do (JYWa/MATCHA train_mpi.py: ``optimizer.step()`` then
+  ``communicator.communicate(model)``; BlueFog; Koloskova et al. 2020, Algorithm 1), and the
+  default (``dpsgd.order``; both measured in ``docs/nonblocking.md``).
 * :func:`periodic`: local steps with a synchronisation at the end of every period (the host's
   planner sets ``ctx.period_end``): local SGD / LUPA-SGD (Haddadpour et al., NeurIPS 2019,
   Algorithm 1) with :func:`average_models`, DiLoCo (Douillard et al. 2023, Algorithm 1) with
@@ -87,7 +90,7 @@ def via_anchor(reducer: WorkerTransform) -> WorkerTransform:
 # ----------------------------------------------------------------------------- gossip
 
 
-def gossip_step(local, gossip, order: str = "parallel") -> WorkerTransform:
+def gossip_step(local, gossip, order: str = "atc") -> WorkerTransform:
   """Decentralized SGD (module docstring): the local transform ``local`` (e.g. an optax
   optimizer; its updates ``u_i`` from this worker's gradient) and one round of ``gossip``.
 
