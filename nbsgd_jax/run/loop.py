@@ -148,8 +148,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
   ``workdir/steps.jsonl`` (per step, with consensus control or ``consensus.log_every_step``)
   and ``workdir/summary.json`` (with ``periods`` for periodic recipes, ``steps`` taken and
   ``stopped``: ``"sim_time"`` / ``"train_loss"`` where ``cfg.stop_sim_time`` /
-  ``cfg.stop_train_loss`` ended training at an evaluation before ``num_steps``, else None). ``wall_time`` counts
-  the training steps (compilation included), not evaluation, hooks or host measurements.
+  ``cfg.stop_train_loss`` ended training at an evaluation before ``num_steps``, else None).
+  ``wall_time`` counts the training steps (compilation included), not evaluation, hooks or
+  host measurements.
 
   Args:
     cfg: a config from :func:`nbsgd_jax.config.default_config` (possibly changed).
@@ -203,8 +204,10 @@ def _run(cfg, workdir, hooks, stack) -> dict:
       watch.off_clock(run.state, lambda hook=hook: hook(step, run.state, s))
 
   watch.resume()
-  done, stopped = start, stop_reason(cfg, rec) if start else None
-  for step in range(start, cfg.num_steps if stopped is None else start):
+  done, stopped = start, (stop_reason(cfg, rec) if start else None)  # a resumed run
+  for step in range(start, cfg.num_steps):
+    if stopped is not None:
+      break
     run_hooks(step)
     run.step(step)
     done = step + 1
@@ -219,8 +222,6 @@ def _run(cfg, workdir, hooks, stack) -> dict:
         ckpt.save(done, run.state, {"host": host.state_dict(), "wall": watch.seconds})
       watch.resume()
     bar.update(1)
-    if stopped is not None:
-      break
   watch.pause(run.state)
   run_hooks(done)
   return _summary(cfg, s, run, rec, done, stopped)
