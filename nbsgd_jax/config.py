@@ -174,6 +174,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.streaming_diloco = ml_collections.ConfigDict()  # Streaming DiLoCo (Douillard et al. 2025)
   c.streaming_diloco.fragments = 2  # P: contiguous groups of parameter arrays, one synchronised
                                     # every diloco.inner_steps / P steps (P must divide H)
+  c.streaming_diloco.delay = 0   # tau: inner steps a fragment's all-reduce overlaps (0: none;
+                                 # 0 <= tau < H / P)
+  c.streaming_diloco.alpha = 0.0  # mixing factor at landing: x <- alpha x + (1 - alpha) global
   c.diloco = ml_collections.ConfigDict()  # DiLoCo (Douillard et al. 2023)
   c.diloco.inner_steps = 50      # H: inner steps per round
   c.diloco.outer_lr = 0.7        # outer SGD learning rate

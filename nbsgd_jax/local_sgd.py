@@ -42,6 +42,8 @@ and lasts ``tau_i`` steps; the workers synchronise after step ``s_i + tau_i - 1`
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from typing import Optional
 
@@ -185,26 +187,48 @@ def _is_int(x) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
 
+@dataclasses.dataclass(frozen=True)
+class FragmentSync:
+  """What Streaming DiLoCo's synchronisation does after a step (a static, hashable
+  ``ctx.period_end``): ``launch`` the all-reduce of fragment ``fragment``'s pseudo-gradient,
+  and/or ``land`` it (the outer step and the merge). Without overlap both in one step."""
+
+  fragment: int
+  launch: bool = True
+  land: bool = True
+
+
 class FragmentPlanner(SyncPlanner):
   """Streaming DiLoCo's staggered schedule (Douillard et al. 2025): one fragment synchronises
-  every ``H / P`` steps, in turn, so each fragment every ``H`` steps. :meth:`sync_now` returns
-  ``p + 1`` (fragment ``p`` synchronises after this step) or 0; ``P = 1`` is DiLoCo's period H.
+  every ``H / P`` steps, in turn, so each fragment every ``H`` steps; with overlap
+  (``delay`` = tau > 0) its all-reduce is launched tau steps before (the schedule of
+  pytorch/torchft's ``StreamingDiLoCo``, ``fragment_sync_delay``). :meth:`sync_now` returns a
+  :class:`FragmentSync` or 0; ``P = 1`` and tau = 0 is DiLoCo's period H.
 
   Raises:
-    ValueError: ``P`` does not divide ``H``.
+    ValueError: ``P`` does not divide ``H``, or tau is not in ``[0, H / P)``.
   """
 
-  def __init__(self, inner_steps: int, fragments: int):
+  def __init__(self, inner_steps: int, fragments: int, delay: int = 0):
     if inner_steps % fragments:
       raise ValueError(f"streaming_diloco.fragments={fragments} is not allowed with "
                        f"diloco.inner_steps={inner_steps}: it must divide H")
-    super().__init__("fixed", inner_steps // fragments)
-    self.fragments = int(fragments)
+    every = inner_steps // fragments
+    if not 0 <= delay < every:
+      raise ValueError(f"streaming_diloco.delay={delay} is not allowed with H / P = {every}: "
+                       f"a fragment's all-reduce must land before the next one starts "
+                       f"(0 <= tau < {every})")
+    super().__init__("fixed", every)
+    self.fragments, self.delay, self.every = int(fragments), int(delay), every
 
-  def sync_now(self, step: int) -> int:
-    if not super().sync_now(step):
-      return 0
-    return (len(self.sync_steps) - 1) % self.fragments + 1
+  def sync_now(self, step: int):
+    land = super().sync_now(step)
+    if land:
+      return FragmentSync((len(self.sync_steps) - 1) % self.fragments, not self.delay, True)
+    k, r = divmod(step + 1 + self.delay, self.every)
+    if self.delay and r == 0:
+      return FragmentSync((k - 1) % self.fragments, True, False)
+    return 0
 
 
 def linear_alpha(num_comm: int, num_steps: int, tau: int) -> float:

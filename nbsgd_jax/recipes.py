@@ -340,13 +340,16 @@ def diloco(b: Builder) -> Recipe:
 @register("streaming_diloco")
 def streaming_diloco(b: Builder) -> Recipe:
   """Streaming DiLoCo (Douillard et al. 2025): DiLoCo whose P fragments synchronise in turn,
-  one every H / P steps (``diloco.*`` as DiLoCo, ``streaming_diloco.fragments`` = P)."""
+  one every H / P steps (``diloco.*`` as DiLoCo, ``streaming_diloco.fragments`` = P), each
+  all-reduce overlapping ``streaming_diloco.delay`` = tau inner steps, merged with mixing
+  factor ``streaming_diloco.alpha``."""
   from nbsgd_jax.local_sgd import FragmentPlanner
-  h, p = b.cfg.diloco.inner_steps, b.cfg.streaming_diloco.fragments
+  h, c = b.cfg.diloco.inner_steps, b.cfg.streaming_diloco
   comm = b.allreduce()
-  sync = T.streaming_outer_step(b.delta_reducer(comm), _outer(b.cfg), p)
+  sync = T.streaming_outer_step(b.delta_reducer(comm), _outer(b.cfg), c.fragments, c.delay,
+                                c.alpha)
   return Recipe(T.periodic(b.optimizer("local"), sync), decentralized=True, primary=comm,
-                planner=lambda offset: FragmentPlanner(h, p))
+                planner=lambda offset: FragmentPlanner(h, c.fragments, c.delay))
 
 
 # ----------------------------------------------------------------------------- assembly

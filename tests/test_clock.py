@@ -167,6 +167,35 @@ def test_allreduce_round_is_lockstep():
   np.testing.assert_allclose(out, [5.0, 5.0, 5.0])
 
 
+@pytest.mark.parametrize("latency,expected", [(5.0, [12.0, 12.0, 13.0, 14.0]),
+                                              (1.0, [4.0, 6.0, 5.0, 8.0])])
+def test_a_deferred_round_is_waited_for_only_tau_steps_later(latency, expected):
+  """Streaming DiLoCo's overlap (tau = 2): two workers, compute [1, 2] s a step, an all-reduce
+  launched after step 0 of 2 (n - 1) = 2 messages: it starts at max(1, 2) = 2 and arrives at
+  2 + 2 latency. The workers go on (clocks [1, 2] -> [2, 4] -> [3, 6]) and wait for it at the
+  end of step 2: latency 5 -> max([3, 6], 12) = [12, 12], then [13, 14] after step 3;
+  latency 1 -> max([3, 6], 4) = [4, 6], then [5, 8]."""
+  c = cl.make_cluster(2, 1, slowdown=[1.0, 2.0], time_per_example=1.0, batch_size=1,
+                      latency=latency, bandwidth=1e30)
+  comm = AllReduce(2, key="allreduce").deferred(2)
+  clock = host_lib.Clock(c, [comm])
+  inputs = {"compute": np.array([1.0, 2.0]), "active": np.zeros(1, bool)}
+  launch = {"bytes/allreduce": np.zeros(2), "rounds/allreduce": np.ones(2, np.int32)}
+  clock.observe(0, inputs, launch, None)
+  np.testing.assert_allclose(clock.clocks, [1.0, 2.0])  # nobody waits at the launch
+  clock.observe(1, inputs, {}, None)
+  np.testing.assert_allclose(clock.clocks, [2.0, 4.0])
+  saved = clock.state_dict()
+  clock.observe(2, inputs, {}, None)
+  after2 = clock.clocks.copy()
+  clock.observe(3, inputs, {}, None)
+  np.testing.assert_allclose(np.concatenate([after2, clock.clocks]), expected)
+  resumed = host_lib.Clock(c, [comm])  # a checkpoint between launch and landing keeps it
+  resumed.load_state_dict(json.loads(json.dumps(saved)))
+  resumed.observe(2, inputs, {}, None)
+  np.testing.assert_allclose(resumed.clocks, after2)
+
+
 def test_parallel_dpsgd_step_on_a_ring_costs_max_of_compute_and_comm():
   """Homogeneous ring, no delays: a parallel D-PSGD step costs max(B tau, comm), an atc step
   B tau + comm (comm = 2 latency + 2 S / bandwidth)."""

@@ -101,9 +101,12 @@ def test_composition_cell(algorithm, nonblocking, compression, failures, control
 def test_every_codec_composes_with_nonblocking_and_failures(algorithm, codec):
   """The other codecs in the places top_k goes (and in CHOCO), under Non-blocking SGD and
   failures: device bytes == clock bytes at every step (run_cell)."""
+  overlap = ({"diloco.inner_steps": 4, "streaming_diloco.delay": 1}
+             if algorithm == "streaming_diloco" else {})  # launch, land, launch, land
   cfg = cell_cfg(algorithm, True, True, True, False, **{"compression.name": codec,
                                                         "compression.rank": 1,
-                                                        "compression.bucket_size": 64})
+                                                        "compression.bucket_size": 64},
+                 **overlap)
   state, host = run_cell(cfg)
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state.params))
   assert host.record()["bytes_sent"] > 0

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from nbsgd_jax import codecs, compression, topology
+from nbsgd_jax import codecs, compression, topology, train
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip
@@ -135,6 +135,45 @@ def test_choco_sgd_time_varying_sends_to_the_union_of_neighbours():
   union = np.any([(p != 0) & ~np.eye(8, dtype=bool) for p in phases], axis=0)
   for t in range(topo.period):
     np.testing.assert_array_equal(g.pattern(t, None).messages, union.sum(1))
+
+
+@pytest.mark.parametrize("runner", ["vmap", "mesh"])
+def test_choco_sgd_on_a_time_varying_topology_matches_algorithm_2(runner):
+  """Algorithm 2 with W_t (one-peer exponential graph, n = 8, period 3): the same recursion
+  as above with w_ij replaced by W_t's; every step's x_hat updates are sent to the union of
+  the phases' neighbours (3 here), so every public copy stays exact."""
+  n = 8
+  a, b, x0 = _problem(n, seed=4)
+  topo = topology.make("one_peer_exponential", n)
+  phases = [topo.mixing_matrix_at(t) for t in range(topo.period)]
+  gamma, density = 0.5, 0.25
+  k = compression.num_selected(DIM, density)
+  t = D.choco_sgd(optax.sgd(LR), CompressedGossip(phases), codecs.make_codec("top_k",
+                                                                           density=density),
+                  gamma)
+  xs, _, sent = _drive(t, a, b, x0, runner, steps=7)
+  x, xh = x0.astype(np.float64), np.zeros((n, DIM))
+  for step in range(7):
+    w = phases[step % len(phases)]
+    half = x - LR * _grad_np(a, b, x)
+    xh = xh + _top_rows(half - xh, k)
+    x = half + gamma * (w @ xh - xh)  # sum_j w_ij (x_hat_j - x_hat_i), rows of W sum to 1
+    np.testing.assert_allclose(xs[step + 1], x, rtol=2e-5, atol=2e-5, err_msg=f"step {step}")
+  np.testing.assert_allclose(sent[-1], 3 * k * 8.0)  # log2(8) peers over a period
+
+
+def test_choco_sgd_trains_on_a_time_varying_topology():
+  """Through train(): CHOCO with top_k on the one-peer exponential graph learns (test accuracy
+  well above chance) and sends k (value, index) pairs to each of log2(n) peers a step."""
+  from tests.test_train import small_cfg
+  cfg = small_cfg(algorithm="choco_sgd", num_workers=8, num_steps=40, eval_every=40,
+                  learning_rate=0.1, topology="one_peer_exponential",
+                  **{"compression.name": "top_k", "compression.density": 0.05,
+                     "choco.gamma": 0.2})
+  out = train.train(cfg)
+  k = compression.num_selected(out["model_params"], 0.05)
+  assert out["bytes_sent"] == pytest.approx(40 * 3 * k * 8.0, rel=1e-6)
+  assert out["test_accuracy"] > 0.6 and out["history"][0]["test_accuracy"] < 0.2
 
 
 @pytest.mark.parametrize("gamma", [0.0, 1.5, -0.1])
@@ -386,11 +425,14 @@ def test_powersgd_bad_rank_and_choco_refuses_it():
 
 
 @pytest.mark.parametrize("runner", ["vmap", "mesh"])
-@pytest.mark.parametrize("n,fragments", [(2, 2), (5, 3), (8, 1)])
-def test_streaming_diloco_syncs_one_fragment_in_turn(n, fragments, runner):
-  """Douillard et al. 2025 (no overlap), transcribed: inner SGD on every worker; after every
-  H / P steps the next fragment (in turn) takes an outer Nesterov step on its pseudo-gradient
-  anchor_p - mean_w x_w[p], and every worker restarts that fragment from the new anchor."""
+@pytest.mark.parametrize("n,fragments,delay,alpha", [(2, 2, 0, 0.0), (5, 3, 1, 0.25),
+                                                     (8, 1, 0, 0.0), (2, 2, 2, 0.0)])
+def test_streaming_diloco_syncs_one_fragment_in_turn(n, fragments, delay, alpha, runner):
+  """Douillard et al. 2025, transcribed in the loop of pytorch/torchft's StreamingDiLoCo
+  (``_step_post_hook``): inner SGD on every worker; a counter of local steps; at
+  ``H / P - tau`` the current fragment's pseudo-gradient anchor_p - mean_w x_w[p] is
+  reduced; at ``H / P`` that fragment takes an outer Nesterov step and every worker merges
+  lerp(global, local, alpha); the counter restarts and the next fragment (in turn) follows."""
   from nbsgd_jax.local_sgd import FragmentPlanner
   h, mu, outer_lr, steps = 6, 0.9, 0.7, 14
   rng = np.random.default_rng(n)
@@ -401,8 +443,8 @@ def test_streaming_diloco_syncs_one_fragment_in_turn(n, fragments, runner):
         for k, s in enumerate(sizes)}  # one initial model, as in training
   outer = optax.sgd(outer_lr, momentum=mu, nesterov=True)
   t = T.periodic(optax.sgd(LR), T.streaming_outer_step(T.mean_of(AllReduce(n), "alive"), outer,
-                                                       fragments))
-  planner = FragmentPlanner(h, fragments)
+                                                       fragments, delay, alpha))
+  planner = FragmentPlanner(h, fragments, delay)
   flags = [planner.sync_now(k) for k in range(steps)]
 
   def step(carry, flag):
@@ -411,8 +453,8 @@ def test_streaming_diloco_syncs_one_fragment_in_turn(n, fragments, runner):
                                             - b_i) ** 2))(x)
     ctx = StepContext(jnp.int32(0), jnp.int32(1), jnp.int32(n), jnp.zeros((1,), bool),
                       period_end=flag)
-    u, state, _ = t.update(g, state, x, ctx)
-    return optax.apply_updates(x, u), state
+    u, state, report = t.update(g, state, x, ctx)
+    return optax.apply_updates(x, u), state, report.get("bytes_sent", jnp.float32(0))
 
   programs = {f: _mapped(runner, lambda c, f=f: step(c, f), n) for f in set(flags)}
   x, state = {k: jnp.asarray(v) for k, v in x0.items()}, jax.vmap(t.init)(x0)
@@ -423,20 +465,45 @@ def test_streaming_diloco_syncs_one_fragment_in_turn(n, fragments, runner):
   cols = lambda g: np.concatenate([np.arange(bounds[k], bounds[k + 1]) for k in g])
   anchors = [xr[0, cols(g)].copy() for g in groups]
   moms = [np.zeros_like(v) for v in anchors]
+  every, local_step, synced, launched, pseudo = h // fragments, 0, 0, [], None
   for k, flag in enumerate(flags):
-    x, state = programs[flag]((x, state, jnp.asarray(a), jnp.asarray(b)))
+    x, state, sent = programs[flag]((x, state, jnp.asarray(a), jnp.asarray(b)))
     r = np.einsum("nmd,nd->nm", a, xr) - b
     xr = xr - LR * np.einsum("nmd,nm->nd", a, r) / a.shape[1]
-    if flag:
-      p = flag - 1
-      c = cols(groups[p])
-      delta = anchors[p] - xr[:, c].mean(0)
-      moms[p] = delta + mu * moms[p]
-      anchors[p] = anchors[p] - outer_lr * (delta + mu * moms[p])
-      xr[:, c] = anchors[p]
+    local_step += 1
+    p = synced % fragments
+    c = cols(groups[p])
+    if local_step == every - delay:  # prepare_sync
+      pseudo = anchors[p] - xr[:, c].mean(0)
+      launched.append(k)
+    assert (np.asarray(sent) > 0).all() == (launched[-1:] == [k]), k  # bytes at the launch
+    if local_step == every:  # perform_sync
+      moms[p] = pseudo + mu * moms[p]
+      anchors[p] = anchors[p] - outer_lr * (pseudo + mu * moms[p])
+      xr[:, c] = anchors[p] + alpha * (xr[:, c] - anchors[p])
+      local_step, synced = 0, synced + 1
     got = np.concatenate([np.asarray(x[f"p{j}"]) for j in range(3)], axis=1)
     np.testing.assert_allclose(got, xr, rtol=2e-5, atol=2e-5, err_msg=f"step {k}")
-  assert sum(1 for f in flags if f) == steps // (h // fragments)
+  assert synced == steps // every and len(launched) >= synced
+
+
+@pytest.mark.parametrize("latency,hidden", [(1e-3, 6e-3), (1.0, 8e-3)])
+def test_streaming_diloco_overlap_hides_the_allreduce_on_the_clock(latency, hidden):
+  """Same bytes and rounds with and without overlap; each of the 4 all-reduces (4 workers:
+  2 (n - 1) = 6 messages, infinite bandwidth: comm = 6 latency) runs behind tau = 1 inner
+  step of 8 examples x 1 ms, so the clock saves min(comm, 8 ms) a round: 6 ms (latency 1 ms)
+  or 8 ms (latency 1 s)."""
+  from tests.test_train import small_cfg
+  out = {}
+  for delay in (0, 1):
+    cfg = small_cfg(algorithm="streaming_diloco", num_steps=8, eval_every=8,
+                    **{"diloco.inner_steps": 4, "streaming_diloco.fragments": 2,
+                       "streaming_diloco.delay": delay, "cluster.latency": latency,
+                       "cluster.bandwidth": 1e30})
+    out[delay] = train.train(cfg)
+  assert out[0]["bytes_sent"] == out[1]["bytes_sent"] > 0
+  assert out[0]["rounds"] == out[1]["rounds"] == 4
+  assert out[0]["sim_time"] - out[1]["sim_time"] == pytest.approx(4 * hidden, rel=1e-9)
 
 
 def test_streaming_diloco_with_one_fragment_is_diloco():

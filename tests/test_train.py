@@ -152,8 +152,9 @@ def test_dpsgd_atc_on_complete_graph_equals_allreduce():
 def test_simulate_and_mesh_backends_agree(algorithm):
   cfg = dict(algorithm=algorithm, num_workers=8, num_steps=6)
   cfg["diloco.inner_steps"] = 3  # local SGD: tau = 4; both see local steps and a sync
-  if algorithm == "streaming_diloco":  # fragments in turn every H / P steps
+  if algorithm == "streaming_diloco":  # fragments in turn every H / P steps, tau = 1 late
     cfg["diloco.inner_steps"], cfg["streaming_diloco.fragments"] = 4, 2
+    cfg["streaming_diloco.delay"], cfg["streaming_diloco.alpha"] = 1, 0.5
   _, sim, ls = run_steps(small_cfg(backend="simulate", **cfg), 6)
   _, mesh, lm = run_steps(small_cfg(backend="mesh", **cfg), 6)
   assert len(jax.tree.leaves(mesh.params)[0].sharding.device_set) == 8

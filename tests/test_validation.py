@@ -99,6 +99,9 @@ CASES = [
     bad("compression.bucket_size", 2.5, **{"compression.name": "qsgd", "algorithm": "allreduce"}),
     bad("compression.rank", 0, **{"compression.name": "powersgd", "algorithm": "allreduce"}),
     bad("streaming_diloco.fragments", 0, algorithm="streaming_diloco"),
+    bad("streaming_diloco.delay", -1, algorithm="streaming_diloco"),
+    bad("streaming_diloco.delay", 25, algorithm="streaming_diloco"),  # H / P = 25
+    bad("streaming_diloco.alpha", 1.5, algorithm="streaming_diloco"),
     bad("choco.gamma", 0.0, algorithm="choco_sgd"),
     bad("choco.gamma", 1.5, algorithm="choco_sgd"),
     bad("d2.mixing", "half", algorithm="d2"),

@@ -115,3 +115,15 @@ def test_measured_counts_set_the_next_deadline():
   nxt: dict = {"step": 1}
   part.inputs(1, nxt, None)
   assert nxt["deadline"] == pytest.approx(0.02)
+
+
+def test_every_period_end_of_streaming_diloco_has_its_program_on_the_wall_clock():
+  """Streaming DiLoCo's period ends are FragmentSync values (fragment, launch, land), one
+  compiled update each on the wall clock too (one process, 8 workers)."""
+  cfg = small_cfg(algorithm="streaming_diloco", num_workers=8, num_steps=8, eval_every=8,
+                  backend="multihost", **{"cluster.clock": "wall", "diloco.inner_steps": 4,
+                                          "streaming_diloco.fragments": 2,
+                                          "streaming_diloco.delay": 1})
+  out = train.train(cfg)
+  assert out["rounds"] == 4 and out["periods"] == [2, 2, 2, 2]
+  assert math.isfinite(out["train_loss"]) and out["bytes_sent"] > 0

@@ -47,14 +47,16 @@ class Pattern(NamedTuple):
 
 
 class Round(NamedTuple):
-  """A round the clock charges: a :class:`Pattern`, the bytes (float ``[n]``) sent, and
-  whether it overlaps the step's computation (:attr:`Communication.overlap`)."""
+  """A round the clock charges: a :class:`Pattern`, the bytes (float ``[n]``) sent, whether it
+  overlaps the step's computation (:attr:`Communication.overlap`) and the steps its result
+  may arrive late (:attr:`Communication.delay`; 0: the step waits for it)."""
 
   adjacency: Optional[np.ndarray]
   messages: np.ndarray
   num_bytes: np.ndarray
   collective: bool = False
   overlap: bool = False
+  delay: int = 0
 
 
 class Communication(abc.ABC):
@@ -68,6 +70,7 @@ class Communication(abc.ABC):
   """
 
   overlap = False  # the round runs while the step computes (its input is the step's start)
+  delay = 0  # steps the round runs in the background before a step waits for its result
 
   def __init__(self, n: int, axis_name: Any = AXIS, key: str = "comm", weighted: bool = False):
     self.n, self.axis_name, self.key, self.weighted = int(n), axis_name, key, bool(weighted)
@@ -77,6 +80,20 @@ class Communication(abc.ABC):
     start: D-PSGD's ``parallel`` order gossips ``x_t`` while ``g(x_t)`` is computed)."""
     out = copy.copy(self)
     out.overlap = True
+    return out
+
+  def deferred(self, steps: int) -> "Communication":
+    """A copy whose rounds run in the background: the workers go on computing and wait for
+    the result only at the end of the ``steps``-th step after (Streaming DiLoCo's overlap of a
+    fragment's all-reduce with tau inner steps, Douillard et al. 2025, Sec. 2.3).
+
+    Raises:
+      ValueError: ``steps`` < 0.
+    """
+    if int(steps) < 0:
+      raise ValueError(f"deferred(steps={steps}) is not allowed: it must be >= 0")
+    out = copy.copy(self)
+    out.delay = int(steps)
     return out
 
   # -------------------------------------------------------------------- host half
@@ -113,7 +130,8 @@ class Communication(abc.ABC):
       return []
     pat = self.live_pattern(step, active, alive)
     per = np.asarray(report[f"bytes/{self.key}"], np.float64) / rounds
-    return [Round(pat.adjacency, pat.messages, per, pat.collective, self.overlap)] * rounds
+    return [Round(pat.adjacency, pat.messages, per, pat.collective, self.overlap,
+                  self.delay)] * rounds
 
   # -------------------------------------------------------------------- device half
 

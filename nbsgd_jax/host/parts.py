@@ -222,7 +222,10 @@ class Clock(HostPart):
   communications report (their ``clock_rounds``: who waits for whom, lockstep or point to
   point, whether it overlaps the computation, messages, and the bytes the device reported),
   with ``comm_i = latency * messages_i + bytes_i / bandwidth``. The step's computation enters
-  the first round; a step with no communication (a local step) only computes.
+  the first round; a step with no communication (a local step) only computes. A deferred
+  round (``Round.delay = tau > 0``: Streaming DiLoCo's overlapped all-reduce) starts like any
+  other but nobody waits for it until the end of step ``t + tau``: then
+  ``c_i <- max(c_i, arrival_i)``.
 
   Record: ``sim_time`` (s), the latest worker clock.
   """
@@ -232,6 +235,7 @@ class Clock(HostPart):
   def __init__(self, cluster, communications: Sequence):
     self.cluster, self.communications = cluster, list(communications)
     self.clocks = np.zeros(cluster.n)
+    self.pending: list = []  # [step the result is needed, arrival times [n]] of deferred rounds
 
   @property
   def sim_time(self) -> float:
@@ -247,30 +251,36 @@ class Clock(HostPart):
 
   def observe(self, step, inputs, report, probe):
     compute = np.asarray(inputs["compute"], np.float64)
-    rounds = self.rounds(step, inputs, report)
-    if not rounds:
-      n = self.cluster.n
-      self.clocks = self.clocks + compute
-    for r in rounds:
+    for r in self.rounds(step, inputs, report):
       comm = cluster_lib.comm_time(self.cluster, r.messages, r.num_bytes)
-      self.clocks = cluster_lib.advance_clocks(self.clocks, compute, comm, r.adjacency,
-                                               r.collective, r.overlap)
-      compute = np.zeros_like(compute)
+      done = cluster_lib.advance_clocks(self.clocks, compute, comm, r.adjacency,
+                                        r.collective, r.overlap)
+      if r.delay:
+        self.pending.append([step + int(r.delay), done.tolist()])
+        continue
+      self.clocks, compute = done, np.zeros_like(compute)
+    self.clocks = self.clocks + compute  # nothing waited for: the step only computed
+    arrived = [np.asarray(a) for due, a in self.pending if due == step]
+    self.pending = [p for p in self.pending if p[0] != step]
+    for a in arrived:
+      self.clocks = np.maximum(self.clocks, a)
     return None
 
   def record(self):
     return {"sim_time": self.sim_time}
 
   def state_dict(self):
-    return {"clocks": self.clocks.tolist()}
+    return {"clocks": self.clocks.tolist(), "pending": self.pending}
 
   def load_state_dict(self, d):
     self.clocks = np.asarray(d["clocks"], np.float64)
+    self.pending = [[int(due), list(a)] for due, a in d.get("pending", [])]
 
 
 class Totals(HostPart):
   """Bytes sent per worker (mean over workers, cumulative, float64) and communication rounds
-  (steps that communicated: every step, or the synchronisations of periodic recipes).
+  (steps that communicated: every step, or the synchronisations of periodic recipes; a
+  step that only receives a deferred result does not count).
 
   Record: ``bytes_sent``, ``rounds``.
   """
@@ -283,7 +293,8 @@ class Totals(HostPart):
   def observe(self, step, inputs, report, probe):
     if "bytes_sent" in report:
       self.bytes_sent += float(np.mean(np.asarray(report["bytes_sent"], np.float64)))
-    self.rounds += int(bool(inputs.get("period_end", True)))
+    sync = bool(inputs.get("period_end", True))
+    self.rounds += int(sync and any(k.startswith("rounds/") for k in report))
     return None
 
   def record(self):

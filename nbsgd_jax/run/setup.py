@@ -305,7 +305,7 @@ def make_train_step(s: Setup, host: host_lib.Host | None = None) -> Callable:
 
   def step(state, data, ctx, period_end=True, inputs=None):
     del inputs
-    key = int(period_end) if s.recipe.periodic else 1
+    key = period_end if s.recipe.periodic else True  # a static (hashable) period end
     if key not in programs:
       programs[key] = jax.jit(s.backend.spmd(make_worker_step(s, key)), donate_argnums=(0,))
     return programs[key](state, data, ctx)

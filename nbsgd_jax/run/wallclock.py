@@ -156,8 +156,8 @@ class WallClockStep:
 
     self._zeros = jax.jit(b.spmd(transforms.zero_sums))
     self._minibatch = jax.jit(b.spmd(minibatch))
-    self._update = {key: jax.jit(b.spmd(lambda *a, key=key: update(key, *a)),
-                                 donate_argnums=(0,)) for key in (True, False)}
+    self._update_fn = lambda key: jax.jit(b.spmd(lambda *a: update(key, *a)),
+                                          donate_argnums=(0,))  # one program per period end
     self._compiled: dict = {}
     self._index = [self._global(np.full(self.n, j, np.int32)) for j in range(m)]
 
@@ -181,7 +181,7 @@ class WallClockStep:
 
   def __call__(self, state, data, ctx, period_end: bool = True, inputs: Optional[dict] = None):
     step, deadline = int(inputs["step"]), float(inputs["deadline"])
-    key = int(period_end) if self.s.recipe.periodic else 1
+    key = period_end if self.s.recipe.periodic else True  # a static (hashable) period end
     sums = self._zeros(state.params)
     mb = self._program("minibatch", self._minibatch, state.params, data, state.step,
                        self._index[0], sums)
@@ -204,8 +204,9 @@ class WallClockStep:
     local[self.local] = (count, busy, last)
     counts = self._global(np.rint(local[:, 0]).astype(np.int32))
     measured = self._global(local)
-    program = self._program(("update", key), self._update[key], state, sums, counts, measured,
-                            ctx)
+    if ("update", key) not in self._compiled:
+      self._program(("update", key), self._update_fn(key), state, sums, counts, measured, ctx)
+    program = self._compiled[("update", key)]
     state, out, shared = program(state, sums, counts, measured, ctx)
     rows = np.asarray(shared.addressable_shards[0].data)[0].astype(np.float64)
     self.workload.measured(step, inputs, rows, time.perf_counter() - t0)

@@ -258,38 +258,69 @@ def fragment_leaves(num_leaves: int, fragments: int) -> list[list[int]]:
   return [list(map(int, g)) for g in np.array_split(np.arange(num_leaves), fragments)]
 
 
+class FragmentState(NamedTuple):
+  """State of one Streaming DiLoCo fragment: :class:`OuterState`'s fields for the fragment's
+  leaves and ``pending``, the reduced pseudo-gradient of an all-reduce launched and not yet
+  landed (overlap)."""
+
+  anchor: Any
+  outer: Any
+  reducer: Any
+  pending: Any
+
+
 def streaming_outer_step(reducer: WorkerTransform, outer: optax.GradientTransformation,
-                         fragments: int) -> Synchronisation:
-  """Streaming DiLoCo's synchronisation (Douillard et al. 2025, arXiv 2501.18512, Sec. 2.2,
-  without overlap): the synchronisation ``ctx.period_end = p + 1`` (static, from the host's
-  :class:`~nbsgd_jax.local_sgd.FragmentPlanner`) applies :func:`outer_step` to fragment ``p``
-  only (:func:`fragment_leaves`): its pseudo-gradient, its outer optimizer state, its reducer
-  state (error feedback of a compressed outer gradient); the other fragments keep training.
-  With one fragment it is :func:`outer_step`."""
+                         fragments: int, delay: int = 0, alpha: float = 0.0) -> Synchronisation:
+  """Streaming DiLoCo's synchronisation (Douillard et al. 2025, arXiv 2501.18512, Sec. 2.2-2.3).
+
+  ``ctx.period_end`` is a static :class:`~nbsgd_jax.local_sgd.FragmentSync` for fragment
+  ``p`` (:func:`fragment_leaves`; the host's :class:`~nbsgd_jax.local_sgd.FragmentPlanner`):
+
+  * ``launch``: ``Delta_p = anchor_p - R(x_i[p])`` by ``reducer`` (a mean or a compressed
+    mean with error feedback), kept as ``pending``;
+  * ``land`` (``delay`` = tau steps later, the all-reduce having run behind tau inner steps):
+    ``anchor_p <- anchor_p + outer.update(Delta_p)`` (per-fragment outer state) and the
+    workers merge ``x_i[p] <- alpha x_i[p] + (1 - alpha) anchor_p`` (mixing factor alpha:
+    0 takes the global fragment, as pytorch/torchft's ``fragment_update_alpha``).
+
+  The other fragments keep training. With one fragment, tau = 0 and alpha = 0 it is
+  :func:`outer_step`. The communications are :meth:`deferred` by tau steps for the clock.
+
+  Raises:
+    ValueError: ``delay`` < 0 or ``alpha`` outside [0, 1].
+  """
+  if delay < 0 or not 0.0 <= alpha <= 1.0:
+    raise ValueError(f"streaming_outer_step(delay={delay}, alpha={alpha}) is not allowed: "
+                     "delay >= 0 and 0 <= alpha <= 1")
 
   def split(tree):
     leaves = jax.tree.leaves(tree)
     return [[leaves[i] for i in g] for g in fragment_leaves(len(leaves), fragments)]
 
   def init(params):
-    return tuple(OuterState(f, outer.init(f), reducer.init(f)) for f in split(params))
+    return tuple(FragmentState(f, outer.init(f), reducer.init(f), jax.tree.map(jnp.zeros_like, f))
+                 for f in split(params))
 
   def apply(x, local_state, state, ctx):
-    p = int(ctx.period_end) - 1
+    event = ctx.period_end
     leaves, treedef = jax.tree.flatten(x)
-    group = fragment_leaves(len(leaves), fragments)[p]
-    mine = OuterState(*state[p])
-    delta = [mine.anchor[j] - leaves[i] for j, i in enumerate(group)]
-    delta, red, report = reducer.update(delta, mine.reducer, None, ctx)
-    updates, outer_state = outer.update(delta, mine.outer, mine.anchor)
-    anchor = optax.apply_updates(mine.anchor, updates)
-    for j, i in enumerate(group):
-      leaves[i] = anchor[j]
-    new_state = tuple(OuterState(anchor, outer_state, red) if k == p else s
-                      for k, s in enumerate(state))
+    group = fragment_leaves(len(leaves), fragments)[event.fragment]
+    mine, report = FragmentState(*state[event.fragment]), {}
+    if event.launch:
+      delta = [mine.anchor[j] - leaves[i] for j, i in enumerate(group)]
+      pending, red, report = reducer.update(delta, mine.reducer, None, ctx)
+      mine = mine._replace(reducer=red, pending=pending)
+    if event.land:
+      updates, outer_state = outer.update(mine.pending, mine.outer, mine.anchor)
+      anchor = optax.apply_updates(mine.anchor, updates)
+      for j, i in enumerate(group):
+        leaves[i] = anchor[j] if alpha == 0 else alpha * leaves[i] + (1 - alpha) * anchor[j]
+      mine = mine._replace(anchor=anchor, outer=outer_state)
+    new_state = tuple(mine if k == event.fragment else s for k, s in enumerate(state))
     return jax.tree.unflatten(treedef, leaves), local_state, new_state, report
 
-  return Synchronisation(init, apply, reducer.communications)
+  comms = tuple(c.deferred(delay) for c in reducer.communications)
+  return Synchronisation(init, apply, comms)
 
 
 # ----------------------------------------------------------------------------- config
@@ -309,10 +340,19 @@ def check_dpsgd_config(cfg, errs: list) -> None:
 
 
 def check_streaming_diloco_config(cfg, errs: list) -> None:
-  """streaming_diloco.fragments >= 1, dividing diloco.inner_steps (when streaming)."""
+  """streaming_diloco.*: fragments P >= 1 dividing diloco.inner_steps H, overlap
+  0 <= tau < H / P and mixing factor alpha in [0, 1] (when streaming)."""
+  checks.number(cfg, errs, "streaming_diloco.alpha", 0, hi=1)
+  ok = checks.integer(cfg, errs, "streaming_diloco.delay", 0, note="tau")
   if not checks.integer(cfg, errs, "streaming_diloco.fragments", 1, note="P"):
     return
   p, h = cfg.streaming_diloco.fragments, cfg.diloco.get("inner_steps")
-  if (cfg.get("algorithm") == "streaming_diloco" and checks.is_int(h) and h >= 1 and h % p):
+  if cfg.get("algorithm") != "streaming_diloco" or not (checks.is_int(h) and h >= 1):
+    return
+  if h % p:
     errs.append(f"config.streaming_diloco.fragments={p} is not allowed with "
                 f"config.diloco.inner_steps={h}: it must divide H")
+  elif ok and cfg.streaming_diloco.delay >= h // p:
+    errs.append(f"config.streaming_diloco.delay={cfg.streaming_diloco.delay} is not allowed "
+                f"with H / P = {h // p}: a fragment's all-reduce must land before the next "
+                f"one starts (0 <= tau < {h // p})")
