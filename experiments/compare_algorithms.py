@@ -2,13 +2,17 @@
 
     python experiments/compare_algorithms.py --out docs/compare            # full
     python experiments/compare_algorithms.py --quick --out /tmp/compare    # a few minutes
+    python experiments/compare_algorithms.py --seeds 0 1 2 --runs dpsgd choco_top_k --out DIR
 
 (a) mnist10k, 16 workers on a ring, Dirichlet(0.1) partition, the CNN (``--model``), batch 32,
 SGD with momentum 0.9, cosine learning rate 0.05, on the simulated cluster of
 ``experiments/configs/quickstart.py``: D-PSGD, CHOCO-SGD (top_k at density 0.01, sign, qsgd;
 its consensus step gamma picked from ``--gammas`` by the final training loss), gradient
 tracking, D^2, Gossip-PGA (H = 8), All-Reduce SGD dense, with PowerSGD (rank 1, 2, 4) and with
-top_k (0.01, error feedback), DiLoCo (H = 8) and Streaming DiLoCo (H = 8, P = 2). (b) the
+top_k (0.01, error feedback), DiLoCo (H = 8) and Streaming DiLoCo (H = 8, P = 2; and with
+tau = 2, alpha = 0.5 overlap). Every run over ``--seeds`` (CHOCO's gamma tuned on the first
+seed, then kept): the table gives the mean and standard deviation of the final test accuracy
+and training loss, the plots the first seed. (b) the
 heterogeneous least-squares task of ``experiments/configs/heterogeneous_lsq.py`` (exact local
 gradients, constant step) for the gossip algorithms: F - F* against bytes.
 
@@ -23,6 +27,8 @@ import json
 import os
 import sys
 import time
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -65,17 +71,22 @@ MNIST_RUNS = {
     "streaming_diloco": ({"algorithm": "streaming_diloco", "diloco.inner_steps": 8,
                           "streaming_diloco.fragments": 2},
                          "DiLoCo's quality, peak bandwidth / P (Douillard et al. 2025)"),
+    "streaming_overlap": ({"algorithm": "streaming_diloco", "diloco.inner_steps": 8,
+                           "streaming_diloco.fragments": 2, "streaming_diloco.delay": 2,
+                           "streaming_diloco.alpha": 0.5},
+                          "overlap tau = 2, alpha = 0.5: no loss of quality (Douillard et al. "
+                          "2025, Sec. 2.3)"),
 }
 LSQ_RUNS = ("dpsgd", "choco_top_k", "gradient_tracking", "d2", "gossip_pga")
 
 
-def mnist_config(a, overrides: dict, gamma: float | None = None):
+def mnist_config(a, overrides: dict, gamma: float | None = None, seed: int = 0):
   c = config_lib.default_config()
   base = {"num_workers": a.workers, "topology": "ring", "model": a.model,
           "dataset": "mnist10k", "partition": "dirichlet", "dirichlet_alpha": 0.1,
           "batch_size": 32, "learning_rate": a.lr, "lr_schedule": "cosine", "momentum": 0.9,
           "weight_decay": 5e-4, "num_steps": a.steps, "eval_every": a.eval_every,
-          "eval_train_examples": 1000, "seed": a.seed, "progress": False,
+          "eval_train_examples": 1000, "seed": seed, "progress": False,
           "cluster.scenario": "lognormal", "cluster.spread": 0.3,
           "cluster.time_per_example": 1.25e-3}
   if gamma is not None:
@@ -94,8 +105,16 @@ def lsq_config(overrides: dict, gamma: float | None = None):
 
 
 def run(cfg) -> dict:
+  """One training run: its evaluation history (a diverged run: one record of NaNs)."""
+  from nbsgd_jax.run.evaluation import TrainingDiverged
   t = time.time()
-  s = train.train(cfg)
+  try:
+    s = train.train(cfg)
+  except TrainingDiverged as e:
+    nan = float("nan")
+    return {"history": [{"step": cfg.num_steps, "sim_time": nan, "bytes_sent": nan,
+                         "test_accuracy": nan, "train_loss": nan, "gap": nan}],
+            "seconds": time.time() - t, "diverged": str(e)}
   keep = ("step", "sim_time", "bytes_sent", "test_accuracy", "train_loss", "gap")
   return {"history": [{k: h[k] for k in keep if k in h} for h in s["history"]],
           "seconds": time.time() - t}
@@ -108,24 +127,42 @@ def best_gamma(a, name: str, overrides: dict, make) -> tuple[float, dict, dict]:
     tried[g] = run(make(overrides, g))
     print(f"    {name} gamma={g}: train_loss {tried[g]['history'][-1]['train_loss']:.4f}",
           flush=True)
-  g = min(tried, key=lambda k: tried[k]["history"][-1]["train_loss"])
-  return g, tried[g], {str(k): v["history"][-1]["train_loss"] for k, v in tried.items()}
+  loss = lambda k: tried[k]["history"][-1].get("train_loss", float("nan"))
+  g = min(tried, key=lambda k: loss(k) if np.isfinite(loss(k)) else np.inf)
+  return g, tried[g], {str(k): loss(k) for k in tried}
+
+
+def _summary(runs: dict) -> dict:
+  """Mean and standard deviation over seeds of the final test accuracy and training loss."""
+  out = {}
+  for key in ("test_accuracy", "train_loss", "bytes_sent", "sim_time"):
+    v = np.array([r["history"][-1][key] for r in runs.values()], np.float64)
+    out[key] = {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0}
+  return out
 
 
 def compare(a) -> dict:
   out = {"mnist": {}, "lsq": {}}
-  for name, (over, claim) in MNIST_RUNS.items():
+  first, rest = a.seeds[0], a.seeds[1:]
+  for name in a.runs:
+    over, claim = MNIST_RUNS[name]
+    entry = {"claim": claim, "seeds": {}}
     if name.startswith("choco"):
-      g, r, grid = best_gamma(a, name, over, lambda o, gm: mnist_config(a, o, gm))
-      r.update(gamma=g, gamma_grid=grid)
+      g, r, grid = best_gamma(a, name, over, lambda o, gm: mnist_config(a, o, gm, first))
+      entry.update(gamma=g, gamma_grid=grid)
     else:
-      r = run(mnist_config(a, over))
-    r["claim"] = claim
-    out["mnist"][name] = r
-    last = r["history"][-1]
-    print(f"  {name:18s} acc {last['test_accuracy']:.4f}  MB {last['bytes_sent'] / 1e6:8.2f}  "
-          f"({r['seconds']:.0f} s)", flush=True)
-  for name in LSQ_RUNS:
+      g, r = None, run(mnist_config(a, over, seed=first))
+    entry["seeds"][str(first)] = r
+    for seed in rest:
+      entry["seeds"][str(seed)] = run(mnist_config(a, over, g, seed))
+    entry["summary"] = _summary(entry["seeds"])
+    entry["history"] = r["history"]  # the first seed's, for the plots
+    out["mnist"][name] = entry
+    acc = entry["summary"]["test_accuracy"]
+    print(f"  {name:18s} acc {acc['mean']:.4f} +- {acc['std']:.4f}  "
+          f"MB {r['history'][-1]['bytes_sent'] / 1e6:8.2f}  ({r['seconds']:.0f} s a seed)",
+          flush=True)
+  for name in LSQ_RUNS if a.lsq else ():
     over = MNIST_RUNS[name][0]
     if name.startswith("choco"):
       g, r, _ = best_gamma(a, name, over, lsq_config)
@@ -163,22 +200,33 @@ def plots(res: dict, out: str) -> None:
 
 
 def markdown(res: dict, a) -> str:
-  dense = res["mnist"]["dpsgd"]["history"][-1]["bytes_sent"]
+  base = res["mnist"].get("dpsgd", next(iter(res["mnist"].values())))
+  dense = base["summary"]["bytes_sent"]["mean"]
+  seeds = ", ".join(map(str, a.seeds))
   lines = [f"mnist10k, {a.model}, {a.workers} workers, ring, Dirichlet(0.1), {a.steps} steps, "
-           f"seed {a.seed}; bytes per worker; x D-PSGD = bytes / D-PSGD's.", "",
+           f"seeds {seeds} (mean +- standard deviation); bytes per worker; x D-PSGD = bytes / "
+           "D-PSGD's.", "",
            "| run | test acc | train loss | MB sent | x D-PSGD | sim s | gamma | claim |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
   for name, r in res["mnist"].items():
-    h = r["history"][-1]
-    lines.append(f"| {name} | {h['test_accuracy']:.4f} | {h['train_loss']:.4f} | "
-                 f"{h['bytes_sent'] / 1e6:.2f} | {h['bytes_sent'] / dense:.3f} | "
-                 f"{h['sim_time']:.1f} | {r.get('gamma', '')} | {r['claim']} |")
-  lines += ["", "Heterogeneous least squares (exact gradients, constant step): final F - F*.",
-            "", "| run | F - F* | kB sent | gamma |", "| --- | --- | --- | --- |"]
+    m = r["summary"]
+    acc, loss = m["test_accuracy"], m["train_loss"]
+    b = m["bytes_sent"]["mean"]
+    lines.append(f"| {name} | {acc['mean']:.4f} +- {acc['std']:.4f} | {loss['mean']:.4f} +- "
+                 f"{loss['std']:.4f} | {b / 1e6:.2f} | {b / dense:.3f} | "
+                 f"{m['sim_time']['mean']:.1f} | {r.get('gamma', '')} | {r['claim']} |")
+  if res["lsq"]:
+    lines += ["", "Heterogeneous least squares (exact gradients, constant step): final F - F*.",
+              "", "| run | F - F* | kB sent | gamma |", "| --- | --- | --- | --- |"]
   for name, r in res["lsq"].items():
     h = r["history"][-1]
     lines.append(f"| {name} | {h['gap']:.3g} | {h['bytes_sent'] / 1e3:.1f} | "
                  f"{r.get('gamma', '')} |")
+  grids = {n: r["gamma_grid"] for n, r in res["mnist"].items() if "gamma_grid" in r}
+  if grids:
+    lines += ["", "CHOCO's gamma grid (final training loss, first seed; nan: diverged):", ""]
+    lines += [f"- {n}: " + ", ".join(f"{g}: {v:.4f}" for g, v in grid.items())
+              for n, grid in grids.items()]
   return "\n".join(lines) + "\n"
 
 
@@ -191,8 +239,11 @@ def main():
   p.add_argument("--steps", type=int, default=1000)
   p.add_argument("--eval_every", type=int, default=100)
   p.add_argument("--lr", type=float, default=0.05)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--gammas", type=float, nargs="+", default=[0.05, 0.2, 0.5])
+  p.add_argument("--seeds", type=int, nargs="+", default=[0])
+  p.add_argument("--runs", nargs="+", default=list(MNIST_RUNS), choices=list(MNIST_RUNS))
+  p.add_argument("--no_lsq", dest="lsq", action="store_false",
+                 help="skip (b), the least-squares runs")
+  p.add_argument("--gammas", type=float, nargs="+", default=[0.01, 0.02, 0.05, 0.1, 0.2, 0.5])
   a = p.parse_args()
   if a.quick:
     a.workers, a.model, a.steps, a.eval_every, a.gammas = 8, "mlp", 200, 50, [0.2]
