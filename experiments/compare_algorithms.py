@@ -188,6 +188,8 @@ def plots(res: dict, out: str) -> None:
     ax.set_ylabel("test accuracy")
     ax.legend(fontsize=7, ncol=2)
     common.save_figure(fig, os.path.join(out, fname))
+  if not res["lsq"]:
+    return
   fig, ax = plt.subplots(figsize=(6, 4))
   for name, r in res["lsq"].items():
     h = r["history"]

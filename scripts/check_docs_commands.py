@@ -315,9 +315,11 @@ def check_simple(tokens: list[str], root: str = ROOT) -> list[str]:
     if module == "nbsgd_jax.main":
       problems += check_main_args(rest, root)
       own = [a for a in rest if not a.startswith("--config")]
-    if module == "pytest":
-      problems += [f"{a}: no such file or directory" for a in rest
-                   if not a.startswith("-") and not os.path.exists(os.path.join(root, a))]
+    if module == "pytest":  # paths, not the values of options that take one
+      valued = ("-n", "--numprocesses", "--maxprocesses", "-k", "-m", "-p", "--durations")
+      problems += [f"{a}: no such file or directory" for prev, a in zip([""] + rest, rest)
+                   if not a.startswith("-") and prev not in valued
+                   and not os.path.exists(os.path.join(root, a))]
     missing = _missing_flags(_flags(own), help_text(argv, root))
     problems += [f"{' '.join(tokens[:1] + list(argv[1:]))} --help does not list {f}"
                  for f in missing]
