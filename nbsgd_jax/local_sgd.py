@@ -43,7 +43,6 @@ and lasts ``tau_i`` steps; the workers synchronise after step ``s_i + tau_i - 1`
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from typing import Optional
 
