@@ -132,8 +132,8 @@ class GradientProbe:
     capacity = s.worker_data.labels.shape[1]
 
     def worker_p(state, data):
-      x, y = train.worker_batch(data, cfg.seed, cfg.batch_size, capacity, state.step)
-      g = jax.grad(lambda prm: train.cross_entropy(s.model.apply(prm, x), y))(state.params)
+      batch = s.task.batch(data, state.step, s.backend.axis_name)
+      g = jax.grad(lambda prm: s.task.loss_fn(prm, state.model_state, batch)[0])(state.params)
       p, _ = ravel_pytree(g)
       ef = _find_state(state.opt_state, transforms_lib.ErrorFeedbackState)
       if ef is not None:

@@ -34,7 +34,10 @@ TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete"
               "erdos_renyi", "matcha_graph0")
 MIXING_WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
 BACKENDS = ("simulate", "mesh", "multihost")
-MODELS = ("logreg", "mlp", "cnn")
+MODELS = ("logreg", "mlp", "cnn", "resnet", "transformer")
+NORMS = ("batch", "group")
+COMPUTE_DTYPES = ("float32", "bfloat16")
+OPTIMIZERS = ("sgd", "adamw")
 PARTITIONS = ("iid", "dirichlet")
 DPSGD_ORDERS = ("parallel", "atc")
 LR_SCHEDULES = ("constant", "cosine", "inverse_time", "step")
@@ -58,9 +61,28 @@ def default_config() -> ml_collections.ConfigDict:
                                  # multihost (mesh over the devices of every process)
   c.workers_per_device = 0       # mesh: k workers per device (vmap inside shard_map); 0: the
                                  # smallest k with num_workers / k <= devices
-  c.model = "cnn"                # logreg | mlp | cnn
+  c.model = "cnn"                # logreg | mlp | cnn | resnet (CIFAR ResNet, He et al. 2016) |
+                                 # transformer (decoder-only language model, config.lm; a
+                                 # text data set, e.g. tfds:tiny_shakespeare)
   c.mlp_hidden = (256,)          # hidden sizes of the MLP
   c.cnn_channels = (6, 16)       # conv widths of the CNN
+  c.resnet_depth = 20            # resnet: 6 k + 2 layers (20: ResNet-20, 0.27 M parameters)
+  c.norm = "batch"               # resnet: batch (BatchNorm, running statistics per worker)
+                                 # | group (GroupNorm, no model state)
+  c.norm_groups = 2              # groups of norm=group (divides 16)
+  c.compute_dtype = "float32"    # float32 | bfloat16: the model's compute dtype (parameters,
+                                 # gradients, optimizer state and messages stay float32)
+  c.lm = ml_collections.ConfigDict()  # model=transformer: sizes of the language model
+  c.lm.context = 64              # tokens per training sequence T (and positions learned)
+  c.lm.num_layers = 2            # transformer blocks
+  c.lm.d_model = 128             # width
+  c.lm.num_heads = 4             # attention heads (divide d_model)
+  c.augment = ml_collections.ConfigDict()  # on-device input augmentation of image batches
+  c.augment.crop_padding = 0     # pixels of zero padding before a random crop back to H x W
+                                 # (CIFAR recipes: 4; 0: off)
+  c.augment.flip = False         # random horizontal flip (p = 0.5 per example)
+  c.augment.normalize = False    # per-channel (x - mean_c) / std_c with the data set's
+                                 # channel statistics (tfds:cifar10 / tfds:cifar100)
   c.dataset = "mnist10k"         # mnist10k (embedded) | tfds:<name> | least_squares |
                                  # logistic (synthetic PL problems, config.problem, known F*)
   c.data_dir = ""                # tfds data_dir ("" = tfds default)
@@ -76,6 +98,9 @@ def default_config() -> ml_collections.ConfigDict:
                                  # 2017; Kong et al. 2021 on CIFAR-10), increasing in (0, 1)
   c.lr_decay = 0.1               # step: factor at each milestone, in (0, 1]
   c.warmup_steps = 0             # linear warm-up from 0 over this many steps
+  c.optimizer = "sgd"            # local optimizer: sgd (momentum, L2 weight decay) | adamw
+                                 # (b1 = momentum, b2 = adam_b2, decoupled weight decay)
+  c.adam_b2 = 0.999              # adamw: second-moment decay in [0, 1)
   c.momentum = 0.9               # heavy-ball momentum in [0, 1) (0 = plain SGD)
   c.nesterov = False             # Nesterov momentum
   c.weight_decay = 0.0           # L2 coefficient added to the gradient
@@ -283,6 +308,17 @@ def check_top_level(cfg, errs: list) -> None:
   checks.choice(cfg, errs, "algorithm", algorithm_names())
   checks.integer(cfg, errs, "num_workers", 1)
   checks.choice(cfg, errs, "model", MODELS)
+  checks.choice(cfg, errs, "norm", NORMS)
+  d = cfg.get("resnet_depth")
+  if not (checks.is_int(d) and d >= 8 and (d - 2) % 6 == 0):
+    errs.append(f"config.resnet_depth={d!r} is not allowed: it must be 6 k + 2 with k >= 1 "
+                "(8, 14, 20, 32, 44, 56, 110)")
+  if checks.integer(cfg, errs, "norm_groups", 1) and 16 % cfg.norm_groups:
+    errs.append(f"config.norm_groups={cfg.norm_groups} is not allowed: it must divide 16 "
+                "(1, 2, 4, 8 or 16)")
+  checks.choice(cfg, errs, "compute_dtype", COMPUTE_DTYPES)
+  checks.choice(cfg, errs, "optimizer", OPTIMIZERS)
+  checks.number(cfg, errs, "adam_b2", 0, hi=1, hi_open=True)
   checks.choice(cfg, errs, "partition", PARTITIONS)
   checks.number(cfg, errs, "dirichlet_alpha", 0, lo_open=True)
   checks.integer(cfg, errs, "batch_size", 1)
@@ -359,6 +395,8 @@ SECTION_CHECKS: dict[str, str] = {
     "gossip_pga": "nbsgd_jax.transforms.decentralized:check_gossip_pga_config",
     "streaming_diloco": "nbsgd_jax.transforms.wrappers:check_streaming_diloco_config",
     "problem": "nbsgd_jax.problems:check_config",
+    "lm": "nbsgd_jax.models:check_lm_config",
+    "augment": "nbsgd_jax.run.task:check_augment_config",
 }
 
 
@@ -457,7 +495,14 @@ SWITCHES = (
     Switch(CRITICAL_KEYS, "consensus.critical", lambda v: v is True),
     Switch(("problem.*",), "dataset", lambda v: v in SYNTHETIC),
     Switch(("model", "mlp_hidden", "cnn_channels", "partition", "dirichlet_alpha", "data_dir",
-            "eval_train_examples"), "dataset", lambda v: v not in SYNTHETIC),
+            "eval_train_examples", "compute_dtype", "augment.*"), "dataset",
+           lambda v: v not in SYNTHETIC),
+    Switch(("lm.*",), "model", lambda v: v == "transformer"),
+    Switch(("adam_b2",), "optimizer", lambda v: v == "adamw"),
+    Switch(("nesterov",), "optimizer", lambda v: v == "sgd"),
+    Switch(("norm", "norm_groups", "resnet_depth"), "model", lambda v: v == "resnet"),
+    Switch(("norm_groups",), "norm", lambda v: v == "group"),
+    Switch(("augment.*",), "model", lambda v: v != "transformer"),
     Switch(("lr_time_scale",), "lr_schedule", lambda v: v == "inverse_time"),
     Switch(("lr_milestones", "lr_decay"), "lr_schedule", lambda v: v == "step"),
     Switch(("local_sgd.offset_optimum",), "local_sgd.schedule", lambda v: v == "ada_lupa"),

@@ -25,6 +25,12 @@ Partitions (:func:`partition`):
 
 :func:`stack_shards` pads the shards to a common size so that they stack into one
 ``[n, max_size, ...]`` array with a per-worker valid ``size``.
+
+Text (character-level language modelling, :func:`load_text_dataset`): a TFDS text set with a
+``text`` feature and ``train``/``test`` splits (e.g. ``"tfds:tiny_shakespeare"``), read the
+same way as the image sets and tokenised into character ids with a vocabulary built from the
+train split (:class:`TextDataset`, :func:`encode_text`, :func:`decode_text`);
+:func:`partition_text` cuts the train stream into ``n`` equal contiguous chunks ``[n, L]``.
 """
 
 from __future__ import annotations
@@ -462,6 +468,279 @@ def label_histogram(
       )
     rows.append(np.bincount(y[s.astype(np.int64)], minlength=k).astype(np.int64))
   return np.stack(rows) if rows else np.zeros((0, k), np.int64)
+
+
+# ------------------------------------------------------------------------------- text
+
+TEXT_DATASETS_HELP = "use 'tfds:<name>' for a TFDS text data set (e.g. 'tfds:tiny_shakespeare')"
+TEXT_SCHEMES = ("iid",)
+TEXT_FEATURE = "text"
+UNKNOWN_CHAR = "\ufffd"  # what decode_text writes for the reserved unknown id
+
+
+class TextDataset(NamedTuple):
+  """A character-level language modelling corpus held in host memory.
+
+  Attributes:
+    name: the name given to :func:`load_text_dataset`, e.g. ``"tfds:tiny_shakespeare"``.
+    train_tokens: int32 ``[N_train]``, the train split as character ids in
+      ``[0, len(vocab))``.
+    test_tokens: int32 ``[N_test]``, the test split as character ids in
+      ``[0, vocab_size)``; a character absent from the train split gets the reserved
+      unknown id ``len(vocab) == vocab_size - 1``.
+    vocab: ``str``, the distinct characters (Unicode code points) of the train split sorted
+      by code point; id ``i < len(vocab)`` is character ``vocab[i]``.
+    vocab_size: ``len(vocab) + 1``: the model's number of output classes, the last id being
+      the reserved unknown id (never present in ``train_tokens``).
+  """
+
+  name: str
+  train_tokens: np.ndarray
+  test_tokens: np.ndarray
+  vocab: str
+  vocab_size: int
+
+
+def _code_points(text: str) -> np.ndarray:
+  """uint32 ``[len(text)]``: the Unicode code points of ``text``."""
+  return np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(np.uint32)
+
+
+def encode_text(text: str, vocab: str) -> np.ndarray:
+  """Maps characters to ids of a character vocabulary.
+
+  Args:
+    text: the string to encode.
+    vocab: the vocabulary, distinct characters sorted by code point (e.g.
+      ``TextDataset.vocab``).
+
+  Returns:
+    int32 ``[len(text)]``: ``vocab.index(ch)`` for each character, and the reserved unknown
+    id ``len(vocab)`` for characters not in ``vocab``.
+
+  Raises:
+    ValueError: ``text`` or ``vocab`` is not a ``str``; ``vocab`` is not strictly sorted by
+      code point (it has repeats or is out of order).
+
+  Source: none (character-level tokenisation as in Karpathy's char-rnn / nanoGPT
+  ``shakespeare_char``, with an explicit unknown id).
+  """
+  if not isinstance(text, str):
+    raise ValueError(f"text of type {type(text).__name__} is not allowed: it must be a str")
+  if not isinstance(vocab, str):
+    raise ValueError(f"vocab of type {type(vocab).__name__} is not allowed: it must be a str")
+  table = _code_points(vocab)
+  if np.any(np.diff(table.astype(np.int64)) <= 0):
+    raise ValueError(
+        f"vocab={vocab[:40]!r}... is not allowed: its characters must be distinct and sorted "
+        f"by code point"
+    )
+  cps = _code_points(text)
+  if table.size == 0:
+    return np.zeros(cps.shape, np.int32)
+  ids = np.searchsorted(table, cps)
+  known = table[np.minimum(ids, table.size - 1)] == cps
+  return np.where(known, ids, table.size).astype(np.int32)
+
+
+def decode_text(tokens: np.ndarray, vocab: str) -> str:
+  """Maps ids back to characters; the inverse of :func:`encode_text` on known characters.
+
+  Args:
+    tokens: integer ``[L]`` ids in ``[0, len(vocab)]``.
+    vocab: the vocabulary (e.g. ``TextDataset.vocab``).
+
+  Returns:
+    The string of ``vocab[id]``, with ``UNKNOWN_CHAR`` (U+FFFD) for the unknown id
+    ``len(vocab)``.
+
+  Raises:
+    ValueError: ``tokens`` is not a 1-D integer array of ids in ``[0, len(vocab)]``.
+
+  Source: none.
+  """
+  t = np.asarray(tokens)
+  if t.ndim != 1 or not (t.size == 0 or np.issubdtype(t.dtype, np.integer)):
+    raise ValueError(
+        f"tokens with shape {t.shape} and dtype {t.dtype} is not allowed: tokens must be a "
+        f"1-D integer array"
+    )
+  if t.size and (t.min() < 0 or t.max() > len(vocab)):
+    raise ValueError(
+        f"tokens in [{t.min()}, {t.max()}] is not allowed with a vocab of {len(vocab)} "
+        f"characters: ids must lie in [0, {len(vocab)}] ({len(vocab)} is the unknown id)"
+    )
+  chars = np.asarray(list(vocab) + [UNKNOWN_CHAR], dtype=object)
+  return "".join(chars[t.astype(np.int64)])
+
+
+def load_text_dataset(name: str, data_dir: str | None = None) -> TextDataset:
+  """Loads a character-level language modelling corpus into host memory.
+
+  Args:
+    name: ``"tfds:<name>"``, a TensorFlow Datasets text set with a ``text`` feature (a
+      string, UTF-8 bytes on disk) and ``train``/``test`` splits, e.g.
+      ``"tfds:tiny_shakespeare"`` (whose ``train``, ``validation`` and ``test`` splits each
+      hold ONE example: 1,003,854 / 55,770 / 55,770 characters, 65 distinct in train).
+    data_dir: TFDS data directory (``None``: the TFDS default, ``~/tensorflow_datasets`` or
+      ``$TFDS_DATA_DIR``).
+
+  Returns:
+    A :class:`TextDataset`. Each split's examples are concatenated in record order, with no
+    separator, and decoded as UTF-8. ``vocab`` is the sorted set of characters of the
+    train split; ``train_tokens`` / ``test_tokens`` are int32 ids (see :func:`encode_text`);
+    test characters absent from train map to the reserved unknown id
+    ``vocab_size - 1 == len(vocab)`` rather than raising, so ``vocab_size`` depends on the
+    train split only. The ``validation`` split is not read.
+
+  Raises:
+    ValueError: ``name`` is not ``"tfds:<name>"``; the data set is unknown, not prepared
+      locally in ``data_dir`` or unreadable (nothing is downloaded at run time: prepare it
+      beforehand, e.g. ``tfds build tiny_shakespeare --file_format=array_record``); a record
+      has no ``text`` string or is not valid UTF-8; a split is empty (no characters).
+      Preparing ``tiny_shakespeare`` runs its TFDS builder, which reads the download with
+      ``tf.io.gfile`` and so needs TensorFlow where it is prepared; reading it here does not.
+
+  Source: TFDS ``tiny_shakespeare`` (Karpathy 2015, char-rnn, "The Unreasonable
+  Effectiveness of Recurrent Neural Networks"), read through ``tfds.data_source``
+  (ArrayRecord random access, no TensorFlow needed).
+  """
+  if not (isinstance(name, str) and name.startswith("tfds:") and name[len("tfds:"):].strip()):
+    raise ValueError(f"dataset={name!r} is not allowed: {TEXT_DATASETS_HELP}")
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  tfds_name = name[len("tfds:"):].strip()
+  texts = {}
+  for split in ("train", "test"):
+    try:
+      source = tfds.data_source(tfds_name, split=split, data_dir=data_dir, download=False)
+    except Exception as e:  # pylint: disable=broad-except
+      raise _tfds_error(name, data_dir, f"split {split!r} could not be opened", e) from e
+    texts[split] = _read_text_source(source, name=name, data_dir=data_dir, split=split)
+  train_cps = _code_points(texts["train"])
+  vocab = "".join(map(chr, np.unique(train_cps).tolist()))
+  return TextDataset(
+      name=name,
+      train_tokens=encode_text(texts["train"], vocab),
+      test_tokens=encode_text(texts["test"], vocab),
+      vocab=vocab,
+      vocab_size=len(vocab) + 1,
+  )
+
+
+def _as_text(value: Any, *, name: str, split: str, index: int) -> str:
+  """A record's ``text`` value (str, bytes, numpy scalar or 0-d array) as a str."""
+  if isinstance(value, np.ndarray) and value.ndim == 0:
+    value = value.item()
+  if isinstance(value, (bytes, np.bytes_)):
+    try:
+      return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(
+          f"dataset={name!r}: split {split!r} record {index} is not valid UTF-8 ({e}): the "
+          f"{TEXT_FEATURE!r} feature must hold UTF-8 text"
+      ) from e
+  if isinstance(value, str):
+    return str(value)
+  raise ValueError(
+      f"dataset={name!r}: split {split!r} record {index} has a {TEXT_FEATURE!r} value of type "
+      f"{type(value).__name__}: it must be a string (str or UTF-8 bytes)"
+  )
+
+
+def _read_text_source(source: Any, *, name: str, data_dir: str | None, split: str) -> str:
+  """Reads and concatenates the ``text`` feature of every record of a random-access source."""
+  try:
+    n = len(source)
+  except Exception as e:  # pylint: disable=broad-except
+    raise _tfds_error(name, data_dir, f"split {split!r} has no length", e) from e
+  # Same access pattern as _read_source: batched where the source has it, else per index.
+  batched = callable(getattr(source, "__getitems__", None))
+  pieces = []
+  for start in range(0, n, _TFDS_CHUNK):
+    keys = list(range(start, min(start + _TFDS_CHUNK, n)))
+    try:
+      if batched:
+        try:
+          records = list(source.__getitems__(keys))
+        except TypeError:
+          batched = False
+      if not batched:
+        records = [source[k] for k in keys]
+    except Exception as e:  # pylint: disable=broad-except
+      raise _tfds_error(name, data_dir, f"split {split!r} could not be read", e) from e
+    if len(records) != len(keys):
+      raise ValueError(
+          f"dataset={name!r}: split {split!r} returned {len(records)} records for "
+          f"{len(keys)} keys: a source must return one record per key"
+      )
+    for k, r in zip(keys, records):
+      try:
+        value = r[TEXT_FEATURE]
+      except (KeyError, TypeError, IndexError):
+        raise ValueError(
+            f"dataset={name!r}: split {split!r} record {k} has no {TEXT_FEATURE!r} feature: "
+            f"a text data set needs a {TEXT_FEATURE!r} string feature"
+        ) from None
+      pieces.append(_as_text(value, name=name, split=split, index=k))
+  text = "".join(pieces)
+  if not text:
+    raise ValueError(
+        f"dataset={name!r}: split {split!r} holds no text: it needs >= 1 character"
+    )
+  return text
+
+
+def partition_text(
+    tokens: np.ndarray, num_workers: int, scheme: str = "iid", min_length: int = 1
+) -> np.ndarray:
+  """Cuts a token stream into equal contiguous shards, one per worker.
+
+  Args:
+    tokens: integer ``[N]`` (e.g. ``TextDataset.train_tokens``).
+    num_workers: ``n >= 1``.
+    scheme: ``"iid"`` only: ``n`` equal contiguous chunks in stream order (no shuffling:
+      sequences must stay contiguous for language modelling; a worker's training windows are
+      drawn from its own chunk). ``"dirichlet"`` is rejected: Dirichlet label skew
+      (:func:`partition`) needs per-example class labels, which a token stream does not
+      have.
+    min_length: every chunk must hold at least this many tokens, ``>= 1`` (e.g.
+      ``seq_len + 1`` so that one input/target window fits).
+
+  Returns:
+    int32 ``[n, L]`` with ``L = N // n``: row ``i`` is ``tokens[i * L:(i + 1) * L]``. The last
+    ``N % n`` tokens are dropped, so every row is fully valid (no padding and no ``sizes``,
+    unlike :func:`stack_shards`). Deterministic: no seed.
+
+  Raises:
+    ValueError: ``tokens`` is not a non-empty 1-D integer array; ``num_workers`` is not an
+      integer ``>= 1``; ``scheme`` is not ``"iid"`` (``"dirichlet"`` with its own message);
+      ``min_length`` is not an integer ``>= 1`` or ``N // n < min_length``.
+
+  Source: none (contiguous per-worker shards of a character stream).
+  """
+  t = np.asarray(tokens)
+  if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer):
+    raise ValueError(
+        f"tokens with shape {t.shape} and dtype {t.dtype} is not allowed: tokens must be a "
+        f"non-empty 1-D integer array"
+    )
+  n = _check_int("num_workers", num_workers, 1)
+  if scheme == "dirichlet":
+    raise ValueError(
+        "scheme='dirichlet' is not allowed for text: Dirichlet label skew needs per-example "
+        "class labels and a token stream has none; use scheme='iid' (equal contiguous chunks)"
+    )
+  if scheme not in TEXT_SCHEMES:
+    raise ValueError(f"scheme={scheme!r} is not allowed for text: use one of {TEXT_SCHEMES}")
+  min_length = _check_int("min_length", min_length, 1)
+  length = t.shape[0] // n
+  if length < min_length:
+    raise ValueError(
+        f"num_workers={n} is not allowed with {t.shape[0]} tokens and min_length={min_length}: "
+        f"each worker's chunk would hold {length} tokens; it needs >= min_length"
+    )
+  return t[: n * length].reshape(n, length).astype(np.int32)
 
 
 # Synthetic PL problems with a known optimum F* (least squares, l2-regularised logistic

@@ -1,21 +1,39 @@
-"""Flax (linen) models for image classification.
+"""Flax (linen) models: image classifiers and a decoder-only language model.
 
-Every model maps images ``[B, H, W, C]`` (float32, scaled to [0, 1]) to logits
-``[B, num_classes]``. Parameters are a plain pytree, so a stack of per-worker models is the
-same pytree with a leading worker axis ``[n, ...]`` on every leaf.
+Every image model maps images ``[B, H, W, C]`` (float32, preprocessed) to logits
+``[B, num_classes]``; the language model maps tokens int32 ``[B, T]`` to next-token logits
+``[B, T, vocab]``. Parameters are a plain pytree, so a stack of per-worker models is the same
+pytree with a leading worker axis ``[n, ...]`` on every leaf.
+
+Model state other than parameters (BatchNorm's running statistics, flax collection
+``batch_stats``) is split off at :func:`init` and threaded by :func:`apply_train` /
+:func:`apply_eval`: the trainer keeps it per worker, outside the communicated parameters.
+Logits are float32 whatever the compute ``dtype`` (bfloat16 compute keeps float32 params).
 
 * ``"logreg"``: multinomial logistic regression (one dense layer).
 * ``"mlp"``: ReLU multi-layer perceptron, hidden sizes ``(256,)`` by default.
 * ``"cnn"``: LeNet-style CNN (LeCun et al. 1998, "Gradient-based learning applied to document
   recognition", LeNet-5): 5x5 conv (6) - max-pool - 5x5 conv (16) - max-pool - dense 120 -
   dense 84 - logits. Channel counts are configurable.
+* ``"resnet"``: the CIFAR ResNet-(6 k + 2) of He, Zhang, Ren, Sun, "Deep residual learning
+  for image recognition", CVPR 2016, Sec. 4.2; depth 20 (ResNet-20) by default: 3x3 conv 16,
+  three stages of k basic blocks (16, 32, 64 channels, stride 2 at stages 2 and 3), global
+  average pooling, dense; shortcut option A (identity, strided and zero-padded in channels:
+  no parameters). ResNet-20 (k = 3) has 269,722 parameters (the paper's 0.27 M) for 10
+  classes. Normalisation ``"batch"`` (BatchNorm, momentum 0.9, running statistics as model
+  state) or ``"group"`` (GroupNorm, Wu & He 2018; no state).
+* ``"transformer"``: a decoder-only (GPT-style, pre-LayerNorm) transformer language model:
+  token and learned position embeddings, ``num_layers`` blocks of causal multi-head
+  self-attention and a 4x GELU MLP, final LayerNorm, dense to the vocabulary.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Any, NamedTuple, Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 
@@ -23,10 +41,12 @@ class LogisticRegression(nn.Module):
   """Multinomial logistic regression: ``logits = W vec(x) + b``."""
 
   num_classes: int = 10
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x):
-    return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
+    x = x.reshape((x.shape[0], -1)).astype(self.dtype)
+    return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
 
 class MLP(nn.Module):
@@ -34,13 +54,14 @@ class MLP(nn.Module):
 
   num_classes: int = 10
   hidden: Sequence[int] = (256,)
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x):
-    x = x.reshape((x.shape[0], -1))
+    x = x.reshape((x.shape[0], -1)).astype(self.dtype)
     for h in self.hidden:
-      x = nn.relu(nn.Dense(h)(x))
-    return nn.Dense(self.num_classes)(x)
+      x = nn.relu(nn.Dense(h, dtype=self.dtype)(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
 
 class CNN(nn.Module):
@@ -49,48 +70,222 @@ class CNN(nn.Module):
   num_classes: int = 10
   channels: Sequence[int] = (6, 16)
   hidden: Sequence[int] = (120, 84)
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x):
     c1, c2 = self.channels
-    x = nn.relu(nn.Conv(c1, (5, 5), padding="SAME")(x))
+    x = x.astype(self.dtype)
+    x = nn.relu(nn.Conv(c1, (5, 5), padding="SAME", dtype=self.dtype)(x))
     x = nn.max_pool(x, (2, 2), strides=(2, 2))
-    x = nn.relu(nn.Conv(c2, (5, 5), padding="VALID")(x))
+    x = nn.relu(nn.Conv(c2, (5, 5), padding="VALID", dtype=self.dtype)(x))
     x = nn.max_pool(x, (2, 2), strides=(2, 2))
     x = x.reshape((x.shape[0], -1))
     for h in self.hidden:
-      x = nn.relu(nn.Dense(h)(x))
-    return nn.Dense(self.num_classes)(x)
+      x = nn.relu(nn.Dense(h, dtype=self.dtype)(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
 
-MODELS = ("logreg", "mlp", "cnn")
+NORMS = ("batch", "group")
+
+
+def _norm(kind: str, groups: int, train: bool, dtype, name: str | None = None) -> nn.Module:
+  """BatchNorm (running statistics in ``batch_stats``; batch statistics when ``train``) or
+  GroupNorm with ``groups`` groups."""
+  if kind == "batch":
+    return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, dtype=dtype,
+                        name=name)
+  return nn.GroupNorm(num_groups=groups, epsilon=1e-5, dtype=dtype, name=name)
+
+
+class BasicBlock(nn.Module):
+  """Two 3x3 convolutions with normalisation; shortcut option A (He et al. 2016, Sec. 4.2):
+  identity, subsampled by ``stride`` and zero-padded to ``channels``."""
+
+  channels: int
+  stride: int = 1
+  norm: str = "batch"
+  groups: int = 2
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    conv = lambda s: nn.Conv(self.channels, (3, 3), strides=(s, s), padding=((1, 1), (1, 1)),
+                             use_bias=False, dtype=self.dtype)
+    y = nn.relu(_norm(self.norm, self.groups, train, self.dtype)(conv(self.stride)(x)))
+    y = _norm(self.norm, self.groups, train, self.dtype)(conv(1)(y))
+    if self.stride != 1 or x.shape[-1] != self.channels:
+      x = x[:, ::self.stride, ::self.stride, :]
+      extra = self.channels - x.shape[-1]
+      x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (extra // 2, extra - extra // 2)))
+    return nn.relu(x + y)
+
+
+class ResNetCifar(nn.Module):
+  """ResNet-(6 k + 2) for 32x32 images (He et al. 2016, Sec. 4.2); ``blocks=3``: ResNet-20."""
+
+  num_classes: int = 10
+  blocks: int = 3
+  widths: Sequence[int] = (16, 32, 64)
+  norm: str = "batch"
+  groups: int = 2
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    x = x.astype(self.dtype)
+    x = nn.Conv(self.widths[0], (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
+                dtype=self.dtype)(x)
+    x = nn.relu(_norm(self.norm, self.groups, train, self.dtype)(x))
+    for stage, width in enumerate(self.widths):
+      for b in range(self.blocks):
+        stride = 2 if stage > 0 and b == 0 else 1
+        x = BasicBlock(width, stride, self.norm, self.groups, self.dtype)(x, train)
+    x = jnp.mean(x, axis=(1, 2))
+    return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
+
+
+class DecoderBlock(nn.Module):
+  """Pre-LayerNorm transformer block: causal self-attention, then a 4x GELU MLP."""
+
+  num_heads: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+    h = nn.LayerNorm(dtype=self.dtype)(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype)(
+        h, h, mask=mask)
+    h = nn.LayerNorm(dtype=self.dtype)(x)
+    h = nn.Dense(d, dtype=self.dtype)(nn.gelu(nn.Dense(4 * d, dtype=self.dtype)(h)))
+    return x + h
+
+
+class TransformerLM(nn.Module):
+  """Decoder-only transformer language model: tokens int32 ``[B, T]`` (``T <= context``) ->
+  next-token logits float32 ``[B, T, vocab_size]``."""
+
+  vocab_size: int
+  context: int = 64
+  num_layers: int = 2
+  d_model: int = 128
+  num_heads: int = 4
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, tokens):
+    t = tokens.shape[1]
+    x = nn.Embed(self.vocab_size, self.d_model)(tokens)
+    pos = self.param("position", nn.initializers.normal(0.02), (self.context, self.d_model))
+    x = (x + pos[:t]).astype(self.dtype)
+    for _ in range(self.num_layers):
+      x = DecoderBlock(self.num_heads, self.dtype)(x)
+    x = nn.LayerNorm(dtype=self.dtype)(x)
+    return nn.Dense(self.vocab_size, dtype=self.dtype)(x).astype(jnp.float32)
+
+
+MODELS = ("logreg", "mlp", "cnn", "resnet", "transformer")
+IMAGE_MODELS = ("logreg", "mlp", "cnn", "resnet")
+
+
+class LMSizes(NamedTuple):
+  """The language model's sizes (``config.lm``'s keys and defaults)."""
+
+  context: int = 64
+  num_layers: int = 2
+  d_model: int = 128
+  num_heads: int = 4
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
-               cnn_channels: Sequence[int] = (6, 16)) -> nn.Module:
+               cnn_channels: Sequence[int] = (6, 16), norm: str = "batch",
+               norm_groups: int = 2, dtype: str = "float32", lm: Any = None,
+               depth: int = 20) -> nn.Module:
   """Build a model by name (``config.model``).
 
   Args:
     name: one of ``MODELS``.
-    num_classes: number of output logits.
+    num_classes: number of output logits (the vocabulary size of ``"transformer"``).
     mlp_hidden: hidden layer sizes of ``"mlp"``.
     cnn_channels: the two convolution widths of ``"cnn"``.
+    norm: ``"batch"`` or ``"group"``, the normalisation of ``"resnet"``.
+    depth: ``"resnet"``'s depth ``6 k + 2`` (20: ResNet-20).
+    norm_groups: groups of ``norm="group"`` (divides 16).
+    dtype: compute dtype, ``"float32"`` or ``"bfloat16"`` (parameters stay float32).
+    lm: ``"transformer"``'s sizes: an object with ``context``, ``num_layers``, ``d_model``,
+      ``num_heads`` (``config.lm``; None: :class:`LMSizes`' defaults).
 
   Raises:
-    ValueError: unknown name.
+    ValueError: an unknown name, norm or dtype, or bad sizes (named).
   """
+  if dtype not in DTYPES:
+    raise ValueError(f"compute_dtype={dtype!r} is not allowed: use one of {list(DTYPES)}")
+  dt = DTYPES[dtype]
   if name == "logreg":
-    return LogisticRegression(num_classes=num_classes)
+    return LogisticRegression(num_classes=num_classes, dtype=dt)
   if name == "mlp":
-    return MLP(num_classes=num_classes, hidden=tuple(mlp_hidden))
+    return MLP(num_classes=num_classes, hidden=tuple(mlp_hidden), dtype=dt)
   if name == "cnn":
     if len(cnn_channels) != 2:
       raise ValueError(f"cnn_channels={tuple(cnn_channels)!r} is not allowed: give two widths")
-    return CNN(num_classes=num_classes, channels=tuple(cnn_channels))
+    return CNN(num_classes=num_classes, channels=tuple(cnn_channels), dtype=dt)
+  if name == "resnet":
+    if depth < 8 or (depth - 2) % 6:
+      raise ValueError(f"resnet_depth={depth} is not allowed: it must be 6 k + 2, k >= 1")
+    if norm not in NORMS:
+      raise ValueError(f"norm={norm!r} is not allowed: use one of {list(NORMS)}")
+    if norm == "group" and 16 % norm_groups:
+      raise ValueError(f"norm_groups={norm_groups} is not allowed: it must divide 16")
+    return ResNetCifar(num_classes=num_classes, blocks=(depth - 2) // 6, norm=norm,
+                       groups=norm_groups, dtype=dt)
+  if name == "transformer":
+    lm = LMSizes() if lm is None else lm
+    if lm.d_model % lm.num_heads:
+      raise ValueError(f"lm.d_model={lm.d_model} is not allowed with lm.num_heads="
+                       f"{lm.num_heads}: the heads must divide it")
+    return TransformerLM(vocab_size=num_classes, context=lm.context, num_layers=lm.num_layers,
+                         d_model=lm.d_model, num_heads=lm.num_heads, dtype=dt)
   raise ValueError(f"model={name!r} is not allowed: use one of {list(MODELS)}")
+
+
+def check_lm_config(cfg, errs: list) -> None:
+  """lm.*: the language model's sizes."""
+  from nbsgd_jax import checks
+  ok = [checks.integer(cfg, errs, f"lm.{k}", 1) for k in ("context", "num_layers", "d_model",
+                                                          "num_heads")]
+  if all(ok) and cfg.lm.d_model % cfg.lm.num_heads:
+    errs.append(f"config.lm.num_heads={cfg.lm.num_heads} is not allowed with config.lm."
+                f"d_model={cfg.lm.d_model}: the heads must divide the width")
+
+
+def init(model: nn.Module, key: jax.Array, sample: jax.Array) -> tuple[dict, dict]:
+  """``(params, model_state)`` of a fresh model: ``params = {"params": ...}`` (what is
+  trained and communicated) and the other flax collections (``{"batch_stats": ...}`` with
+  BatchNorm; ``{}`` for a stateless model)."""
+  variables = model.init(key, sample)
+  params = {"params": variables["params"]}
+  return params, {k: v for k, v in variables.items() if k != "params"}
+
+
+def apply_train(model: nn.Module, params: dict, model_state: dict, x: jax.Array):
+  """``(logits, model_state)`` in training mode: BatchNorm normalises with the batch's
+  statistics and updates its running averages; a stateless model returns ``model_state``
+  (``{}``) unchanged."""
+  if not model_state:
+    return model.apply(params, x), model_state
+  return model.apply({**params, **model_state}, x, train=True, mutable=list(model_state))
+
+
+def apply_eval(model: nn.Module, params: dict, model_state: dict, x: jax.Array) -> jax.Array:
+  """Logits in evaluation mode (BatchNorm with its running statistics)."""
+  if not model_state:
+    return model.apply(params, x)
+  return model.apply({**params, **model_state}, x, train=False)
 
 
 def num_params(params) -> int:
   """Number of scalars in a parameter pytree (one worker's model)."""
-  import jax
-  return int(sum(jnp.size(x) for x in jax.tree.leaves(params)))
+  return int(sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(params)))

@@ -15,12 +15,13 @@ from nbsgd_jax.run.setup import (Setup, TrainState, device_context, gradient_sou
                                  init_state, make_host, make_optimizer, make_schedule,
                                  make_train_step, make_worker_step, setup)
 from nbsgd_jax.run.task import (WorkerData, cross_entropy, data_key, sample_batch_indices,
-                                worker_batch)
+                                text_batch, worker_batch)
 
 __all__ = [
     "DEVICE_AXIS", "Backend", "MetricsWriter", "Run", "Setup", "TrainState", "TrainingDiverged",
     "WorkerData", "cross_entropy", "data_key", "device_context", "gradient_source",
     "init_state", "make_backend", "make_eval_fn", "make_host", "make_optimizer",
     "make_schedule", "make_train_loss_fn", "make_train_step", "make_worker_step",
-    "sample_batch_indices", "setup", "train", "worker_batch", "workers_per_device",
+    "sample_batch_indices", "setup", "text_batch", "train", "worker_batch",
+    "workers_per_device",
 ]

@@ -333,3 +333,197 @@ def test_train_loss_examples_are_spread_over_every_iid_shard(seed):
   counts = [np.isin(s, sub).sum() for s in shards]
   assert 25 <= min(counts) and max(counts) <= 100, counts
   assert len(task.train_loss_examples(300, 1000, seed)) == 300
+
+
+# ----------------------------------------------------------------------------- cifar (tfds)
+
+
+@pytest.mark.parametrize("name, num_classes", [("tfds:cifar10", 10), ("tfds:cifar100", 100)])
+def test_tfds_cifar_with_mock_data(name, num_classes):
+  import tensorflow_datasets as tfds  # a required dependency: fail, never skip
+  with tfds.testing.mock_data(num_examples=23):
+    ds = data.load_dataset(name)
+  chex.assert_shape(ds.train_images, (23, 32, 32, 3))
+  chex.assert_shape(ds.test_images, (23, 32, 32, 3))
+  chex.assert_shape(ds.train_labels, (23,))
+  assert ds.train_images.dtype == np.uint8 and ds.test_images.dtype == np.uint8
+  assert ds.train_labels.dtype == np.int32 and ds.test_labels.dtype == np.int32
+  assert ds.num_classes == num_classes  # from the 'label' feature (not cifar100's coarse_label)
+  assert ds.name == name
+  assert 0 <= ds.train_labels.min() and ds.train_labels.max() < num_classes
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def test_tfds_tiny_shakespeare_with_mock_data():
+  import tensorflow_datasets as tfds  # a required dependency: fail, never skip
+  with tfds.testing.mock_data(num_examples=3):
+    ds = data.load_text_dataset("tfds:tiny_shakespeare")
+    # Independent reference: the mocked records, read directly and tokenised in plain Python.
+    raw = {}
+    for split in ("train", "test"):
+      source = tfds.data_source("tiny_shakespeare", split=split, download=False)
+      raw[split] = "".join(source[i]["text"] for i in range(len(source)))
+  vocab = "".join(sorted(set(raw["train"])))
+  assert ds.name == "tfds:tiny_shakespeare"
+  assert ds.vocab == vocab
+  assert ds.vocab_size == len(vocab) + 1
+  chex.assert_shape(ds.train_tokens, (len(raw["train"]),))
+  chex.assert_shape(ds.test_tokens, (len(raw["test"]),))
+  assert ds.train_tokens.dtype == np.int32 and ds.test_tokens.dtype == np.int32
+  np.testing.assert_array_equal(ds.train_tokens, [vocab.index(c) for c in raw["train"]])
+  np.testing.assert_array_equal(
+      ds.test_tokens, [vocab.index(c) if c in vocab else len(vocab) for c in raw["test"]])
+  assert data.decode_text(ds.train_tokens, ds.vocab) == raw["train"]
+
+
+class _FakeTextSource:
+  """A random-access text source with batched access and UTF-8 bytes records."""
+
+  def __init__(self, texts):
+    self.records = [{"text": t} for t in texts]
+    self.batched_calls = 0
+
+  def __len__(self):
+    return len(self.records)
+
+  def __getitem__(self, i):
+    return self.records[i]
+
+  def __getitems__(self, keys):
+    self.batched_calls += 1
+    return [self.records[k] for k in keys]
+
+
+def _patch_text_sources(monkeypatch, train, test):
+  import tensorflow_datasets as tfds  # a required dependency: fail, never skip
+  sources = {"train": _FakeTextSource(train), "test": _FakeTextSource(test)}
+  calls = []
+
+  def fake_data_source(name, *, split, data_dir=None, download=True):
+    calls.append((name, split, data_dir, download))
+    return sources[split]
+
+  monkeypatch.setattr(tfds, "data_source", fake_data_source)
+  return sources, calls
+
+
+def test_text_bytes_records_concatenated_and_unknown_test_chars(monkeypatch):
+  train = ["ba\n".encode(), "c\u00e9".encode(), np.asarray("ab".encode(), dtype=object)]
+  train += [b"a"] * 2000  # more records than one batched read of 1024
+  test = [b"abz\xc3\xa9", "Q".encode()]  # 'z' and 'Q' are not in the train split
+  sources, calls = _patch_text_sources(monkeypatch, train, test)
+  ds = data.load_text_dataset("tfds:fake_text", data_dir="/some/dir")
+  assert calls == [("fake_text", "train", "/some/dir", False),
+                   ("fake_text", "test", "/some/dir", False)]
+  assert sources["train"].batched_calls == 2
+  train_text = "ba\nc\u00e9ab" + "a" * 2000
+  assert ds.vocab == "\nabc\u00e9"  # sorted by code point
+  assert ds.vocab_size == 6
+  np.testing.assert_array_equal(ds.train_tokens[:7], [2, 1, 0, 3, 4, 1, 2])
+  assert data.decode_text(ds.train_tokens, ds.vocab) == train_text
+  unk = len(ds.vocab)
+  np.testing.assert_array_equal(ds.test_tokens, [1, 2, unk, 4, unk])
+  assert data.decode_text(ds.test_tokens, ds.vocab) == "ab\ufffd\u00e9\ufffd"
+
+
+@pytest.mark.parametrize(
+    "train, match",
+    [
+        ([b""], r"split 'train' holds no text"),
+        ([b"ok", b"\xff\xfe"], r"split 'train' record 1 is not valid UTF-8"),
+        ([b"ok", 7], r"split 'train' record 1 has a 'text' value of type int"),
+    ],
+)
+def test_text_bad_records(monkeypatch, train, match):
+  _patch_text_sources(monkeypatch, train, [b"ok"])
+  with pytest.raises(ValueError, match=rf"dataset='tfds:fake_text': {match}"):
+    data.load_text_dataset("tfds:fake_text")
+
+
+def test_text_record_without_text_feature(monkeypatch):
+  sources, _ = _patch_text_sources(monkeypatch, [b"ok"], [b"ok"])
+  sources["test"].records = [{"image": np.zeros(3)}]
+  with pytest.raises(ValueError, match=r"split 'test' record 0 has no 'text' feature"):
+    data.load_text_dataset("tfds:fake_text")
+
+
+def test_text_not_prepared_names_the_tfds_command(tmp_path):
+  import tensorflow_datasets  # noqa: F401  (required dependency)
+  with pytest.raises(ValueError) as info:
+    data.load_text_dataset("tfds:tiny_shakespeare", data_dir=str(tmp_path))
+  msg = str(info.value)
+  assert f"dataset='tfds:tiny_shakespeare' with data_dir='{tmp_path}'" in msg
+  assert "Nothing is downloaded at run time" in msg
+  assert ("`tfds build tiny_shakespeare --data_dir=<dir> --file_format=array_record`"
+          in msg), msg
+  assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("name", ["tiny_shakespeare", "tfds:", "tfds: ", "mnist10k", 3, None])
+def test_load_text_dataset_rejects_bad_name(name):
+  with pytest.raises(ValueError, match=r"dataset=.*is not allowed.*'tfds:<name>'"):
+    data.load_text_dataset(name)
+
+
+def test_encode_decode_text():
+  vocab = " !ab"
+  np.testing.assert_array_equal(data.encode_text("ab a!?", vocab), [2, 3, 0, 2, 1, 4])
+  assert data.encode_text("", vocab).dtype == np.int32
+  assert data.decode_text(np.array([3, 2, 0, 4]), vocab) == "ba \ufffd"
+  np.testing.assert_array_equal(data.encode_text("xy", ""), [0, 0])  # all unknown
+  with pytest.raises(ValueError, match=r"vocab=.*not allowed.*sorted"):
+    data.encode_text("a", "ba")
+  with pytest.raises(ValueError, match=r"vocab=.*not allowed.*distinct"):
+    data.encode_text("a", "aab")
+  with pytest.raises(ValueError, match=r"text of type bytes is not allowed"):
+    data.encode_text(b"a", vocab)
+  with pytest.raises(ValueError, match=r"tokens in \[0, 5\] is not allowed.*\[0, 4\]"):
+    data.decode_text(np.array([0, 5]), vocab)
+  with pytest.raises(ValueError, match=r"tokens with shape \(1, 2\)"):
+    data.decode_text(np.zeros((1, 2), np.int32), vocab)
+
+
+# ----------------------------------------------------------------------------- text partition
+
+
+@pytest.mark.parametrize("num, n", [(103, 4), (100, 4), (5, 5), (7, 1)])
+def test_partition_text_equal_contiguous_chunks(num, n):
+  tokens = np.arange(num, dtype=np.int64) % 50
+  shards = data.partition_text(tokens, n)
+  length = num // n
+  chex.assert_shape(shards, (n, length))
+  assert shards.dtype == np.int32
+  for i in range(n):
+    np.testing.assert_array_equal(shards[i], tokens[i * length:(i + 1) * length])
+  np.testing.assert_array_equal(shards.reshape(-1), tokens[:n * length])  # tail dropped
+
+
+def test_partition_text_dirichlet_is_rejected_with_reason():
+  with pytest.raises(ValueError, match=r"scheme='dirichlet' is not allowed for text.*'iid'"):
+    data.partition_text(np.arange(10), 2, scheme="dirichlet")
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(num_workers=0), "num_workers"),
+        (dict(num_workers=2.0), "num_workers"),
+        (dict(num_workers=True), "num_workers"),
+        (dict(num_workers=11), "num_workers"),
+        (dict(num_workers=2, scheme="shuffled"), "scheme"),
+        (dict(num_workers=2, min_length=0), "min_length"),
+        (dict(num_workers=3, min_length=4), "num_workers"),  # 10 // 3 = 3 < 4
+    ],
+)
+def test_partition_text_bad_inputs(kwargs, field):
+  with pytest.raises(ValueError, match=rf"{field}=.*not allowed"):
+    data.partition_text(np.arange(10), **kwargs)
+
+
+@pytest.mark.parametrize("tokens", [np.zeros((2, 3), np.int32), np.array([], np.int32),
+                                    np.array([0.5, 1.0])])
+def test_partition_text_bad_tokens(tokens):
+  with pytest.raises(ValueError, match=r"tokens with shape .* is not allowed"):
+    data.partition_text(tokens, 1)

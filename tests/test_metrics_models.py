@@ -41,13 +41,28 @@ def test_consensus_distance_bad_input():
     metrics.consensus_distance({"a": jnp.zeros((2, 3)), "b": jnp.zeros((3, 3))})
 
 
-@pytest.mark.parametrize("name", models.MODELS)
+@pytest.mark.parametrize("name", models.IMAGE_MODELS)
 def test_models_output_shape(name):
-  m = models.make_model(name, 10)
+  m = models.make_model(name, 10, depth=8)
   x = jnp.zeros((5, 28, 28, 1))
-  params = m.init(jax.random.key(0), x)
-  chex.assert_shape(m.apply(params, x), (5, 10))
+  params, state = models.init(m, jax.random.key(0), x)
+  chex.assert_shape(models.apply_eval(m, params, state, x), (5, 10))
+  logits, _ = models.apply_train(m, params, state, x)
+  chex.assert_shape(logits, (5, 10))
   assert models.num_params(params) > 0
+
+
+def test_transformer_is_causal():
+  m = models.make_model("transformer", 11, lm=models.LMSizes(context=6, d_model=16,
+                                                               num_heads=2))
+  x = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % 11
+  params, state = models.init(m, jax.random.key(0), x)
+  assert state == {}
+  logits = m.apply(params, x)
+  chex.assert_shape(logits, (2, 6, 11))
+  y = x.at[:, 4].set(0)  # changing token 4 changes no prediction before position 4
+  np.testing.assert_allclose(m.apply(params, y)[:, :4], logits[:, :4], rtol=1e-6, atol=1e-6)
+  assert not np.allclose(m.apply(params, y)[:, 4:], logits[:, 4:])
 
 
 def test_unknown_model():

@@ -14,59 +14,74 @@ from nbsgd_jax import metrics as metrics_lib
 
 
 def chunked(images: np.ndarray, labels: np.ndarray, chunk: int):
-  """Pad to a multiple of ``chunk`` and reshape to ``[k, chunk, ...]`` plus a validity mask."""
+  """Pad to a multiple of ``chunk`` and reshape to ``[k, chunk, ...]`` plus a validity mask
+  ``[k, chunk]`` (``labels`` may have trailing axes: a language model's ``[N, T]``)."""
   n = len(labels)
   k = max(1, -(-n // chunk))
   pad = k * chunk - n
   images = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
-  labels = np.concatenate([labels, np.zeros((pad,), labels.dtype)])
+  labels = np.concatenate([labels, np.zeros((pad,) + labels.shape[1:], labels.dtype)])
   mask = np.arange(k * chunk) < n
-  return (images.reshape((k, chunk) + images.shape[1:]), labels.reshape(k, chunk),
-          mask.reshape(k, chunk))
+  return (images.reshape((k, chunk) + images.shape[1:]),
+          labels.reshape((k, chunk) + labels.shape[1:]), mask.reshape(k, chunk))
 
 
-def loss_acc(model, params, chunks):
-  """Mean cross-entropy and accuracy of one model over ``chunked`` data."""
+def loss_acc(apply: Callable, params, model_state, chunks):
+  """Mean cross-entropy and accuracy of one model over ``chunked`` data.
+
+  Args:
+    apply: ``(params, model_state, inputs [k, ...]) -> logits [k, ..., C]`` in evaluation
+      mode (e.g. :func:`nbsgd_jax.models.apply_eval` with the task's input preprocessing).
+    chunks: ``(inputs [c, k, ...], labels [c, k, ...], mask [c, k, ...])`` (:func:`chunked`);
+      a language model's labels are the next tokens ``[c, k, T]``.
+  """
   def one(c):
-    images, labels, mask = c
-    logits = model.apply(params, images.astype(jnp.float32) / 255.0)
+    inputs, labels, mask = c
+    logits = apply(params, model_state, inputs)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     hit = (jnp.argmax(logits, -1) == labels)
-    return jnp.sum(ce * mask), jnp.sum(hit * mask)
-  ce, hit = lax.map(one, chunks)
-  count = jnp.sum(chunks[2])
+    mask = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (ce.ndim - mask.ndim)), ce.shape)
+    return jnp.sum(ce * mask), jnp.sum(hit * mask), jnp.sum(mask)
+  ce, hit, count = lax.map(one, chunks)
+  count = jnp.sum(count)
   return jnp.sum(ce) / count, jnp.sum(hit) / count
 
 
-def make_train_loss_fn(model) -> Callable:
-  """Jitted ``(params [n, ...], train) -> float32`` training loss of the averaged model (the
-  ``F`` that ADA-LUPA observes at each synchronisation)."""
-  return jax.jit(lambda params, chunks: loss_acc(model, metrics_lib.average_model(params),
-                                                  chunks)[0])
+def average_state(model_state):
+  """The averaged model's state: the mean over workers of each leaf of ``model_state [n, ...]``
+  (BatchNorm: the mean of the workers' running means and of their running variances; a
+  documented rule, not a recomputation of the statistics under the averaged weights)."""
+  return metrics_lib.average_model(model_state)
 
 
-def make_eval_fn(model, decentralized: bool) -> Callable:
-  """Jitted ``(params [n, ...], test, train) -> dict`` of float32 scalars.
+def make_train_loss_fn(apply: Callable) -> Callable:
+  """Jitted ``(params [n, ...], model_state [n, ...], train) -> float32`` training loss of
+  the averaged model (the ``F`` that ADA-LUPA observes at each synchronisation)."""
+  return jax.jit(lambda params, ms, chunks: loss_acc(
+      apply, metrics_lib.average_model(params), average_state(ms), chunks)[0])
 
-  ``test`` and ``train`` are ``(images, labels, mask)`` from :func:`chunked`. Reports loss
-  and accuracy of the averaged model, consensus distance and, for decentralized algorithms,
-  the mean over workers of each worker's own test accuracy.
+
+def make_eval_fn(apply: Callable, decentralized: bool) -> Callable:
+  """Jitted ``(params [n, ...], model_state [n, ...], test, train) -> dict`` of float32
+  scalars.
+
+  ``test`` and ``train`` are :func:`chunked` data; ``apply`` as :func:`loss_acc`. Reports
+  loss and accuracy of the averaged model (:func:`average_state` for its model state),
+  consensus distance and, for decentralized algorithms, the mean over workers of each
+  worker's own test accuracy (each with its own model state).
   """
 
-  def of(params, chunks):
-    return loss_acc(model, params, chunks)
-
   @jax.jit
-  def eval_fn(params, test, train):
-    avg = metrics_lib.average_model(params)
-    test_loss, test_acc = of(avg, test)
-    train_loss, _ = of(avg, train)
+  def eval_fn(params, model_state, test, train):
+    avg, avg_state = metrics_lib.average_model(params), average_state(model_state)
+    test_loss, test_acc = loss_acc(apply, avg, avg_state, test)
+    train_loss, _ = loss_acc(apply, avg, avg_state, train)
     out = {"train_loss": train_loss, "test_loss": test_loss, "test_accuracy": test_acc,
            "consensus_distance": metrics_lib.consensus_distance(params)}
     if decentralized:
       # lax.map, not vmap: a vmapped convolution over per-worker weights becomes a grouped
       # convolution, which is several times slower on CPU.
-      _, accs = lax.map(lambda p: of(p, test), params)
+      _, accs = lax.map(lambda pm: loss_acc(apply, pm[0], pm[1], test), (params, model_state))
       out["worker_test_accuracy"] = jnp.mean(accs)
     return out
 

@@ -44,22 +44,28 @@ class Run:
     p = self.state.params
     return p if self.s.backend.mesh is None else self.s.backend.replicate(p)
 
+  def model_states(self):
+    """The stacked model states (BatchNorm statistics), whole on every device."""
+    m = self.state.model_state
+    return m if self.s.backend.mesh is None else self.s.backend.replicate(m)
+
   def train_loss(self) -> float:
     """``F`` of the averaged model (the task's; ADA-LUPA), off the clock."""
     task = self.s.task
-    return self.watch.off_clock(self.state,
-                                lambda: float(task.train_loss(self.models(), task.eval_data)))
+    return self.watch.off_clock(self.state, lambda: float(task.train_loss(
+        self.models(), self.model_states(), task.eval_data)))
 
   def smoothness(self) -> float:
     """L of the averaged model (Hessian power iteration; the critical target), off the clock."""
     cfg, task = self.s.cfg, self.s.task
     if self._smooth_fn is None:
       from nbsgd_jax import consensus as consensus_lib
-      self._smooth_fn = jax.jit(lambda params, data: consensus_lib.smoothness_estimate(
-          lambda p: task.point_loss(p, data), metrics_lib.average_model(params),
-          cfg.consensus.smoothness_iters, cfg.seed) + cfg.weight_decay)
-    return self.watch.off_clock(self.state, lambda: float(self._smooth_fn(self.models(),
-                                                                          task.eval_data)))
+      self._smooth_fn = jax.jit(lambda params, ms, data: consensus_lib.smoothness_estimate(
+          lambda p: task.point_loss(p, evaluation_lib.average_state(ms), data),
+          metrics_lib.average_model(params), cfg.consensus.smoothness_iters, cfg.seed)
+          + cfg.weight_decay)
+    return self.watch.off_clock(self.state, lambda: float(self._smooth_fn(
+        self.models(), self.model_states(), task.eval_data)))
 
   # ---------------------------------------------------------------- the step and its reports
 
@@ -107,7 +113,7 @@ class Run:
     finite = np.asarray(self.finite_fn(params))
     if not finite.all():
       raise TrainingDiverged(step, np.flatnonzero(~finite).tolist(), "model")
-    ev = self.s.task.evaluate(params, self.s.task.eval_data)
+    ev = self.s.task.evaluate(params, self.model_states(), self.s.task.eval_data)
     bad = [k for k in ("train_loss", "test_loss") if not math.isfinite(ev.get(k, 0.0))]
     if bad:  # finite workers whose average overflows the loss
       raise TrainingDiverged(step, [], bad[0])

@@ -3,10 +3,13 @@ recipe, backend, the compiled worker program and the host parts.
 
 The worker program of one step (on the ``"workers"`` axis)::
 
-    batch = worker_batch(...)                                   # the task
-    loss, grads = gradient_source(loss_fn, params, batch, ctx)  # full batch | mini-batches
+    batch = task.batch(data, step)                              # the task
+    loss, grads, model_state = gradient_source(loss_fn, params, model_state, batch, ctx)
     updates, state, report = recipe.transform.update(grads, state, params, ctx)
     params = optax.apply_updates(params, updates)
+
+``model_state`` (BatchNorm's running statistics) stays with its worker: the gradient source
+updates it, no transform sees it.
 """
 
 from __future__ import annotations
@@ -41,11 +44,14 @@ class TrainState(NamedTuple):
     params: model parameters of each worker.
     opt_state: each worker's transform state.
     step: int32 ``[n]``, steps taken (the same on every worker).
+    model_state: each worker's model state besides the parameters (BatchNorm's running
+      statistics; ``()`` / ``{}`` when the model has none), updated by its own batches only.
   """
 
   params: Any
   opt_state: Any
   step: jax.Array
+  model_state: Any = ()
 
 
 def make_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
@@ -81,7 +87,13 @@ def milestone_step(cfg: ml_collections.ConfigDict, fraction: float) -> int:
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Local optimizer: L2 weight decay added to the gradient, then SGD with momentum."""
+  """Local optimizer: ``config.optimizer="sgd"``: L2 weight decay added to the gradient, then
+  SGD with (Nesterov) momentum; ``"adamw"``: AdamW (Loshchilov & Hutter 2019; DiLoCo's inner
+  optimizer, Douillard et al. 2023) with ``b1 = momentum``, ``b2 = adam_b2`` and decoupled
+  ``weight_decay``."""
+  if cfg.optimizer == "adamw":
+    return optax.adamw(make_schedule(cfg), b1=cfg.momentum, b2=cfg.adam_b2,
+                       weight_decay=cfg.weight_decay)
   return optax.chain(
       optax.add_decayed_weights(cfg.weight_decay) if cfg.weight_decay else optax.identity(),
       optax.sgd(make_schedule(cfg), momentum=cfg.momentum or None, nesterov=cfg.nesterov))
@@ -90,21 +102,26 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
 # ----------------------------------------------------------------------------- gradient sources
 
 
-def full_batch(loss_fn, params, batch, ctx):
-  """``(loss, grads)`` of the whole batch."""
+def full_batch(loss_fn, params, model_state, batch, ctx):
+  """``(loss, grads, model_state)`` of the whole batch (``loss_fn(params, model_state, batch)
+  -> (loss, model_state)``)."""
   del ctx
-  return jax.value_and_grad(loss_fn)(params, batch)
+  (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      params, model_state, batch)
+  return loss, grads, model_state
 
 
 def minibatches(num_minibatches: int) -> Callable:
   """Non-blocking SGD's gradient source (He & Dube 2022): the mean over the first
-  ``ctx.count`` of ``M`` mini-batches (:func:`nbsgd_jax.transforms.minibatch_mean_gradient`);
-  the loss is the mean over the finished mini-batches (0 if none)."""
+  ``ctx.count`` of ``M`` mini-batches
+  (:func:`nbsgd_jax.transforms.minibatch_mean_gradient_with_state`: the model state goes
+  through the finished mini-batches only); the loss is the mean over the finished
+  mini-batches (0 if none)."""
 
-  def source(loss_fn, params, batch, ctx):
-    grads, loss, _ = transforms.minibatch_mean_gradient(
-        loss_fn, params, batch, num_minibatches, ctx.count, weighting="local")
-    return loss, grads
+  def source(loss_fn, params, model_state, batch, ctx):
+    grads, loss, _, model_state = transforms.minibatch_mean_gradient_with_state(
+        loss_fn, params, model_state, batch, num_minibatches, ctx.count, weighting="local")
+    return loss, grads, model_state
 
   return source
 
@@ -177,9 +194,13 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
     problem = _problem(cfg)
     task = task_lib.synthetic_task(cfg, problem, backend)
     return Setup(cfg, problem, task.worker_data, None, topo, recipe, backend, plan, task)
+  if cfg.model == "transformer":
+    return _language_model_setup(cfg, topo, recipe, backend, plan)
   dataset, shards = _dataset(cfg)
   model = models_lib.make_model(cfg.model, dataset.num_classes, mlp_hidden=cfg.mlp_hidden,
-                                cnn_channels=cfg.cnn_channels)
+                                cnn_channels=cfg.cnn_channels, norm=cfg.norm,
+                                norm_groups=cfg.norm_groups, dtype=cfg.compute_dtype,
+                                lm=cfg.lm, depth=cfg.resnet_depth)
   if backend.name == "multihost":
     worker_data = task_lib.process_local_data(dataset, shards, backend)
   else:
@@ -190,6 +211,31 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
   task = task_lib.classification_task(cfg, dataset, worker_data, model, backend,
                                       recipe.decentralized)
   return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, plan, task)
+
+
+def _language_model_setup(cfg, topo, recipe, backend, plan) -> Setup:
+  """The set-up of a language model (``config.model="transformer"``): a tfds text data set,
+  character-level, cut into one contiguous shard per worker.
+
+  Raises:
+    ConfigError: an unreadable text data set, or shards shorter than ``lm.context + 1``.
+  """
+  try:
+    dataset = data_lib.load_text_dataset(cfg.dataset, data_dir=cfg.data_dir or None)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.dataset={cfg.dataset!r}: {e}"]) from None
+  try:
+    rows = data_lib.partition_text(dataset.train_tokens, cfg.num_workers, cfg.partition,
+                                   min_length=cfg.lm.context + 1)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.partition={cfg.partition!r} with "
+                                  f"config.lm.context={cfg.lm.context}: {e}"]) from None
+  model = models_lib.make_model("transformer", dataset.vocab_size, dtype=cfg.compute_dtype,
+                                lm=cfg.lm)
+  worker_tokens = task_lib.place_rows(np.asarray(rows, np.int32), backend)
+  task = task_lib.language_model_task(cfg, dataset, worker_tokens, model, backend,
+                                      recipe.decentralized)
+  return Setup(cfg, dataset, worker_tokens, model, topo, recipe, backend, plan, task)
 
 
 def _dataset(cfg) -> tuple:
@@ -256,13 +302,15 @@ def _problem(cfg):
 def init_state(s: Setup) -> TrainState:
   """Identical initial models on every worker (seeded), each with its own transform state."""
   n = s.cfg.num_workers
-  params = s.task.init_params()
-  params = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), params)
+  params, model_state = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape),
+                                     s.task.init())
   opt_state = jax.vmap(s.recipe.transform.init)(params)
   # Own buffers for every leaf: a state that starts as a copy of the params (an anchor) must
   # not alias them, or donating the train state would donate one buffer twice.
-  opt_state = jax.tree.map(lambda x: jnp.array(x, copy=True), opt_state)
-  return s.backend.place(TrainState(params, opt_state, jnp.zeros((n,), jnp.int32)))
+  opt_state, model_state = jax.tree.map(lambda x: jnp.array(x, copy=True),
+                                        (opt_state, model_state))
+  return s.backend.place(TrainState(params, opt_state, jnp.zeros((n,), jnp.int32),
+                                    model_state))
 
 
 def make_worker_step(s: Setup, period_end: bool = True) -> Callable:
@@ -278,8 +326,9 @@ def make_worker_step(s: Setup, period_end: bool = True) -> Callable:
   def step_fn(state: TrainState, data, ctx: StepContext):
     ctx = ctx._replace(period_end=period_end)
     batch = task.batch(data, state.step, s.backend.axis_name)
-    loss, grads = source(task.loss_fn, state.params, batch, ctx)
-    return apply_update(s, state, loss, grads, ctx)
+    loss, grads, model_state = source(task.loss_fn, state.params, state.model_state, batch,
+                                      ctx)
+    return apply_update(s, state._replace(model_state=model_state), loss, grads, ctx)
 
   return step_fn
 
@@ -289,7 +338,7 @@ def apply_update(s: Setup, state: TrainState, loss, grads, ctx: StepContext):
   updates, opt_state, report = s.recipe.transform.update(grads, state.opt_state, state.params,
                                                          ctx)
   params = optax.apply_updates(state.params, updates)
-  return TrainState(params, opt_state, state.step + 1), (loss, report)
+  return TrainState(params, opt_state, state.step + 1, state.model_state), (loss, report)
 
 
 def make_train_step(s: Setup, host: host_lib.Host | None = None) -> Callable:
@@ -336,13 +385,13 @@ def measure_time_per_example(s: Setup, repeats: int = 5) -> float:
   batch = jax.vmap(lambda d: s.task.batch(d, jnp.int32(0), AXIS), axis_name=AXIS)(
       jax.tree.map(lambda x: x[None], data))
   batch = jax.tree.map(lambda x: x[0], batch)
-  params = s.task.init_params()
-  fn = jax.jit(jax.value_and_grad(s.task.loss_fn))
-  jax.block_until_ready(fn(params, batch))
+  params, model_state = s.task.init()
+  fn = jax.jit(jax.value_and_grad(s.task.loss_fn, has_aux=True))
+  jax.block_until_ready(fn(params, model_state, batch))
   times = []
   for _ in range(max(int(repeats), 1)):
     t0 = time.perf_counter()
-    jax.block_until_ready(fn(params, batch))
+    jax.block_until_ready(fn(params, model_state, batch))
     times.append(time.perf_counter() - t0)
   seconds = max(float(np.median(times)), 1e-9) / s.cfg.batch_size
   if jax.process_count() > 1:

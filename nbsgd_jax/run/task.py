@@ -71,17 +71,23 @@ def data_key(seed: int, worker: jax.Array | int) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed + 1), worker)
 
 
+def augment_key(seed: int, worker: jax.Array | int, step: jax.Array) -> jax.Array:
+  """The key of worker ``worker``'s input augmentation at ``step``: a stream of the data key
+  that the batch permutations (folded with epoch numbers < 2^31 - 1) never use."""
+  return jax.random.fold_in(jax.random.fold_in(data_key(seed, worker), 2**31 - 1), step)
+
+
 def worker_batch(data: WorkerData, seed: int, batch_size: int, capacity: int,
                  step: jax.Array, axis_name=AXIS) -> tuple[jax.Array, jax.Array]:
   """This worker's training batch at ``step`` (inside the worker program on ``axis_name``).
 
   Returns:
-    images float32 ``[B, H, W, C]`` scaled to [0, 1] and int labels ``[B]``, rows drawn by
+    images ``[B, H, W, C]`` as stored (uint8) and int labels ``[B]``, rows drawn by
     :func:`sample_batch_indices` with the worker's :func:`data_key`.
   """
   idx = sample_batch_indices(data_key(seed, lax.axis_index(axis_name)), data.sizes, capacity,
                              batch_size, step)
-  return data.images[idx].astype(jnp.float32) / 255.0, data.labels[idx]
+  return data.images[idx], data.labels[idx]
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -112,6 +118,15 @@ def process_local_data(dataset: data_lib.Dataset, shards: list, backend) -> Work
                       for i, shape in enumerate(shapes)))
 
 
+def place_rows(rows: np.ndarray, backend) -> jax.Array:
+  """``rows [n, ...]`` (the same on every process) as the backend's worker-sharded array; on
+  the multihost backend each process places only the rows of its own workers."""
+  if backend.name != "multihost":
+    return backend.place(jnp.asarray(rows))
+  sharding = NamedSharding(backend.mesh, P(backend.mesh.axis_names[0]))
+  return jax.make_array_from_callback(rows.shape, sharding, lambda idx: rows[idx])
+
+
 # ----------------------------------------------------------------------------- tasks
 
 
@@ -121,29 +136,34 @@ class Task(NamedTuple):
   Attributes:
     name: ``"classification"``, ``"least_squares"`` or ``"logistic"``.
     worker_data: the stacked worker data (leaves ``[n, ...]``), placed for the backend.
-    init_params: ``() -> params`` of one worker (identical on every worker).
-    loss_fn: ``(params, batch) -> float32`` scalar, the training loss of a batch.
+    init: ``() -> (params, model_state)`` of one worker (identical on every worker);
+      ``model_state`` is what the model carries besides its parameters (BatchNorm's running
+      statistics; ``{}`` or ``()`` when none): kept per worker, never communicated.
+    loss_fn: ``(params, model_state, batch) -> (loss, model_state)``: the float32 training
+      loss of a batch and the model state after it.
     batch: ``(data, step, axis_name) -> batch``: this worker's batch at ``step`` inside the
       worker program (``data``: this worker's slice of ``worker_data``).
     eval_data: the data of the evaluations, replicated on the backend's devices.
-    evaluate: ``(params [n, ...], eval_data) -> dict`` of floats: ``train_loss`` and
-      ``consensus_distance`` always, ``test_loss`` / ``test_accuracy`` /
-      ``worker_test_accuracy`` (classification) or ``gap`` = F(x_bar) - F* (synthetic).
-    train_loss: ``(params [n, ...], eval_data) -> float``, F of the averaged model (ADA-LUPA).
-    point_loss: ``(params of one model, eval_data) -> float32`` (jax), the loss whose
-      Hessian the smoothness estimate uses.
+    evaluate: ``(params [n, ...], model_state [n, ...], eval_data) -> dict`` of floats:
+      ``train_loss`` and ``consensus_distance`` always, ``test_loss`` / ``test_accuracy`` /
+      ``worker_test_accuracy`` (classification, language model) or ``gap`` = F(x_bar) - F*
+      (synthetic).
+    train_loss: ``(params [n, ...], model_state [n, ...], eval_data) -> float``, F of the
+      averaged model (ADA-LUPA).
+    point_loss: ``(params of one model, model_state of one model, eval_data) -> float32``
+      (jax), the loss whose Hessian the smoothness estimate uses.
     facts: run facts for ``summary.json`` (e.g. ``f_star``).
   """
 
   name: str
   worker_data: Any
-  init_params: Callable[[], Any]
-  loss_fn: Callable[[Any, Any], jax.Array]
+  init: Callable[[], tuple]
+  loss_fn: Callable[[Any, Any, Any], tuple]
   batch: Callable[[Any, jax.Array, Any], Any]
   eval_data: Any
-  evaluate: Callable[[Any, Any], dict]
-  train_loss: Callable[[Any, Any], float]
-  point_loss: Callable[[Any, Any], jax.Array]
+  evaluate: Callable[[Any, Any, Any], dict]
+  train_loss: Callable[[Any, Any, Any], float]
+  point_loss: Callable[[Any, Any, Any], jax.Array]
   facts: dict
 
 
@@ -160,33 +180,131 @@ def train_loss_examples(num: int, count: int, seed: int) -> np.ndarray:
 def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData, model,
                         backend, decentralized: bool) -> Task:
   """Image classification with a flax model: cross-entropy on batches drawn without
-  replacement (:func:`worker_batch`); evaluation of the averaged model on the test set and
-  on ``eval_train_examples`` fixed training examples (:func:`train_loss_examples`)."""
+  replacement (:func:`worker_batch`), preprocessed on the device (:func:`image_inputs`);
+  evaluation of the averaged model (parameters and model state averaged over the workers) on
+  the test set and on ``eval_train_examples`` fixed training examples
+  (:func:`train_loss_examples`)."""
+  from nbsgd_jax import models as models_lib
   from nbsgd_jax.run import evaluation as ev
   capacity = worker_data.labels.shape[1]
   sub = train_loss_examples(len(dataset.train_labels), cfg.eval_train_examples, cfg.seed)
   eval_data = backend.replicate((ev.chunked(dataset.test_images, dataset.test_labels, 500),
                                  ev.chunked(dataset.train_images[sub],
                                             dataset.train_labels[sub], 500)))
-  eval_fn = ev.make_eval_fn(model, decentralized)
-  loss_fn_avg = ev.make_train_loss_fn(model)
+  train_input, eval_input = image_inputs(cfg, dataset.name, dataset.train_images.shape[-1])
+  apply = lambda p, ms, images: models_lib.apply_eval(model, p, ms, eval_input(images))
+  eval_fn = ev.make_eval_fn(apply, decentralized)
+  loss_fn_avg = ev.make_train_loss_fn(apply)
   sample = jnp.zeros((1,) + dataset.train_images.shape[1:], jnp.float32)
 
-  def loss_fn(params, batch):
+  def loss_fn(params, model_state, batch):
     x, y = batch
-    return cross_entropy(model.apply(params, x), y)
+    logits, model_state = models_lib.apply_train(model, params, model_state, x)
+    return cross_entropy(logits, y), model_state
+
+  def batch(data, step, axis):
+    images, labels = worker_batch(data, cfg.seed, cfg.batch_size, capacity, step, axis)
+    return train_input(augment_key(cfg.seed, lax.axis_index(axis), step), images), labels
 
   return Task(
       "classification", worker_data,
-      init_params=lambda: model.init(jax.random.key(cfg.seed), sample),
-      loss_fn=loss_fn,
-      batch=lambda data, step, axis: worker_batch(data, cfg.seed, cfg.batch_size, capacity,
-                                                  step, axis),
-      eval_data=eval_data,
-      evaluate=lambda params, d: {k: float(v) for k, v in eval_fn(params, *d).items()},
-      train_loss=lambda params, d: float(loss_fn_avg(params, d[1])),
-      point_loss=lambda p, d: ev.loss_acc(model, p, d[1])[0],
+      init=lambda: models_lib.init(model, jax.random.key(cfg.seed), sample),
+      loss_fn=loss_fn, batch=batch, eval_data=eval_data,
+      evaluate=lambda params, ms, d: {k: float(v) for k, v in eval_fn(params, ms, *d).items()},
+      train_loss=lambda params, ms, d: float(loss_fn_avg(params, ms, d[1])),
+      point_loss=lambda p, ms, d: ev.loss_acc(apply, p, ms, d[1])[0],
       facts={})
+
+
+def check_augment_config(cfg, errs: list) -> None:
+  """augment.*: crop padding, flip, normalisation (channel statistics known for the data
+  set)."""
+  from nbsgd_jax import checks
+  checks.integer(cfg, errs, "augment.crop_padding", 0, note="0: no random crop")
+  checks.boolean(cfg, errs, "augment.flip")
+  checks.boolean(cfg, errs, "augment.normalize")
+
+
+def image_inputs(cfg, dataset_name: str, channels: int) -> tuple[Callable, Callable]:
+  """``(train_input, eval_input)``: uint8 images ``[B, H, W, C]`` to the model's float32
+  input, for training ``(key, images)`` (with ``config.augment``'s random crop with zero
+  padding and horizontal flip, drawn from ``key``) and for evaluation ``(images)`` (no
+  augmentation). Pixels are scaled to [0, 1], then normalised per channel with the data
+  set's statistics when ``augment.normalize`` is set (:mod:`nbsgd_jax.augment`).
+
+  Raises:
+    ValueError: ``augment.normalize`` on a data set without known channel statistics.
+  """
+  from nbsgd_jax import augment
+  a = cfg.augment
+  mean, std = (0.0,) * channels, (1.0,) * channels  # x / 255
+  if a.normalize:
+    try:
+      mean, std = augment.channel_stats(dataset_name)
+    except ValueError as e:
+      raise ValueError(f"config.augment.normalize=True: {e}") from None
+  return (augment.make_augment(a.crop_padding, a.flip, mean, std),
+          lambda images: augment.normalize(images, mean, std))
+
+
+def text_windows(tokens: np.ndarray, context: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+  """Up to ``count`` consecutive non-overlapping windows of ``tokens [N]``: inputs int32
+  ``[k, T]`` and their next tokens ``[k, T]`` (``T = context``, ``k = min(count,
+  (N - 1) // T)``)."""
+  k = min(count, (len(tokens) - 1) // context)
+  x = tokens[:k * context].reshape(k, context)
+  y = tokens[1:k * context + 1].reshape(k, context)
+  return x.astype(np.int32), y.astype(np.int32)
+
+
+def text_batch(tokens: jax.Array, seed: int, batch_size: int, context: int, step: jax.Array,
+               axis_name=AXIS) -> tuple[jax.Array, jax.Array]:
+  """This worker's language-model batch at ``step``: ``batch_size`` windows of ``context``
+  tokens starting at offsets drawn uniformly (with replacement) from its contiguous shard
+  ``tokens [L]``, and their next tokens; deterministic in ``(seed, worker, step)``.
+
+  Returns:
+    int32 inputs ``[B, T]`` and targets ``[B, T]``.
+  """
+  key = jax.random.fold_in(data_key(seed, lax.axis_index(axis_name)), step)
+  start = jax.random.randint(key, (batch_size,), 0, tokens.shape[0] - context)
+  idx = start[:, None] + jnp.arange(context)[None, :]
+  return tokens[idx], tokens[idx + 1]
+
+
+def language_model_task(cfg, dataset, worker_tokens: jax.Array, model, backend,
+                        decentralized: bool) -> Task:
+  """Character-level language modelling with a flax model (``config.model="transformer"``):
+  mean next-token cross-entropy (nats per character) on windows drawn by
+  :func:`text_batch`; evaluation of the averaged model on the test split's consecutive
+  windows (``test_loss``; ``test_accuracy``: next-character accuracy) and on
+  ``eval_train_examples`` windows of the training split (``train_loss``)."""
+  from nbsgd_jax import models as models_lib
+  from nbsgd_jax.run import evaluation as ev
+  t = cfg.lm.context
+  test = text_windows(dataset.test_tokens, t, max(1, len(dataset.test_tokens) // t))
+  train = text_windows(dataset.train_tokens, t, cfg.eval_train_examples)
+  eval_data = backend.replicate((ev.chunked(*test, 64), ev.chunked(*train, 64)))
+  apply = lambda p, ms, x: models_lib.apply_eval(model, p, ms, x)
+  eval_fn = ev.make_eval_fn(apply, decentralized)
+  loss_fn_avg = ev.make_train_loss_fn(apply)
+
+  def loss_fn(params, model_state, batch):
+    x, y = batch
+    logits, model_state = models_lib.apply_train(model, params, model_state, x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), model_state
+
+  return Task(
+      "language_model", worker_tokens,
+      init=lambda: models_lib.init(model, jax.random.key(cfg.seed), jnp.zeros((1, t),
+                                                                              jnp.int32)),
+      loss_fn=loss_fn,
+      batch=lambda data, step, axis: text_batch(data, cfg.seed, cfg.batch_size, t, step, axis),
+      eval_data=eval_data,
+      evaluate=lambda params, ms, d: {k: float(v) for k, v in eval_fn(params, ms, *d).items()},
+      train_loss=lambda params, ms, d: float(loss_fn_avg(params, ms, d[1])),
+      point_loss=lambda p, ms, d: ev.loss_acc(apply, p, ms, d[1])[0],
+      facts={"vocab_size": dataset.vocab_size})
 
 
 def synthetic_task(cfg, problem, backend) -> Task:
@@ -196,6 +314,7 @@ def synthetic_task(cfg, problem, backend) -> Task:
   averaged model in float64 and the gap ``F - F*``."""
   from nbsgd_jax import metrics as metrics_lib
   from nbsgd_jax import problems as problems_lib
+  from nbsgd_jax import transforms
   m = problem.features.shape[1]
   loss_fn = problems_lib.loss_fn(problem)
   worker_data = backend.place((jnp.asarray(problem.features), jnp.asarray(problem.targets)))
@@ -213,14 +332,14 @@ def synthetic_task(cfg, problem, backend) -> Task:
     w = np.asarray(backend.fetch(params["w"]), np.float64)
     return problems_lib.objective(problem, w.mean(axis=0))
 
-  def evaluate(params, d):
-    del d
+  def evaluate(params, model_state, d):
+    del model_state, d
     f = objective(params)
     return {"train_loss": f, "gap": f - problem.f_star,
             "consensus_distance": float(backend.fetch(metrics_lib.consensus_distance(params)))}
 
   return Task(
-      problem.name, worker_data, init_params=lambda: problems_lib.init_params(problem),
-      loss_fn=loss_fn, batch=batch, eval_data=eval_data, evaluate=evaluate,
-      train_loss=lambda params, d: objective(params),
-      point_loss=lambda p, d: loss_fn(p, d), facts={"f_star": problem.f_star})
+      problem.name, worker_data, init=lambda: (problems_lib.init_params(problem), ()),
+      loss_fn=transforms.stateless(loss_fn), batch=batch, eval_data=eval_data,
+      evaluate=evaluate, train_loss=lambda params, ms, d: objective(params),
+      point_loss=lambda p, ms, d: loss_fn(p, d), facts={"f_star": problem.f_star})

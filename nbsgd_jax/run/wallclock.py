@@ -145,16 +145,18 @@ class WallClockStep:
     def minibatch(params, data, step, j, sums):
       batch = transforms.split_minibatches(task.batch(data, step, axis), m)
       one = jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, j, keepdims=False), batch)
-      return transforms.add_minibatch(sums, task.loss_fn, params, one)
+      return transforms.add_minibatch_with_state(sums, task.loss_fn, params, one)
 
     def update(period_end, state, sums, count, measured, ctx):
       ctx = ctx._replace(count=count, total=lax.psum(count, axis), period_end=period_end)
-      grads, loss = transforms.mean_of_sums(*sums, count)
-      state, out = setup_lib.apply_update(s, state, loss, grads, ctx)
+      grads, loss = transforms.mean_of_sums(*sums[:2], count)
+      state, out = setup_lib.apply_update(s, state._replace(model_state=sums[2]), loss, grads,
+                                          ctx)
       rows = jax.nn.one_hot(lax.axis_index(axis), self.n, dtype=jnp.float32)
       return state, out, lax.psum(rows[:, None] * measured[None, :], axis)
 
-    self._zeros = jax.jit(b.spmd(transforms.zero_sums))
+    self._zeros = jax.jit(b.spmd(lambda params, model_state: transforms.zero_sums(params)
+                                 + (model_state,)))
     self._minibatch = jax.jit(b.spmd(minibatch))
     self._update_fn = lambda key: jax.jit(b.spmd(lambda *a: update(key, *a)),
                                           donate_argnums=(0,))  # one program per period end
@@ -182,7 +184,7 @@ class WallClockStep:
   def __call__(self, state, data, ctx, period_end: bool = True, inputs: Optional[dict] = None):
     step, deadline = int(inputs["step"]), float(inputs["deadline"])
     key = period_end if self.s.recipe.periodic else True  # a static (hashable) period end
-    sums = self._zeros(state.params)
+    sums = self._zeros(state.params, state.model_state)
     mb = self._program("minibatch", self._minibatch, state.params, data, state.step,
                        self._index[0], sums)
     pace = self._pace(step)

@@ -40,9 +40,12 @@ __all__ = [
     "AccumulateState",
     "accumulate_minibatches",
     "add_minibatch",
+    "add_minibatch_with_state",
     "mean_of_sums",
     "zero_sums",
     "minibatch_mean_gradient",
+    "minibatch_mean_gradient_with_state",
+    "stateless",
     "split_minibatches",
 ]
 
@@ -141,6 +144,39 @@ def minibatch_mean_gradient(
       ``nonblocking.num_minibatches`` and ``batch_size``); unknown ``weighting``;
       ``weighting="global"`` without ``axis_name``.
   """
+  grads, loss, count, _ = minibatch_mean_gradient_with_state(
+      stateless(loss_fn), params, (), batch, num_minibatches, count, axis_name, weighting)
+  return grads, loss, count
+
+
+def stateless(loss_fn: Callable[[Any, Any], chex.Array]) -> Callable:
+  """``loss_fn(params, batch)`` as a loss with model state: ``(params, state, batch) ->
+  (loss, state)``, the state passed through."""
+  return lambda params, state, batch: (loss_fn(params, batch), state)
+
+
+def minibatch_mean_gradient_with_state(
+    loss_fn: Callable[[Any, Any, Any], tuple[chex.Array, Any]],
+    params: Any,
+    model_state: Any,
+    batch: Any,
+    num_minibatches: int,
+    count: chex.Numeric,
+    axis_name: Optional[str] = None,
+    weighting: str = "local",
+) -> tuple[Any, chex.Array, chex.Array, Any]:
+  """:func:`minibatch_mean_gradient` of a loss with model state (BatchNorm's running
+  statistics): ``loss_fn(params, model_state, minibatch) -> (loss, model_state)``. The state
+  goes through the finished mini-batches in order (mini-batch ``j`` sees the state left by
+  ``j - 1``); an unfinished mini-batch leaves it unchanged, like its gradient.
+
+  Returns:
+    ``(grads, loss, count, model_state)``; the first three as
+    :func:`minibatch_mean_gradient`.
+
+  Raises:
+    ValueError: as :func:`minibatch_mean_gradient`.
+  """
   if weighting not in _WEIGHTINGS:
     raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
   if weighting == "global" and axis_name is None:
@@ -150,12 +186,13 @@ def minibatch_mean_gradient(
 
   def body(carry, xs):
     j, minibatch = xs
-    new = add_minibatch(carry, loss_fn, params, minibatch)
+    new = add_minibatch_with_state(carry, loss_fn, params, minibatch)
     keep = j < count
     return jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), new, carry), None
 
   xs = (jnp.arange(num_minibatches, dtype=jnp.int32), minibatches)
-  (grad_sum, loss_sum), _ = lax.scan(body, zero_sums(params), xs)
+  (grad_sum, loss_sum, model_state), _ = lax.scan(
+      body, zero_sums(params) + (model_state,), xs)
 
   total = count
   if weighting == "global":
@@ -163,7 +200,7 @@ def minibatch_mean_gradient(
     loss_sum = lax.psum(loss_sum, axis_name)
     total = lax.psum(count, axis_name)
   grads, loss = mean_of_sums(grad_sum, loss_sum, total)
-  return grads, loss, count
+  return grads, loss, count, model_state
 
 
 def zero_sums(params: Any) -> tuple:
@@ -175,12 +212,20 @@ def zero_sums(params: Any) -> tuple:
 
 def add_minibatch(sums: tuple, loss_fn: Callable, params: Any, minibatch: Any) -> tuple:
   """``sums`` plus one mini-batch's ``(gradient, loss)`` (:func:`minibatch_mean_gradient`'s
-  accumulation, also run one mini-batch at a time on the wall clock,
-  :mod:`nbsgd_jax.run.wallclock`)."""
-  grad_sum, loss_sum = sums
-  loss, grads = jax.value_and_grad(loss_fn)(params, minibatch)
+  accumulation)."""
+  return add_minibatch_with_state(sums + ((),), stateless(loss_fn), params, minibatch)[:2]
+
+
+def add_minibatch_with_state(carry: tuple, loss_fn: Callable, params: Any,
+                             minibatch: Any) -> tuple:
+  """``(grad_sum, loss_sum, model_state)`` after one more mini-batch of a loss with model
+  state (:func:`minibatch_mean_gradient_with_state`'s accumulation, also run one mini-batch
+  at a time on the wall clock, :mod:`nbsgd_jax.run.wallclock`)."""
+  grad_sum, loss_sum, model_state = carry
+  (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      params, model_state, minibatch)
   grad_sum = jax.tree_util.tree_map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
-  return grad_sum, loss_sum + loss.astype(jnp.float32)
+  return grad_sum, loss_sum + loss.astype(jnp.float32), model_state
 
 
 def mean_of_sums(grad_sum: Any, loss_sum: chex.Array, total: chex.Array) -> tuple:

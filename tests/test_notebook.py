@@ -1,0 +1,102 @@
+"""``notebooks/quickstart.ipynb`` (the guide's quick start in Colab): a valid notebook stored
+without outputs, whose configuration is ``experiments/configs/quickstart.py``'s, and that runs
+top to bottom in a Jupyter kernel (this interpreter) with its ``parameters`` cell shrunk (20
+steps instead of 200), writing the three runs and the report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOK = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
+RUNS = ("dpsgd", "allreduce", "dpsgd_nonblocking")
+# Injected after the ``parameters`` cell (papermill's convention): a short run.
+SMALL = {"NUM_STEPS": 20, "EVAL_EVERY": 10, "RUNS_DIR": "runs"}
+CELL_TIMEOUT = 300  # s, per cell
+
+
+def _notebook():
+  return nbformat.read(NOTEBOOK, as_version=4)
+
+
+def _tagged(nb, tag):
+  cells = [c for c in nb.cells if tag in c.metadata.get("tags", [])]
+  assert len(cells) == 1, f"one cell tagged {tag!r}"
+  return cells[0]
+
+
+def test_notebook_is_valid_and_stored_without_outputs():
+  nb = _notebook()
+  nbformat.validate(nb)
+  assert nb.nbformat == 4
+  assert nb.metadata.kernelspec.name == "python3"
+  for cell in nb.cells:
+    if cell.cell_type == "code":
+      assert cell.outputs == [] and cell.execution_count is None, cell.id
+  install = next(c for c in nb.cells if "%pip install" in c.source)
+  assert 'if "google.colab" in sys.modules:' in install.source
+
+
+def test_notebook_config_is_the_quickstart_config():
+  spec = importlib.util.spec_from_file_location(
+      "quickstart_config_file", os.path.join(ROOT, "experiments", "configs", "quickstart.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  ns = {}
+  exec(_tagged(_notebook(), "config").source, ns)  # pylint: disable=exec-used
+  assert ns["quickstart_config"]().to_dict() == mod.get_config().to_dict()
+
+
+def test_notebook_runs(tmp_path, monkeypatch):
+  nbclient = pytest.importorskip("nbclient")
+  pytest.importorskip("ipykernel")
+  nb = _notebook()
+  params = _tagged(nb, "parameters")
+  for name in SMALL:
+    assert f"{name} = " in params.source, name
+  injected = nbformat.v4.new_code_cell(
+      "\n".join(f"{k} = {v!r}" for k, v in SMALL.items()),
+      metadata={"tags": ["injected-parameters"]})
+  nb.cells.insert(nb.cells.index(params) + 1, injected)
+  nb.cells.append(nbformat.v4.new_code_cell("import sys; print('kernel prefix:', sys.prefix)"))
+
+  # The kernel inherits the environment (conftest's JAX_PLATFORMS=cpu); the package is found
+  # even when it is not installed (pytest's pythonpath is not in the environment).
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+      [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+  client = nbclient.NotebookClient(
+      nb, timeout=CELL_TIMEOUT, kernel_name="python3",
+      resources={"metadata": {"path": str(tmp_path)}})
+  client.execute()  # raises CellExecutionError on an error in a cell
+
+  runs_dir = tmp_path / SMALL["RUNS_DIR"]
+  for run in RUNS:
+    with open(runs_dir / run / "summary.json") as f:
+      summary = json.load(f)
+    assert summary["steps"] == SMALL["NUM_STEPS"], run
+    for key in ("train_loss", "test_accuracy", "sim_time", "wall_time", "bytes_sent"):
+      assert isinstance(summary[key], float) and math.isfinite(summary[key]), (run, key)
+    assert 0 < summary["test_accuracy"] <= 1, run
+  report = runs_dir / "report"
+  for f in ("report.md", "loss_accuracy_vs_sim_time.png", "consensus_distance.png"):
+    assert (report / f).is_file(), f
+  md = (report / "report.md").read_text()
+  for run in RUNS:
+    assert f"| {run} |" in md, run
+
+  outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+  assert not [o for o in outputs if o.output_type == "error"]
+  shown = [k for o in outputs for k in o.get("data", {})]
+  assert shown.count("image/png") >= 2 and "text/markdown" in shown
+  printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+  assert f"nbsgd_jax from {os.path.join(ROOT, 'nbsgd_jax')}" in printed
+  # the kernel is this environment's Python ("python" in the kernel spec: sys.executable)
+  assert f"kernel prefix: {sys.prefix}\n" in printed

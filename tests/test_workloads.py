@@ -1,0 +1,250 @@
+"""The field's standard workloads (issue 19): ResNet-20 on CIFAR-shaped data with per-worker
+BatchNorm statistics, a character-level transformer language model, bfloat16 compute; all
+through ``train()`` and the command line on ``tfds.testing.mock_data`` (nothing downloads)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import models as models_lib
+from nbsgd_jax import train
+from nbsgd_jax.axis import AXIS
+
+from tests.test_train import run_steps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CIFAR = os.path.join(ROOT, "experiments", "configs", "cifar10_resnet20.py")
+LM = os.path.join(ROOT, "experiments", "configs", "lm_diloco.py")
+
+
+def cifar_cfg(**overrides):
+  """A CIFAR-shaped run small enough for a test: ResNet-8 (BatchNorm), 4 workers."""
+  c = config_lib.default_config()
+  c.dataset = "tfds:cifar10"
+  c.model = "resnet"
+  c.resnet_depth = 8
+  c.num_workers = 4
+  c.batch_size = 4
+  c.num_steps = 2
+  c.eval_every = 2
+  c.eval_train_examples = 16
+  c.learning_rate = 0.05
+  c.progress = False
+  return config_lib.override(c, overrides)
+
+
+def lm_cfg(**overrides):
+  c = config_lib.default_config()
+  c.dataset = "tfds:tiny_shakespeare"
+  c.model = "transformer"
+  c.lm.context = 8
+  c.lm.num_layers = 1
+  c.lm.d_model = 16
+  c.lm.num_heads = 2
+  c.num_workers = 2
+  c.batch_size = 4
+  c.num_steps = 4
+  c.eval_every = 4
+  c.eval_train_examples = 8
+  c.optimizer = "adamw"
+  c.learning_rate = 1e-3
+  c.progress = False
+  return config_lib.override(c, overrides)
+
+
+# ----------------------------------------------------------------------------- ResNet-20
+
+
+def test_resnet20_has_the_papers_parameter_count():
+  # He et al. 2016, Sec. 4.2: 3x3 conv 16; 3 stages x 3 blocks x 2 convs of 3x3 (16, 32, 64;
+  # the first conv of stages 2 and 3 widens); option A shortcuts (no parameters); one BN
+  # (scale, bias) after every conv; dense 64 -> classes. Counted by hand, not by the model.
+  convs = (3 * 9 * 16 + 6 * 9 * 16 * 16 + 9 * 16 * 32 + 5 * 9 * 32 * 32
+           + 9 * 32 * 64 + 5 * 9 * 64 * 64)
+  norms = 2 * (16 + 6 * 16 + 6 * 32 + 6 * 64)
+  for classes in (10, 100):
+    expected = convs + norms + 64 * classes + classes
+    for norm in ("batch", "group"):
+      model = models_lib.make_model("resnet", classes, norm=norm, depth=20)
+      params, state = jax.eval_shape(lambda: models_lib.init(model, jax.random.key(0),
+                                                              jnp.zeros((1, 32, 32, 3))))
+      assert models_lib.num_params(params) == expected
+      assert bool(state) == (norm == "batch")  # GroupNorm carries no model state
+  assert convs + norms + 650 == 269_722  # "0.27 M"
+
+
+def _stats(model_state, worker=None):
+  leaves = jax.tree.leaves(model_state)
+  return [np.asarray(x if worker is None else x[worker]) for x in leaves]
+
+
+@pytest.mark.parametrize("backend", ["simulate", "mesh"])
+def test_batchnorm_statistics_are_each_workers_own(backend):
+  # Reference: flax's BatchNorm applied to each worker's batch on its own (no vmap, no
+  # shard_map): the running statistics after one step are those of that worker's batch.
+  cfg = cifar_cfg(backend=backend, algorithm="dpsgd")
+  with tfds.testing.mock_data(num_examples=32):
+    s, state, _ = run_steps(cfg, 1)
+  state = jax.device_get(state)
+  model = s.model
+  params0, ms0 = s.task.init()
+  data = jax.device_get(s.worker_data)
+  batches = jax.vmap(lambda d: s.task.batch(d, jnp.int32(0), AXIS), axis_name=AXIS)(data)
+  for i in range(cfg.num_workers):
+    x = batches[0][i]
+    _, ref = model.apply({**params0, **ms0}, x, train=True, mutable=["batch_stats"])
+    for got, want in zip(_stats(state.model_state, i), _stats(ref)):
+      np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+  first = _stats(state.model_state)[0]
+  assert not np.allclose(first[0], first[1])  # the workers' statistics differ
+
+
+def test_batchnorm_simulate_equals_mesh_and_survives_a_resume(tmp_path):
+  def final_state(cfg, workdir, crash_at=None):
+    seen = {}
+
+    def hook(step, state, setup):
+      del setup
+      seen[step] = jax.device_get((state.params, state.model_state))
+      if step == crash_at:
+        raise RuntimeError("crash")
+
+    try:
+      train.train(cfg, workdir, hooks=(hook,))
+    except RuntimeError:
+      pass
+    return seen
+
+  with tfds.testing.mock_data(num_examples=32):
+    base = dict(num_steps=4, eval_every=2, checkpoint_every=2, algorithm="local_sgd")
+    sim = final_state(cifar_cfg(**base), str(tmp_path / "sim"))
+    mesh = final_state(cifar_cfg(backend="mesh", **base), str(tmp_path / "mesh"))
+    final_state(cifar_cfg(**base), str(tmp_path / "crash"), crash_at=3)
+    resumed = final_state(cifar_cfg(**base), str(tmp_path / "crash"))
+  assert min(resumed) == 2  # it resumed from the checkpoint of step 2
+  chex_equal = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
+  chex_equal(resumed[4], sim[4])  # exactly
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+               mesh[4], sim[4])
+  assert any(not np.array_equal(a, b) for a, b in zip(_stats(sim[4][1]), _stats(sim[2][1])))
+
+
+def test_every_algorithm_trains_on_cifar_shaped_data():
+  # A small MLP keeps the 11 compilations short; ResNet's model state goes through the
+  # gradient paths (full batch, counted mini-batches, periodic programs) here and above.
+  failed = {}
+  with tfds.testing.mock_data(num_examples=32):
+    for algorithm in config_lib.ALGORITHMS:
+      extra = {"diloco.inner_steps": 2} if "diloco" in algorithm else {}
+      summary = train.train(cifar_cfg(algorithm=algorithm, model="mlp", mlp_hidden=(16,),
+                                      **extra))
+      if not (summary["steps"] == 2 and math.isfinite(summary["train_loss"])):
+        failed[algorithm] = summary
+    for overrides in ({"algorithm": "allreduce", "nonblocking.enabled": True,
+                       "nonblocking.num_minibatches": 2, "cluster.scenario": "one_slow"},
+                      {"algorithm": "diloco", "diloco.inner_steps": 2, "norm": "group"}):
+      summary = train.train(cifar_cfg(**overrides))
+      if not (summary["steps"] == 2 and math.isfinite(summary["train_loss"])):
+        failed[str(overrides)] = summary
+  assert not failed, failed
+
+
+def test_bfloat16_compute_keeps_float32_parameters():
+  with tfds.testing.mock_data(num_examples=32):
+    s, state, losses = run_steps(cifar_cfg(model="cnn", compute_dtype="bfloat16"), 2)
+    _, state32, losses32 = run_steps(cifar_cfg(model="cnn"), 2)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
+  assert np.all(np.isfinite(losses))
+  np.testing.assert_allclose(losses, losses32, rtol=0.05)  # bf16 rounding, same run
+  assert not np.array_equal(losses, losses32)  # it did compute in bfloat16
+
+
+# ----------------------------------------------------------------------------- language model
+
+
+def test_text_batches_are_windows_of_the_workers_shard():
+  tokens = jnp.arange(100, dtype=jnp.int32).reshape(2, 50) * 3
+  x, y = jax.vmap(lambda t: train.text_batch(t, 0, 5, 7, jnp.int32(3), AXIS),
+                  axis_name=AXIS)(tokens)
+  assert x.shape == y.shape == (2, 5, 7)
+  for i in range(2):
+    row = np.asarray(tokens[i])
+    for b in range(5):
+      start = int(np.flatnonzero(row == x[i, b, 0])[0])
+      np.testing.assert_array_equal(x[i, b], row[start:start + 7])
+      np.testing.assert_array_equal(y[i, b], row[start + 1:start + 8])
+
+
+@pytest.mark.parametrize("algorithm", ["diloco", "streaming_diloco", "local_sgd"])
+def test_language_model_trains_a_few_steps(algorithm):
+  extra = {"diloco.inner_steps": 2} if "diloco" in algorithm else {"local_sgd.tau": 2}
+  with tfds.testing.mock_data(num_examples=3):
+    summary = train.train(lm_cfg(algorithm=algorithm, **extra))
+  assert summary["steps"] == 4
+  assert math.isfinite(summary["train_loss"]) and math.isfinite(summary["test_loss"])
+  assert 0.0 <= summary["test_accuracy"] <= 1.0
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _cli_under_mock_data(tmp_path, config, num_examples, *overrides):
+  """The command line (``nbsgd_jax.main``'s flag parsing and main) in a fresh process whose
+  tfds is ``tfds.testing.mock_data``."""
+  script = textwrap.dedent(f"""
+      import sys
+      import tensorflow_datasets as tfds
+      from absl import app
+      from nbsgd_jax import main
+      sys.argv = sys.argv + {list(overrides)!r}
+      with tfds.testing.mock_data(num_examples={num_examples}):
+        app.run(main.main, flags_parser=main._parse_flags)
+  """)
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  args = [f"--config={config}", f"--workdir={tmp_path / 'run'}", "--config.progress=False"]
+  return subprocess.run([sys.executable, "-c", script] + args, capture_output=True, text=True,
+                        env=env, cwd=ROOT, timeout=600)
+
+
+def test_cifar_resnet20_config_trains_through_the_cli(tmp_path):
+  r = _cli_under_mock_data(
+      tmp_path, CIFAR, 32, "--config.num_workers=2", "--config.batch_size=4",
+      "--config.num_steps=2", "--config.eval_every=2", "--config.warmup_steps=1",
+      "--config.checkpoint_every=0", "--config.eval_train_examples=16")
+  assert r.returncode == 0, r.stderr[-3000:]
+  with open(tmp_path / "run" / "summary.json") as f:
+    summary = json.load(f)
+  assert summary["steps"] == 2 and math.isfinite(summary["test_loss"])
+
+
+def test_lm_config_trains_through_the_cli(tmp_path):
+  r = _cli_under_mock_data(
+      tmp_path, LM, 3, "--config.num_workers=2", "--config.batch_size=2",
+      "--config.num_steps=4", "--config.eval_every=2", "--config.warmup_steps=1",
+      "--config.lm.context=8", "--config.lm.num_layers=1", "--config.lm.d_model=16",
+      "--config.diloco.inner_steps=2", "--config.eval_train_examples=8")
+  assert r.returncode == 0, r.stderr[-3000:]
+  with open(tmp_path / "run" / "summary.json") as f:
+    assert json.load(f)["steps"] == 4
+
+
+@pytest.mark.parametrize("config,command", [(CIFAR, "tfds build cifar10"),
+                                            (LM, "tfds build tiny_shakespeare")])
+def test_unprepared_data_names_the_tfds_command(tmp_path, config, command):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  r = subprocess.run([sys.executable, "-m", "nbsgd_jax.main", f"--config={config}",
+                      f"--workdir={tmp_path / 'run'}", f"--config.data_dir={tmp_path}"],
+                     capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+  errors = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
+  assert len(errors) == 1 and command in errors[0], r.stderr
