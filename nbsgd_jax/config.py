@@ -111,6 +111,9 @@ def default_config() -> ml_collections.ConfigDict:
                                  # num_steps (equal-time budgets; 0: off)
   c.stop_train_loss = 0.0        # stop at the first evaluation with train_loss <= this, before
                                  # num_steps (time to a target loss; 0: off)
+  c.steps_per_dispatch = 1       # k: training steps per compiled dispatch (lax.scan over the
+                                 # steps between evaluations whose host inputs are known in
+                                 # advance; hooks run before each dispatch; clock=wall: 1)
   c.seed = 0                     # init, data order and partition seed
   c.progress = True              # tqdm progress bar
   c.tensorboard = False          # also write workdir/tensorboard event files (tensorboardX):
@@ -333,6 +336,10 @@ def check_top_level(cfg, errs: list) -> None:
   checks.number(cfg, errs, "stop_sim_time", 0)
   checks.number(cfg, errs, "stop_train_loss", 0)
   checks.integer(cfg, errs, "seed", 0)
+  if checks.integer(cfg, errs, "steps_per_dispatch", 1) and cfg.steps_per_dispatch > 1 and (
+      cfg.cluster.get("clock") == "wall"):
+    errs.append(f"config.steps_per_dispatch={cfg.steps_per_dispatch} is not allowed with "
+                "config.cluster.clock='wall': each step is timed on the host; use 1")
   for key in ("nesterov", "progress", "tensorboard"):
     checks.boolean(cfg, errs, key)
   checks.string(cfg, errs, "data_dir")

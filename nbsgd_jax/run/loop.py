@@ -33,7 +33,8 @@ class Run:
     self.s, self.host, self.records, self.watch = s, host, records, watch
     self.state = setup_lib.init_state(s)
     self.step_fn = setup_lib.make_train_step(s, host)
-    self.pending: list = []  # (step, inputs, (loss, report)) not yet read
+    self.block_fn = setup_lib.make_block_step(s)
+    self.pending: list = []  # (steps, inputs, (loss, report), stacked) not yet read
     self.finite_fn = evaluation_lib.make_finite_fn()
     self._smooth_fn = None
 
@@ -76,9 +77,46 @@ class Run:
     ctx = setup_lib.device_context(self.s, inputs)
     self.state, out = self.step_fn(self.state, self.s.worker_data, ctx,
                                    inputs.get("period_end", True), inputs=inputs)
-    self.pending.append((step, inputs, out))
+    self.pending.append(([step], [inputs], out, False))
     if self.host.needs_report(step, inputs):
       self.watch.off_clock(self.state, self.flush)
+
+  def dispatch(self, first: int, last: int) -> int:
+    """Run steps ``first, first + 1, ...`` before ``last``, at most
+    ``config.steps_per_dispatch`` of them, in one dispatch (:func:`nbsgd_jax.run.setup.
+    make_block_step`); a step whose report a host part needs at once ends the block. The
+    host draws each step's inputs in order, as :meth:`step` does (the inputs of step t + 1
+    never depend on step t's report unless ``needs_report``). Returns the steps run."""
+    k = self.s.cfg.steps_per_dispatch
+    if k == 1:
+      self.step(first)
+      return 1
+    steps, inputs = [], []
+    for t in range(first, min(first + k, last)):
+      steps.append(t)
+      inputs.append(self.host.inputs(t, self))
+      if self.host.needs_report(t, inputs[-1]):
+        break
+    ctx = setup_lib.device_contexts(self.s, inputs)
+    keys = tuple(i.get("period_end", True) for i in inputs)
+    self.state, out = self.block_fn(self.state, self.s.worker_data, ctx, keys)
+    self.pending.append((steps, inputs, out, True))
+    if self.host.needs_report(steps[-1], inputs[-1]):
+      self.watch.off_clock(self.state, self.flush)
+    return len(steps)
+
+  def _pending_steps(self):
+    """``(step, inputs, loss [n], report)`` of every pending step, in order (one transfer)."""
+    outs = self.s.backend.fetch([out for _, _, out, _ in self.pending])
+    for (steps, inputs, _, stacked), out in zip(self.pending, outs):
+      if not stacked:
+        yield steps[0], inputs[0], *out
+        continue
+      j = 0
+      for loss, report in out:  # one run of steps: [n, m] -> each step's [n]
+        for r in range(loss.shape[1]):
+          yield steps[j], inputs[j], loss[:, r], {k: v[:, r] for k, v in report.items()}
+          j += 1
 
   def flush(self) -> Optional[float]:
     """Read the pending reports (one transfer): the host parts observe them in order,
@@ -88,9 +126,8 @@ class Run:
     Raises:
       TrainingDiverged: a non-finite step loss.
     """
-    outs = self.s.backend.fetch([out for _, _, out in self.pending])
     losses = []
-    for (step, inputs, _), (loss, report) in zip(self.pending, outs):
+    for step, inputs, loss, report in self._pending_steps():
       loss = np.asarray(loss, np.float64)
       if not np.all(np.isfinite(loss)):
         raise TrainingDiverged(step + 1, np.flatnonzero(~np.isfinite(loss)).tolist(), "loss")
@@ -162,7 +199,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
     cfg: a config from :func:`nbsgd_jax.config.default_config` (possibly changed).
     workdir: output directory (created), or None to write nothing.
     hooks: callables ``hook(step, state, setup)`` run on the host before step ``step``
-      (0-based) with the state after ``step`` steps (and once after the last step, with
+      (0-based; with ``steps_per_dispatch`` k > 1, before each dispatch: the first step of
+      each block) with the state after ``step`` steps (and once after the last step, with
       ``step = num_steps``); a hook must not keep ``state`` (its buffers are donated to the
       next step); its time is not counted in ``wall_time``.
 
@@ -211,12 +249,11 @@ def _run(cfg, workdir, hooks, stack) -> dict:
 
   watch.resume()
   done, stopped = start, (stop_reason(cfg, rec) if start else None)  # a resumed run
-  for step in range(start, cfg.num_steps):
-    if stopped is not None:
-      break
-    run_hooks(step)
-    run.step(step)
-    done = step + 1
+  while done < cfg.num_steps and stopped is None:
+    run_hooks(done)  # before each dispatch
+    step = done
+    done += run.dispatch(step, min((step // cfg.eval_every + 1) * cfg.eval_every,
+                                   cfg.num_steps))
     if done % cfg.eval_every == 0 or done == cfg.num_steps:
       watch.pause(run.state)
       rec = run.evaluate(done)
@@ -227,7 +264,7 @@ def _run(cfg, workdir, hooks, stack) -> dict:
           and stopped is None):
         ckpt.save(done, run.state, {"host": host.state_dict(), "wall": watch.seconds})
       watch.resume()
-    bar.update(1)
+    bar.update(done - step)
   watch.pause(run.state)
   run_hooks(done)
   return _summary(cfg, s, run, rec, done, stopped)

@@ -14,6 +14,7 @@ updates it, no transform sees it.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax import lax
 
 from nbsgd_jax import cluster as cluster_lib
 from nbsgd_jax import config as config_lib
@@ -456,26 +458,75 @@ def _targets(cfg) -> host_lib.Targets:
                           0 if cs.smoothness else cs.smoothness_every, cs.until_step)
 
 
-def device_context(s: Setup, inputs: dict) -> StepContext:
-  """The host inputs of a step as the workers' :class:`~nbsgd_jax.transforms.StepContext`
-  (arrays with a leading worker axis, placed for the backend): ``count`` is per worker,
-  the other values the same for every worker."""
+def host_context(s: Setup, inputs: dict) -> StepContext:
+  """The host inputs of a step as numpy arrays with a leading worker axis ``[n, ...]``:
+  ``count`` is per worker, the other values the same for every worker (None stays None)."""
   n = s.cfg.num_workers
 
   def per_worker(x, dtype):
     if x is None:
       return None
     x = np.asarray(x, dtype)
-    return jnp.asarray(np.broadcast_to(x, (n,) + x.shape).copy())
+    return np.broadcast_to(x, (n,) + x.shape).copy()
 
-  ctx = StepContext(per_worker(inputs["step"], np.int32),
-                    jnp.asarray(np.asarray(inputs["count"], np.int32)),  # already per worker
-                    per_worker(inputs["total"], np.int32), per_worker(inputs["active"], bool),
-                    per_worker(inputs.get("alive"), bool),
-                    per_worker(inputs.get("target"), np.float32))
-  return s.backend.place(ctx)
+  return StepContext(per_worker(inputs["step"], np.int32),
+                     np.asarray(inputs["count"], np.int32),  # already per worker
+                     per_worker(inputs["total"], np.int32), per_worker(inputs["active"], bool),
+                     per_worker(inputs.get("alive"), bool),
+                     per_worker(inputs.get("target"), np.float32))
 
 
-__all__ = ["AXIS", "Setup", "TrainState", "device_context", "full_batch", "gradient_source",
+def device_context(s: Setup, inputs: dict) -> StepContext:
+  """The host inputs of a step as the workers' :class:`~nbsgd_jax.transforms.StepContext`
+  (:func:`host_context`, placed for the backend)."""
+  return s.backend.place(jax.tree.map(jnp.asarray, host_context(s, inputs)))
+
+
+def device_contexts(s: Setup, inputs: list) -> StepContext:
+  """The contexts of ``k`` consecutive steps, stacked per worker (leaves ``[n, k, ...]``),
+  placed for the backend: the input of :func:`make_block_step`."""
+  ctxs = [host_context(s, i) for i in inputs]
+  return s.backend.place(jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs, axis=1)), *ctxs))
+
+
+def make_block_step(s: Setup) -> Callable:
+  """``(state, data, ctx, keys) -> (state, outs)``: ``k`` steps in one dispatch
+  (``config.steps_per_dispatch``), each the program of :func:`make_worker_step` for its
+  static period end ``keys[j]``, consecutive steps with the same period end (a run) as one
+  ``lax.scan``; ``ctx`` from :func:`device_contexts`; ``outs``: per run ``(loss [n, m],
+  report [n, m])`` of its ``m`` steps. One program
+  is compiled per run-length pattern of ``keys`` (e.g. ``(False x 3, True)`` for local SGD
+  with tau = 4); the state is donated."""
+  programs: dict = {}
+
+  def block(state, data, ctx, keys):
+    if not s.recipe.periodic:
+      keys = (True,) * len(keys)
+    runs = tuple((key, len(list(group))) for key, group in itertools.groupby(keys))
+    if runs not in programs:
+      programs[runs] = jax.jit(s.backend.spmd(_scanned_steps(s, runs)), donate_argnums=(0,))
+    return programs[runs](state, data, ctx)
+
+  return block
+
+
+def _scanned_steps(s: Setup, runs: tuple) -> Callable:
+  """One worker's program for the steps of ``runs`` (``(period_end, length)`` pairs)."""
+
+  def worker(state, data, ctx):
+    outs, offset = [], 0
+    for key, length in runs:
+      step_fn = make_worker_step(s, key)
+      part = jax.tree.map(lambda x, o=offset, m=length: x[o:o + m], ctx)
+      state, out = lax.scan(lambda st, c, f=step_fn: f(st, data, c), state, part)
+      outs.append(out)
+      offset += length
+    return state, tuple(outs)  # per run: its steps' reports may have other keys
+
+  return worker
+
+
+__all__ = ["AXIS", "Setup", "TrainState", "device_context", "device_contexts", "full_batch",
+           "gradient_source", "host_context", "make_block_step",
            "init_state", "make_host", "make_optimizer", "make_schedule", "make_train_step",
            "make_worker_step", "minibatches", "setup"]

@@ -1,0 +1,62 @@
+"""k steps per dispatch (``config.steps_per_dispatch``, a ``lax.scan`` over steps): the same
+run as one dispatch per step, record for record (wall time aside)."""
+
+import jax
+import numpy as np
+import pytest
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import train
+
+from tests.test_train import small_cfg
+
+CASES = {
+    "dpsgd": {"algorithm": "dpsgd"},
+    # two programs (local steps, synchronising steps) inside one block
+    "local_sgd": {"algorithm": "local_sgd", "local_sgd.tau": 3},
+    # counted mini-batches of a simulated heterogeneous cluster, mesh backend
+    "nonblocking_mesh": {"algorithm": "allreduce", "nonblocking.enabled": True,
+                         "nonblocking.num_minibatches": 2, "cluster.scenario": "one_slow",
+                         "backend": "mesh"},
+    # ADA-LUPA needs F at every synchronisation: a block ends there
+    "ada_lupa": {"algorithm": "local_sgd", "local_sgd.schedule": "ada_lupa",
+                 "local_sgd.tau": 2},
+}
+
+
+def _run(k, overrides, tmp_path):
+  seen = {}
+
+  def hook(step, state, setup):
+    del setup
+    seen[step] = jax.device_get(state.params)
+
+  workdir = str(tmp_path / f"k{k}")
+  summary = train.train(small_cfg(num_steps=12, eval_every=6, steps_per_dispatch=k,
+                                  **overrides), workdir, hooks=(hook,))
+  return summary, seen, open(f"{workdir}/metrics.jsonl").read().splitlines()
+
+
+def _without_wall(lines):
+  import json
+  recs = [json.loads(l) for l in lines]
+  return [{k: v for k, v in r.items() if k not in ("wall_time", "samples_per_second")}
+          for r in recs]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_k_steps_per_dispatch_equal_one_step_per_dispatch(tmp_path, case):
+  one, seen1, recs1 = _run(1, CASES[case], tmp_path)
+  four, seen4, recs4 = _run(4, CASES[case], tmp_path)
+  assert _without_wall(recs4) == _without_wall(recs1)
+  jax.tree.map(np.testing.assert_array_equal, seen4[12], seen1[12])
+  assert sorted(seen1) == list(range(13))
+  if case != "ada_lupa":  # hooks before each dispatch: blocks of 4 cut at evaluations (6)
+    assert sorted(seen4) == [0, 4, 6, 10, 12]
+
+
+def test_steps_per_dispatch_is_refused_on_the_wall_clock():
+  cfg = small_cfg(steps_per_dispatch=2, backend="mesh")
+  cfg.cluster.clock = "wall"
+  with pytest.raises(config_lib.ConfigError, match="config.steps_per_dispatch=2"):
+    config_lib.validate(cfg)
