@@ -36,12 +36,13 @@ that use it. Order of the RGB channels: as stored by TFDS (R, G, B).
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from nbsgd_jax import checks
 
 Array = jax.Array
 Augment = Callable[[Array, Array], Array]
@@ -89,16 +90,7 @@ class CropFlip(NamedTuple):
 # ------------------------------------------------------------------------------ checks
 
 
-def _check_int(name: str, value: Any, low: int) -> int:
-  if isinstance(value, bool):
-    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
-  try:
-    v = operator.index(value)
-  except TypeError:
-    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}") from None
-  if v < low:
-    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
-  return int(v)
+_check_int = checks.index_at_least
 
 
 def _check_bool(name: str, value: Any) -> bool:

@@ -10,6 +10,7 @@ A component checks its own section with ``check_config(cfg, errs)`` beside its c
 from __future__ import annotations
 
 import numbers
+import operator
 from typing import Any, Sequence
 
 Errors = list[str]
@@ -68,3 +69,20 @@ def boolean(cfg, errs: Errors, key: str) -> bool:
 
 def string(cfg, errs: Errors, key: str) -> bool:
   return typed(cfg, errs, key, str, "it must be a string")
+
+
+def index_at_least(name: str, value: Any, low: int) -> int:
+  """``value`` as a Python int (any integer type, not a bool) that is ``>= low``.
+
+  Raises:
+    ValueError: otherwise, naming ``name``, the value and what is allowed.
+  """
+  if isinstance(value, bool) or type(value).__name__ == "bool_":
+    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
+  try:
+    v = operator.index(value)
+  except TypeError:
+    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}") from None
+  if v < low:
+    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
+  return int(v)

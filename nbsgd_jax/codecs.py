@@ -19,6 +19,11 @@ their ``(values, indices)`` form, which the sparse all-gather sends as it is.
 * ``sign`` (scaled sign, Karimireddy, Rebjock, Stich, Jaggi, "Error Feedback Fixes SignSGD",
   ICML 2019, Algorithm 1): ``C(p) = (||p||_1 / d) sgn(p)`` with ``sgn(0) = +1``; one bit per
   entry plus one float32, ``ceil(d / 8) + 4`` bytes.
+* ``bf16``: bfloat16 messages: ``C(x) = float32(bfloat16(x))`` (round to nearest even, 8 bits
+  of mantissa; Kalamkar et al., "A study of BFLOAT16 for deep learning training", 2019),
+  ``2 d`` bytes, counted from the dtype's itemsize. With error feedback the rounding error is
+  carried to the next step; CHOCO-SGD with ``bf16`` and gamma = 1 is D-PSGD with bfloat16
+  messages.
 * ``none``: the identity, ``d value_bytes`` bytes (CHOCO-SGD without compression is D-PSGD).
 
 PowerSGD (Vogels et al. 2019) is not a codec: its message is a rank-r factorisation built in
@@ -38,7 +43,7 @@ from nbsgd_jax import compression
 
 Array = jax.Array
 SPARSE = tuple(compression.COMPRESSORS)  # top_k, gaussian_k, random_k
-QUANTIZERS = ("qsgd", "sign")
+QUANTIZERS = ("qsgd", "sign", "bf16")
 NAMES = SPARSE + QUANTIZERS
 
 
@@ -124,7 +129,7 @@ def make_codec(name: str, *, density: float = 0.01, levels: int = 16, bucket_siz
 
   Args:
     name: ``"none"``, a sparse compressor (:data:`nbsgd_jax.compression.COMPRESSORS`),
-      ``"qsgd"`` or ``"sign"``.
+      ``"qsgd"``, ``"sign"`` or ``"bf16"``.
     density: k / d of the sparse codecs.
     levels, bucket_size: QSGD's ``s`` and bucket size.
     **sparse_options: options of the sparse compressor (Gaussian-k's ``rounds``,
@@ -149,6 +154,10 @@ def make_codec(name: str, *, density: float = 0.01, levels: int = 16, bucket_siz
   if name == "sign":
     return Codec(name, lambda x, key=None: (scaled_sign(x),
                                              jnp.float32(math.ceil(x.shape[0] / 8) + 4)))
+  if name == "bf16":
+    return Codec(name, lambda x, key=None: (
+        x.astype(jnp.bfloat16).astype(x.dtype),
+        jnp.float32(x.size * jnp.dtype(jnp.bfloat16).itemsize)))
   if name == "none":
     return Codec(name, lambda x, key=None: (x, jnp.float32(x.size * x.dtype.itemsize)))
   raise ValueError(f"compression.name={name!r} is not allowed: use one of "

@@ -42,7 +42,8 @@ PARTITIONS = ("iid", "dirichlet")
 DPSGD_ORDERS = ("parallel", "atc")
 LR_SCHEDULES = ("constant", "cosine", "inverse_time", "step")
 SYNTHETIC = ("least_squares", "logistic")  # nbsgd_jax.problems, with their known F*
-COMPRESSIONS = ("none", "top_k", "gaussian_k", "random_k", "qsgd", "sign", "powersgd")
+COMPRESSIONS = ("none", "top_k", "gaussian_k", "random_k", "qsgd", "sign", "bf16",
+                "powersgd")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -162,7 +163,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.nonblocking.deadline_group = "all"  # all: one deadline for every worker | neighbours:
                                         # each worker's over itself and its neighbours
   c.compression = ml_collections.ConfigDict()  # codecs (nbsgd_jax.codecs), error feedback
-  c.compression.name = "none"    # none | top_k | gaussian_k | random_k | qsgd | sign |
+  c.compression.name = "none"    # none | top_k | gaussian_k | random_k | qsgd | sign | bf16 |
                                  # powersgd (allreduce*, local_sgd, diloco only): the
                                  # gradients of allreduce*, the model differences of
                                  # local_sgd / diloco, CHOCO-SGD's x - x_hat

@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import importlib.resources
 import math
-import operator
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
+
+from nbsgd_jax import checks
 
 DATASETS_HELP = (
     "use 'mnist10k' or 'tfds:<name>' (e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10')"
@@ -191,18 +192,20 @@ def _tfds_num_classes(source: Any) -> int | None:
   return int(n) if isinstance(n, (int, np.integer)) else None
 
 
-def _read_source(
-    source: Any, *, name: str, data_dir: str | None, split: str
-) -> tuple[np.ndarray, np.ndarray]:
-  """Reads a whole random-access source into uint8 ``[N, H, W, C]`` and int32 ``[N]``."""
+def _record_chunks(source: Any, *, name: str, data_dir: str | None, split: str):
+  """``(keys, records)`` of a random-access source, ``_TFDS_CHUNK`` records at a time.
+
+  Batched access where the source has it. `tfds.testing.mock_data` (tfds 4.9.x) installs an
+  unbound `__getitems__` that raises TypeError; per-index access then takes over.
+
+  Raises:
+    ValueError: the source has no length, cannot be read, or returns a wrong count (named).
+  """
   try:
     n = len(source)
   except Exception as e:  # pylint: disable=broad-except
     raise _tfds_error(name, data_dir, f"split {split!r} has no length", e) from e
-  # Batched access where the source has it. `tfds.testing.mock_data` (tfds 4.9.x) installs
-  # an unbound `__getitems__` that raises TypeError; per-index access then takes over.
   batched = callable(getattr(source, "__getitems__", None))
-  images, labels = [], []
   for start in range(0, n, _TFDS_CHUNK):
     keys = list(range(start, min(start + _TFDS_CHUNK, n)))
     try:
@@ -220,6 +223,15 @@ def _read_source(
           f"dataset={name!r}: split {split!r} returned {len(records)} records for "
           f"{len(keys)} keys: a source must return one record per key"
       )
+    yield keys, records
+
+
+def _read_source(
+    source: Any, *, name: str, data_dir: str | None, split: str
+) -> tuple[np.ndarray, np.ndarray]:
+  """Reads a whole random-access source into uint8 ``[N, H, W, C]`` and int32 ``[N]``."""
+  images, labels = [], []
+  for _, records in _record_chunks(source, name=name, data_dir=data_dir, split=split):
     try:
       images.append(np.stack([np.asarray(r["image"]) for r in records]))
       labels.append(np.asarray([np.asarray(r["label"]) for r in records]))
@@ -250,16 +262,7 @@ def _read_source(
 # ------------------------------------------------------------------------- partitioning
 
 
-def _check_int(name: str, value: Any, low: int) -> int:
-  if isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
-  try:
-    v = operator.index(value)
-  except TypeError:
-    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}") from None
-  if v < low:
-    raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
-  return int(v)
+_check_int = checks.index_at_least
 
 
 def _check_labels(labels: Any) -> np.ndarray:
@@ -650,30 +653,8 @@ def _as_text(value: Any, *, name: str, split: str, index: int) -> str:
 
 def _read_text_source(source: Any, *, name: str, data_dir: str | None, split: str) -> str:
   """Reads and concatenates the ``text`` feature of every record of a random-access source."""
-  try:
-    n = len(source)
-  except Exception as e:  # pylint: disable=broad-except
-    raise _tfds_error(name, data_dir, f"split {split!r} has no length", e) from e
-  # Same access pattern as _read_source: batched where the source has it, else per index.
-  batched = callable(getattr(source, "__getitems__", None))
   pieces = []
-  for start in range(0, n, _TFDS_CHUNK):
-    keys = list(range(start, min(start + _TFDS_CHUNK, n)))
-    try:
-      if batched:
-        try:
-          records = list(source.__getitems__(keys))
-        except TypeError:
-          batched = False
-      if not batched:
-        records = [source[k] for k in keys]
-    except Exception as e:  # pylint: disable=broad-except
-      raise _tfds_error(name, data_dir, f"split {split!r} could not be read", e) from e
-    if len(records) != len(keys):
-      raise ValueError(
-          f"dataset={name!r}: split {split!r} returned {len(records)} records for "
-          f"{len(keys)} keys: a source must return one record per key"
-      )
+  for keys, records in _record_chunks(source, name=name, data_dir=data_dir, split=split):
     for k, r in zip(keys, records):
       try:
         value = r[TEXT_FEATURE]

@@ -11,15 +11,17 @@ from nbsgd_jax.run.backends import DEVICE_AXIS, Backend, make_backend, workers_p
 from nbsgd_jax.run.evaluation import TrainingDiverged, make_eval_fn, make_train_loss_fn
 from nbsgd_jax.run.loop import Run, train
 from nbsgd_jax.run.records import MetricsWriter
-from nbsgd_jax.run.setup import (Setup, TrainState, device_context, gradient_source,
-                                 init_state, make_host, make_optimizer, make_schedule,
-                                 make_train_step, make_worker_step, setup)
+from nbsgd_jax.run.setup import (Setup, TrainState, device_context, device_contexts,
+                                 gradient_source, init_state, make_block_step, make_host,
+                                 make_optimizer, make_schedule, make_train_step,
+                                 make_worker_step, setup)
 from nbsgd_jax.run.task import (WorkerData, cross_entropy, data_key, sample_batch_indices,
                                 text_batch, worker_batch)
 
 __all__ = [
     "DEVICE_AXIS", "Backend", "MetricsWriter", "Run", "Setup", "TrainState", "TrainingDiverged",
-    "WorkerData", "cross_entropy", "data_key", "device_context", "gradient_source",
+    "WorkerData", "cross_entropy", "data_key", "device_context", "device_contexts",
+    "gradient_source", "make_block_step",
     "init_state", "make_backend", "make_eval_fn", "make_host", "make_optimizer",
     "make_schedule", "make_train_loss_fn", "make_train_step", "make_worker_step",
     "sample_batch_indices", "setup", "text_batch", "train", "worker_batch",

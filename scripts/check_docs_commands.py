@@ -74,6 +74,8 @@ HARDWARE = (
     (r"JAX_COORDINATOR_ADDRESS=|--coordinator_address=",
      "one process of a multi-host run (needs the other hosts)"),
     (r"--workdir=runs/(gpu|tpu)\b", "runs on a GPU / TPU"),
+    (r"--config=experiments/configs/(cifar10_resnet20|lm_diloco)\.py",
+     "a GPU-sized run on a prepared tfds data set"),
 )
 LONG = (
     (r"-m venv .*pip install", "creates a virtual environment and installs (network, minutes)"),

@@ -248,3 +248,28 @@ def test_unprepared_data_names_the_tfds_command(tmp_path, config, command):
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
   errors = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
   assert len(errors) == 1 and command in errors[0], r.stderr
+
+
+# ----------------------------------------------------------------------------- bfloat16 messages
+
+
+def test_bf16_codec_rounds_like_ml_dtypes_and_counts_two_bytes():
+  import ml_dtypes
+  from nbsgd_jax import codecs
+  x = np.random.default_rng(0).standard_normal(1001).astype(np.float32) * 10.0 ** np.arange(
+      -3, 4).repeat(143)
+  out, nbytes = codecs.make_codec("bf16").compress(jnp.asarray(x))
+  want = x.astype(ml_dtypes.bfloat16).astype(np.float32)  # round to nearest even
+  np.testing.assert_array_equal(np.asarray(out), want)
+  assert out.dtype == jnp.float32 and float(nbytes) == 2 * 1001
+  assert np.max(np.abs(want - x) / np.abs(x)) <= 2.0 ** -8
+
+
+def test_allreduce_with_bf16_messages_sends_half_the_float32_bytes():
+  from tests.test_train import small_cfg
+  cfg = small_cfg(algorithm="allreduce", num_steps=3, eval_every=3,
+                  **{"compression.name": "bf16"})
+  summary = train.train(cfg)
+  d, n = summary["model_params"], cfg.num_workers
+  assert summary["bytes_sent"] == 3 * (n - 1) * 2 * d  # all-gather of 2-byte entries
+  assert math.isfinite(summary["train_loss"])
