@@ -409,15 +409,113 @@ def _check_finish(finish) -> np.ndarray:
   return f
 
 
-def _check_adjacency(field: str, adj, n: int) -> np.ndarray:
+class Neighbours(NamedTuple):
+  """Whom each worker waits for, as index lists: O(n d) memory and work for a graph of degree
+  d (a dense ``[n, n]`` adjacency costs O(n^2) per round).
+
+  Attributes:
+    index: int ``[n, d]``, row ``i``: the workers ``i`` waits for; ``i`` itself is always in
+      its neighbourhood (whether listed or not); repeats are allowed (pad a short row with
+      ``i``).
+  """
+
+  index: np.ndarray
+
+  @classmethod
+  def of_lists(cls, rows: Sequence[Sequence[int]]) -> "Neighbours":
+    """From one list per worker (of any lengths; padded with the worker itself)."""
+    n = len(rows)
+    d = max([len(r) for r in rows] + [0]) + 1
+    index = np.repeat(np.arange(n)[:, None], d, axis=1)
+    for i, r in enumerate(rows):
+      index[i, 1:1 + len(r)] = r
+    return cls(index)
+
+  def dense(self) -> np.ndarray:
+    """bool ``[n, n]``, the same neighbourhoods as an adjacency matrix (diagonal True)."""
+    n = self.index.shape[0]
+    a = np.eye(n, dtype=bool)
+    a[np.repeat(np.arange(n), self.index.shape[1]), self.index.reshape(-1)] = True
+    return a
+
+
+class Group(NamedTuple):
+  """Everyone waits for everyone in ``members`` (bool ``[n]``; an all-reduce among the live
+  workers); a worker outside waits only for itself. O(n)."""
+
+  members: np.ndarray
+
+  def dense(self) -> np.ndarray:
+    """bool ``[n, n]``, the same neighbourhoods as an adjacency matrix (diagonal True)."""
+    m = np.asarray(self.members, bool)
+    a = m[:, None] & m[None, :]
+    np.fill_diagonal(a, True)
+    return a
+
+
+Adjacency = Union[None, np.ndarray, Neighbours, Group]
+"""Who waits for whom in a round (``N(i)``, always holding ``i``): None (everyone), a bool
+``[n, n]`` matrix (row i), :class:`Neighbours` (index lists) or :class:`Group`."""
+
+
+def _check_adjacency(field: str, adj, n: int):
+  """``adj`` validated: a :class:`Neighbours` with int64 indices in ``[0, n)``, a
+  :class:`Group` with a bool ``[n]``, or a bool ``[n, n]`` matrix with a True diagonal."""
+  if isinstance(adj, Neighbours):
+    idx = np.asarray(adj.index)
+    if idx.ndim != 2 or idx.shape[0] != n or not np.issubdtype(idx.dtype, np.integer):
+      raise _err(field, idx.shape, f"Neighbours.index must be an integer [n, d] array with n={n}")
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+      raise _err(field, "Neighbours", f"every index must be in [0, {n})")
+    return Neighbours(idx.astype(np.int64))
+  if isinstance(adj, Group):
+    m = np.asarray(adj.members)
+    if m.shape != (n,):
+      raise _err(field, m.shape, f"Group.members must be a boolean [n] array with n={n}")
+    return Group(m.astype(bool))
   a = np.asarray(adj)
   if a.shape != (n, n):
     raise _err(field, a.shape, f"it must be a boolean [n, n] matrix with n={n}")
   return a.astype(bool) | np.eye(n, dtype=bool)
 
 
+def neighbourhood_max(values: np.ndarray, adjacency: Adjacency) -> np.ndarray:
+  """float64 ``[n]``: ``max_{j in N(i)} values_j`` for every worker ``i`` (``N(i)`` from a
+  validated adjacency, :data:`Adjacency`); O(n) for None and :class:`Group`, O(n d) for
+  :class:`Neighbours`, O(n^2) for a dense matrix."""
+  v = np.asarray(values, np.float64)
+  if adjacency is None:
+    return np.full(v.shape, v.max())
+  if isinstance(adjacency, Group):
+    m = adjacency.members
+    top = v[m].max() if m.any() else -np.inf
+    return np.where(m, np.maximum(top, v), v)
+  if isinstance(adjacency, Neighbours):
+    return np.maximum(v[adjacency.index].max(axis=1, initial=-np.inf), v)
+  return np.where(adjacency, v[None, :], -np.inf).max(axis=1)
+
+
+def live_adjacency(adjacency: Adjacency, alive: np.ndarray) -> Adjacency:
+  """``adjacency`` under failures: a failed worker waits only for itself and nobody waits for
+  it (bool ``alive`` ``[n]``). None becomes a :class:`Group` of the live workers; the other
+  forms keep theirs (a dense matrix stays dense)."""
+  alive = np.asarray(alive, bool)
+  n = alive.shape[0]
+  if adjacency is None:
+    return Group(alive.copy())
+  if isinstance(adjacency, Group):
+    return Group(np.asarray(adjacency.members, bool) & alive)
+  if isinstance(adjacency, Neighbours):
+    idx = np.asarray(adjacency.index)
+    own = np.arange(n)[:, None]
+    return Neighbours(np.where(alive[idx] & alive[:, None], idx, own))
+  a = np.asarray(adjacency, bool) & alive[:, None] & alive[None, :]
+  np.fill_diagonal(a, True)
+  return a
+
+
 def deadline(finish: np.ndarray, rule: DeadlineRule = "fastest",
-             group: Optional[np.ndarray] = None) -> Union[float, np.ndarray]:
+             group: Adjacency = None) -> Union[float, np.ndarray]:
   """The deadline of one step.
 
   Rules (validated by :func:`parse_deadline`):
@@ -427,15 +525,16 @@ def deadline(finish: np.ndarray, rule: DeadlineRule = "fastest",
     ``K = n`` waits for everybody); ``1 <= K <= n``.
   * a float: a fixed budget in seconds.
 
-  With ``group`` (boolean adjacency ``[n, n]``, row ``i`` = worker ``i``'s neighbourhood; the
-  diagonal is treated as True), worker ``i``'s deadline is the rule applied to its own
+  With ``group`` (an :data:`Adjacency`: a boolean ``[n, n]`` matrix, row ``i`` = worker ``i``'s
+  neighbourhood, :class:`Neighbours` or :class:`Group`; ``i`` itself always belongs to it),
+  worker ``i``'s deadline is the rule applied to its own
   neighbourhood (decentralized algorithms). For ``"kth:K"`` with a neighbourhood smaller than
   ``K`` the slowest worker of that neighbourhood is used.
 
   Args:
     finish: float ``[n, M]`` finish times, seconds (:func:`minibatch_finish_times`).
     rule: the deadline rule.
-    group: optional boolean ``[n, n]``.
+    group: optional :data:`Adjacency` (not None).
 
   Returns:
     A float (seconds) without ``group``, else float64 ``[n]``.
@@ -463,9 +562,15 @@ def deadline(finish: np.ndarray, rule: DeadlineRule = "fastest",
   a = _check_adjacency("group", group, n)
   if isinstance(rule, float):
     return np.full(n, rule)
+  if isinstance(a, Group):  # members: the rule over the members; the others: their own time
+    m = a.members
+    times = np.sort(last[m])
+    return np.where(m, times[min(k, times.size) - 1] if times.size else 0.0, last)
   out = np.empty(n)
   for i in range(n):
-    times = np.sort(last[a[i]])
+    members = (np.unique(np.append(a.index[i], i)) if isinstance(a, Neighbours)
+               else a[i])
+    times = np.sort(last[members])
     out[i] = times[min(k, times.size) - 1]
   return out
 
@@ -554,7 +659,7 @@ def comm_time(cluster: Cluster, messages, num_bytes) -> np.ndarray:
 
 
 def advance_clocks(clocks: np.ndarray, compute: np.ndarray, comm: np.ndarray,
-                   adjacency: Optional[np.ndarray] = None, collective: bool = True,
+                   adjacency: Adjacency = None, collective: bool = True,
                    overlap: bool = False) -> np.ndarray:
   """One round of the clock (``docs/clock.md`` has the derivation and worked examples).
 
@@ -569,13 +674,15 @@ def advance_clocks(clocks: np.ndarray, compute: np.ndarray, comm: np.ndarray,
   * with ``overlap`` worker ``i`` also finishes its computation:
     ``c_i <- max(c_i + compute_i, ...)``.
 
-  ``N(i)`` includes ``i``; ``adjacency`` None means everyone.
+  ``N(i)`` includes ``i``; ``adjacency`` None means everyone. Work: O(n) for everyone or a
+  :class:`Group`, O(n d) for :class:`Neighbours` of degree d, O(n^2) for a dense matrix.
 
   Args:
     clocks: float ``[n]``, seconds.
     compute: float ``[n]``, seconds of computation before (or during) this round.
     comm: float ``[n]``, seconds each worker spends sending (:func:`comm_time`).
-    adjacency: optional boolean ``[n, n]``, row ``i`` whom worker ``i`` waits for.
+    adjacency: whom each worker waits for (:data:`Adjacency`): None (everyone), a boolean
+      ``[n, n]`` matrix (row ``i``), :class:`Neighbours` or :class:`Group`.
     collective: lockstep round (see above).
     overlap: the round starts with the step's computation.
 
@@ -597,12 +704,11 @@ def advance_clocks(clocks: np.ndarray, compute: np.ndarray, comm: np.ndarray,
     arrs.append(a)
   done = c + arrs[0]
   ready = c if overlap else done
-  a = (np.ones((n, n), bool) if adjacency is None
-       else _check_adjacency("adjacency", adjacency, n))
+  a = None if adjacency is None else _check_adjacency("adjacency", adjacency, n)
   if collective:
-    out = np.where(a, ready[None, :], -np.inf).max(axis=1) + arrs[1]
+    out = neighbourhood_max(ready, a) + arrs[1]
   else:
-    out = np.where(a, (ready + arrs[1])[None, :], -np.inf).max(axis=1)
+    out = neighbourhood_max(ready + arrs[1], a)
   return np.maximum(out, done) if overlap else out
 
 

@@ -29,7 +29,7 @@ Sources:
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -51,39 +51,73 @@ def axis_size(axis_name: AxisName) -> int:
   return lax.axis_size(axis_name)
 
 
+_MAX_LOCAL_SHIFTS = 16  # more local shifts for one device shift: all-gather the slots instead
+
+
 def permute(x: PyTree, axis_name: AxisName, perm: list) -> PyTree:
   """``lax.ppermute`` of ``x`` by ``perm`` (pairs ``(source, destination)`` of a full
   permutation of the workers), also over a ``(device, local)`` axis pair.
 
-  On a pair, worker ``w = d k + l``: for every device shift delta used by ``perm`` one
-  ``ppermute`` over the device axis (each local slot to the same slot delta devices on) and one
-  ``all_gather`` over the local axis (k values, on the device); a worker keeps the slot of its
-  source. Memory: k model copies per worker in flight (k^2 per device).
+  On a pair, worker ``w = d k + l`` receives from ``s = d' k + l'``: the destinations are grouped
+  by (device shift ``(d - d') mod D``, local shift ``(l - l') mod k``); per device shift one
+  ``ppermute`` over the device axis (every local slot to the same slot that many devices on),
+  then per local shift one ``ppermute`` over the local axis (a rotation of the k slots, a
+  gather under ``vmap``), and each worker keeps the value of its own group. A ring shift has at
+  most two groups, so a round costs O(k) model copies per device. A device shift with more than
+  ``_MAX_LOCAL_SHIFTS`` local shifts (an irregular permutation) all-gathers the k slots instead
+  (k model copies per worker, k^2 per device).
   """
   if not isinstance(axis_name, tuple):
     return lax.ppermute(x, axis_name, perm)
   dev_axis, loc_axis = axis_name
   d_size, k = lax.axis_size(dev_axis), lax.axis_size(loc_axis)
   n = d_size * k
-  src_of = np.empty(n, np.int32)
+  src_of = np.empty(n, np.int64)
   for src, dst in perm:
     src_of[dst] = src
+  dst = np.arange(n)
+  dev_shift = (dst // k - src_of // k) % d_size
+  loc_shift = (dst % k - src_of % k) % k
+  groups: dict = {}
+  for dl, r in sorted(set(zip(dev_shift.tolist(), loc_shift.tolist()))):
+    groups.setdefault(dl, []).append(r)
   w = lax.axis_index(axis_name)
-  src = jnp.asarray(src_of)[w]
-  dev = w // k
-  shifts = sorted({(dst // k - src_ // k) % d_size for src_, dst in perm})
 
   def one(leaf):
-    out = jnp.zeros_like(leaf)
-    for delta in shifts:
-      y = leaf if delta == 0 else lax.ppermute(
-          leaf, dev_axis, [(j, (j + delta) % d_size) for j in range(d_size)])
-      slots = lax.all_gather(y, loc_axis)  # [k, ...]: the slots of device dev - delta
-      take = (src // k) == (dev - delta) % d_size
-      out = jnp.where(take, slots[src % k], out)
+    out = None
+    for dl, shifts in groups.items():
+      y = leaf if dl == 0 else lax.ppermute(
+          leaf, dev_axis, [(j, (j + dl) % d_size) for j in range(d_size)])
+      if len(shifts) > _MAX_LOCAL_SHIFTS:
+        slots = lax.all_gather(y, loc_axis)  # [k, ...]: the slots of device d - dl
+        val = slots[jnp.asarray(src_of % k, jnp.int32)[w]]
+        take = jnp.asarray(dev_shift == dl)[w]
+        out = val if out is None else jnp.where(take, val, out)
+        continue
+      for r in shifts:
+        z = y if r == 0 else lax.ppermute(y, loc_axis, [(l, (l + r) % k) for l in range(k)])
+        take = jnp.asarray((dev_shift == dl) & (loc_shift == r))[w]
+        out = z if out is None else jnp.where(take, z, out)  # every worker is in one group
     return out
 
   return jax.tree_util.tree_map(one, x)
+
+
+def shared(x: jax.Array, axis_name: AxisName) -> jax.Array:
+  """A value every worker holds the same (e.g. the step), as one value: ``lax.pmax`` over the
+  worker axis (bool as int32).
+
+  Why: under ``vmap`` an input is batched even when it is the same on every worker, and
+  ``lax.cond`` / ``lax.switch`` on a batched index runs every branch and selects, with each
+  branch's host constants broadcast to ``[n, ...]`` (an ``[n]`` weight vector becomes
+  ``[n, n]``). The ``pmax`` result is unbatched, so the branch is a real one: O(n) work and
+  memory for the branch taken (time-varying gossip: one phase of W_t instead of all P). On a
+  device mesh it costs one all-reduce of ``x`` (a scalar or a few flags).
+  """
+  x = jnp.asarray(x)
+  if x.dtype == jnp.bool_:
+    return lax.pmax(x.astype(jnp.int32), axis_name).astype(jnp.bool_)
+  return lax.pmax(x, axis_name)
 
 
 def all_gather(x: jax.Array, axis_name: AxisName) -> jax.Array:
@@ -232,6 +266,13 @@ def _shift_weights(w: np.ndarray, s: int) -> np.ndarray:
   return w[idx, (idx - s) % n]
 
 
+def _off_diagonal(w: np.ndarray) -> np.ndarray:
+  """bool ``[n, n]``: ``W_ij != 0`` for ``j != i``."""
+  off = w != 0.0
+  np.fill_diagonal(off, False)
+  return off
+
+
 def gossip_shifts(mixing_matrix: MatrixLike) -> list[int]:
   """Ring shifts ``s`` in ``1..n-1`` that :func:`gossip` executes (one ``ppermute`` each).
 
@@ -246,8 +287,29 @@ def gossip_shifts(mixing_matrix: MatrixLike) -> list[int]:
     ValueError: not a finite square matrix.
   """
   w = _as_matrix(mixing_matrix)
-  n = w.shape[0]
-  return [s for s in range(1, n) if np.any(_shift_weights(w, s) != 0.0)]
+  rows, cols = np.nonzero(_off_diagonal(w))
+  return sorted(int(s) for s in np.unique((rows - cols) % w.shape[0]))
+
+
+class GossipPlan(NamedTuple):
+  """W as the ``ppermute`` rounds of :func:`gossip`: host constants of O(n) per round (a worker
+  reads its entries at its axis index; no ``[n, n]`` array reaches the device).
+
+  Attributes:
+    self_weights: float64 ``[n]``, ``W_ii``.
+    perms: R tuples, ``perms[r][j]``: the worker j sends to in round r (a full permutation).
+    weights: float64 ``[R, n]``, the weight worker i gives to what it receives in round r.
+    sources: int32 ``[R, n]``, the worker i receives from in round r.
+  """
+
+  self_weights: np.ndarray
+  perms: tuple
+  weights: np.ndarray
+  sources: np.ndarray
+
+  @property
+  def n(self) -> int:
+    return len(self.self_weights)
 
 
 def gossip_rounds(mixing_matrix: MatrixLike) -> list[tuple[list[int], np.ndarray]]:
@@ -260,7 +322,11 @@ def gossip_rounds(mixing_matrix: MatrixLike) -> list[tuple[list[int], np.ndarray
   * ring shifts (:func:`gossip_shifts`): ideal for circulant graphs (ring: 2 rounds);
   * matchings of the graph of ``W``'s nonzero off-diagonal entries (Misra-Gries edge
     colouring, at most max degree + 1 rounds; each matching is an involution, unmatched
-    workers send to themselves with weight 0). Only for a symmetric support.
+    workers send to themselves with weight 0). Only for a symmetric support, and only tried
+    when the shifts are more than the max degree (no edge colouring has fewer colours).
+
+  Each nonzero off-diagonal ``W_ij`` is in exactly one round (``weights[i] = W_ij`` where i
+  receives from j), so ``#{r : weights_r[i] != 0}`` is worker i's degree.
 
   Args:
     mixing_matrix: numpy ``[n, n]`` (or a ``Topology``).
@@ -271,12 +337,12 @@ def gossip_rounds(mixing_matrix: MatrixLike) -> list[tuple[list[int], np.ndarray
   w = _as_matrix(mixing_matrix)
   n = w.shape[0]
   shifts = [([(j + s) % n for j in range(n)], _shift_weights(w, s)) for s in gossip_shifts(w)]
-  off = (w != 0.0) & ~np.eye(n, dtype=bool)
-  if not np.array_equal(off, off.T):
+  off = _off_diagonal(w)
+  if not np.array_equal(off, off.T) or len(shifts) <= int(off.sum(axis=1).max(initial=0)):
     return shifts
   from nbsgd_jax import matcha  # host-side colouring; no solver needed
-  edges = [(i, j) for i in range(n) for j in range(i + 1, n) if off[i, j]]
-  matchings = matcha.matching_decomposition(n, edges)
+  rows, cols = np.nonzero(np.triu(off, 1))
+  matchings = matcha.matching_decomposition(n, list(zip(rows.tolist(), cols.tolist())))
   if len(matchings) >= len(shifts):
     return shifts
   rounds = []
@@ -286,6 +352,24 @@ def gossip_rounds(mixing_matrix: MatrixLike) -> list[tuple[list[int], np.ndarray
     weights = np.where(np.asarray(perm) != idx, w[idx, perm], 0.0)
     rounds.append((list(perm), weights))
   return rounds
+
+
+def gossip_plan(mixing_matrix: MatrixLike) -> GossipPlan:
+  """The :class:`GossipPlan` of ``W`` (:func:`gossip_rounds`), built once on the host.
+
+  Raises:
+    ValueError: not a finite square matrix.
+  """
+  w = _as_matrix(mixing_matrix)
+  n = w.shape[0]
+  rounds = gossip_rounds(w)
+  perms = tuple(tuple(int(d) for d in perm) for perm, _ in rounds)
+  sources = np.zeros((len(rounds), n), np.int32)
+  for r, perm in enumerate(perms):
+    sources[r, np.asarray(perm)] = np.arange(n)  # worker perm[j] receives from j
+  weights = np.stack([np.asarray(ws, np.float64) for _, ws in rounds]) if rounds else \
+      np.zeros((0, n))
+  return GossipPlan(np.diag(w).copy(), perms, weights, sources)
 
 
 def _weighted(weight: jax.Array, leaf: jax.Array) -> jax.Array:
@@ -298,21 +382,24 @@ def _check_leaves(x: PyTree) -> None:
       raise TypeError(f"gossip needs floating-point leaves, got dtype {jnp.result_type(leaf)}")
 
 
-def gossip(x: PyTree, mixing_matrix: MatrixLike, axis_name: str = DEFAULT_AXIS,
-           alive: jax.Array | None = None, difference: bool = False) -> PyTree:
+def gossip(x: PyTree, mixing_matrix: Union[MatrixLike, GossipPlan],
+           axis_name: str = DEFAULT_AXIS, alive: jax.Array | None = None,
+           difference: bool = False) -> PyTree:
   """One gossip (mixing) step ``x_i <- sum_j W[i, j] x_j`` by neighbour exchange.
 
   D-PSGD's averaging step (Lian et al., NeurIPS 2017, Eq. (2)). ``W`` is decomposed into
   full-permutation ``lax.ppermute`` rounds (:func:`gossip_rounds`): ring shifts for
   circulant graphs (a ring costs 2 ppermutes), matchings otherwise (at most max degree + 1);
   in each round worker ``i`` adds the received model times its weight (read from a host
-  constant at ``lax.axis_index``). The whole model is never all-gathered. ``W`` need not be
-  symmetric or stochastic.
+  constant ``[n]`` at ``lax.axis_index``). The whole model is never all-gathered, and no
+  ``[n, n]`` array enters the program: under ``vmap`` a round costs O(n) model copies.
+  ``W`` need not be symmetric or stochastic.
 
   Args:
     x: one worker's model, a pytree of floating-point arrays.
     mixing_matrix: numpy ``[n, n]`` host constant (or a ``Topology``, whose
-      ``.mixing_matrix`` is used), ``n`` = size of ``axis_name``.
+      ``.mixing_matrix`` is used), ``n`` = size of ``axis_name``; or its
+      :class:`GossipPlan` (:func:`gossip_plan`, built once instead of at every trace).
     axis_name: the named worker axis (bound by ``vmap`` or ``shard_map``).
     alive: optional bool ``[n]`` (the same on every worker), the workers that are up
       (simulated failures): weights are renormalised over live neighbours,
@@ -330,18 +417,23 @@ def gossip(x: PyTree, mixing_matrix: MatrixLike, axis_name: str = DEFAULT_AXIS,
     ValueError: the matrix is not square, not finite, or its size differs from the axis size.
     TypeError: a leaf is not floating point.
   """
-  w = _as_matrix(mixing_matrix)
-  n = _check_axis(w, axis_name)
+  if isinstance(mixing_matrix, GossipPlan):
+    plan = mixing_matrix
+    n = axis_size(axis_name)
+    if plan.n != n:
+      raise ValueError(f"gossip plan has n={plan.n} workers but axis {axis_name!r} has {n}")
+  else:
+    w = _as_matrix(mixing_matrix)
+    n = _check_axis(w, axis_name)
+    plan = gossip_plan(w)
   _check_leaves(x)
   i = lax.axis_index(axis_name)
-  self_w = jnp.asarray(np.diag(w))[i]
+  self_w = jnp.asarray(plan.self_weights)[i]
   rounds = []
-  for perm, weights in gossip_rounds(w):
+  for perm, weights, sources in zip(plan.perms, plan.weights, plan.sources):
     ws = jnp.asarray(weights)[i]
     if alive is not None:
-      src = np.empty(n, np.int32)
-      src[np.asarray(perm)] = np.arange(n)  # worker perm[j] receives from j
-      up = alive[i] & alive[jnp.asarray(src)[i]]
+      up = alive[i] & alive[jnp.asarray(sources)[i]]
       kept = jnp.where(up, ws, jnp.zeros_like(ws))
       self_w = self_w + (ws - kept)
       ws = kept
@@ -402,9 +494,7 @@ def gossip_bytes(num_bytes: float, topology_or_matrix: MatrixLike) -> float:
   if num_bytes < 0:
     raise ValueError(f"num_bytes={num_bytes!r} is not allowed: it must be >= 0")
   w = _as_matrix(topology_or_matrix)
-  n = w.shape[0]
-  off = (w != 0.0) & ~np.eye(n, dtype=bool)
-  return float(off.sum()) / n * float(num_bytes)
+  return float(_off_diagonal(w).sum()) / w.shape[0] * float(num_bytes)
 
 
 # ---------------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ def test_permute_and_all_gather_over_device_and_local_axes(d, k):
 
 @pytest.mark.parametrize("n,algorithm,extra", [
     (64, "dpsgd", {"topology": "exponential"}),
+    # time-varying W_t: the phase is one value (a pmax over the device and local axes)
+    (16, "dpsgd", {"topology": "one_peer_exponential"}),
     (64, "allreduce", {"compression.name": "top_k", "compression.density": 0.05}),
     (64, "dpsgd", {"consensus.control": True, "consensus.target": 1e-4,
                    "consensus.max_gossip_steps": 3, "nonblocking.enabled": True,

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from nbsgd_jax import cluster as cluster_lib
 from nbsgd_jax.axis import AXIS
 
 WEIGHTINGS = ("uniform", "count", "alive")
@@ -33,15 +34,18 @@ class Pattern(NamedTuple):
   """One round of a communication, per worker (host side).
 
   Attributes:
-    adjacency: bool ``[n, n]``, row i: whom worker i waits for (diagonal True), or None for
-      everyone (an all-reduce).
+    adjacency: whom each worker waits for (:data:`nbsgd_jax.cluster.Adjacency`, worker i always
+      waits for itself): None for everyone (an all-reduce), index lists
+      (:class:`nbsgd_jax.cluster.Neighbours`, ``[n, d]``: what the built-in gossips use, so a
+      step's host work is O(n d)), a :class:`nbsgd_jax.cluster.Group`, or a bool ``[n, n]``
+      matrix (row i; O(n^2) per round).
     messages: float ``[n]``, messages each worker sends in the round.
     collective: the workers of a neighbourhood move in lockstep (an all-reduce: it starts when
       the last of them is ready); else point to point (a message from j arrives when j has
       sent it). See :func:`nbsgd_jax.cluster.advance_clocks`.
   """
 
-  adjacency: Optional[np.ndarray]
+  adjacency: cluster_lib.Adjacency
   messages: np.ndarray
   collective: bool = False
 
@@ -51,7 +55,7 @@ class Round(NamedTuple):
   overlaps the step's computation (:attr:`Communication.overlap`) and the steps its result
   may arrive late (:attr:`Communication.delay`; 0: the step waits for it)."""
 
-  adjacency: Optional[np.ndarray]
+  adjacency: cluster_lib.Adjacency
   messages: np.ndarray
   num_bytes: np.ndarray
   collective: bool = False
@@ -108,15 +112,15 @@ class Communication(abc.ABC):
     """The round's pattern with every worker up (every primitive defines it)."""
 
   def live_pattern(self, step: int, active: np.ndarray, alive: Optional[np.ndarray]) -> Pattern:
-    """:meth:`pattern` under failures: a failed worker sends nothing and nobody waits for it."""
+    """:meth:`pattern` under failures: a failed worker sends nothing and nobody waits for it
+    (:func:`nbsgd_jax.cluster.live_adjacency`: everyone becomes a
+    :class:`~nbsgd_jax.cluster.Group` of the live workers, index lists stay index lists)."""
     pat = self.pattern(step, active)
     if alive is None:
       return pat
     alive = np.asarray(alive, bool)
-    base = pat.adjacency if pat.adjacency is not None else np.ones((self.n, self.n), bool)
-    adjacency = base & alive[:, None] & alive[None, :]
-    np.fill_diagonal(adjacency, True)
-    return Pattern(adjacency, pat.messages * alive, pat.collective)
+    return Pattern(cluster_lib.live_adjacency(pat.adjacency, alive), pat.messages * alive,
+                   pat.collective)
 
   def clock_rounds(self, step: int, active: np.ndarray, alive: Optional[np.ndarray],
                    report: dict) -> list[Round]:
@@ -170,8 +174,11 @@ class Communication(abc.ABC):
       total = jnp.maximum(ctx.total, 1).astype(jnp.float32)
       return ctx.count.astype(jnp.float32) / total
     if by == "alive" and ctx is not None and ctx.alive is not None:
-      live = jnp.maximum(jnp.sum(ctx.alive.astype(jnp.float32)), 1.0)
-      return ctx.alive[self.index()].astype(jnp.float32) / live
+      # the live workers counted by a psum of one flag each: O(1) per worker (a sum over the
+      # [n] mask every worker holds would be O(n) per worker, O(n^2) under vmap)
+      up = ctx.alive[self.index()].astype(jnp.float32)
+      live = jnp.maximum(lax.psum(up, self.axis_name), 1.0)
+      return up / live
     return None
 
   def live(self, ctx):

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from nbsgd_jax import cluster as cluster_lib
 from nbsgd_jax import collectives
 from nbsgd_jax.axis import AXIS, tree_bytes
 from nbsgd_jax.communications.base import Communication, Pattern
@@ -28,11 +29,43 @@ from nbsgd_jax.communications.base import Communication, Pattern
 
 def _neighbours(w: np.ndarray) -> np.ndarray:
   """bool ``[n, n]``: ``W_ij != 0`` for ``j != i``."""
-  return (w != 0) & ~np.eye(len(w), dtype=bool)
+  off = np.asarray(w) != 0
+  np.fill_diagonal(off, False)
+  return off
+
+
+def _neighbour_table(masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+  """Index lists of bool ``[n, n]`` neighbourhoods, one per phase: ``(index, valid)``, int32
+  and bool ``[P, n, D]`` with ``D`` the largest degree; row ``i`` lists i's neighbours in
+  increasing order, padded with ``i`` (``valid`` False)."""
+  n = masks[0].shape[0]
+  tables = []
+  for m in masks:
+    rows, cols = np.nonzero(m)  # row-major: grouped by row, columns increasing
+    deg = np.bincount(rows, minlength=n)
+    tables.append((rows, cols, deg))
+  width = max([int(t[2].max(initial=0)) for t in tables] + [0])
+  index = np.repeat(np.broadcast_to(np.arange(n, dtype=np.int32)[:, None], (n, width))[None],
+                    len(masks), axis=0).copy()
+  valid = np.zeros((len(masks), n, width), bool)
+  for p, (rows, cols, deg) in enumerate(tables):
+    start = np.concatenate([[0], np.cumsum(deg)[:-1]])
+    pos = np.arange(len(rows)) - start[rows]
+    index[p, rows, pos] = cols
+    valid[p, rows, pos] = True
+  return index, valid
 
 
 class Gossip(Communication):
   """One gossip round over ``phases[t mod P]`` (see module docstring).
+
+  Everything a step needs is built once here, O(n) per round and phase (no ``[n, n]`` array
+  reaches the device or a step's host work): the ``ppermute`` rounds of each phase
+  (:func:`nbsgd_jax.collectives.gossip_plan`), each worker's neighbour count (float ``[P, n]``)
+  and neighbour lists (int ``[P, n, D]``, D the largest degree: the live-neighbour count under
+  failures and the clock's :class:`~nbsgd_jax.cluster.Neighbours`). With ``P > 1`` the phase is
+  read as one value (:func:`nbsgd_jax.collectives.shared`), so ``lax.switch`` runs the phase's
+  rounds only, also under ``vmap``.
 
   Args:
     phases: the mixing matrices ``[n, n]`` of one period (one for a static W).
@@ -46,7 +79,17 @@ class Gossip(Communication):
       raise ValueError("Gossip needs at least one mixing matrix")
     super().__init__(len(ws[0]), axis_name, key)
     self.phases = ws
-    self._nbrs = np.stack([_neighbours(w) for w in ws])  # [P, n, n]
+    self.plans = [collectives.gossip_plan(w) for w in ws]
+    self._index, self._valid = _neighbour_table(self._masks(ws))  # [P, n, D]
+    self._degree = self._valid.sum(axis=2).astype(np.float32)  # [P, n]
+    own = np.arange(self.n)[:, None]
+    self._patterns = [Pattern(cluster_lib.Neighbours(np.concatenate([own, idx], axis=1)),
+                              deg.astype(np.float64))
+                      for idx, deg in zip(self._index, self._degree)]
+
+  def _masks(self, ws: Sequence[np.ndarray]) -> list:
+    """bool ``[n, n]`` per phase: whom worker i receives from (pattern and bytes)."""
+    return [_neighbours(w) for w in ws]
 
   @classmethod
   def of_topology(cls, topology, axis_name: Any = AXIS, key: str = "gossip") -> "Gossip":
@@ -57,8 +100,17 @@ class Gossip(Communication):
 
   def pattern(self, step: int, active: np.ndarray) -> Pattern:
     del active
-    nbrs = self._nbrs[step % len(self.phases)]
-    return Pattern(nbrs | np.eye(self.n, dtype=bool), nbrs.sum(axis=1).astype(np.float64))
+    return self._patterns[step % len(self.phases)]
+
+  def neighbours(self, phase, ctx) -> jnp.ndarray:
+    """float32 scalar: this worker's neighbours in ``W_phase`` (live ones under failures),
+    read from the ``[P, n]`` counts, or ``[P, n, D]`` lists and ``ctx.alive`` (D lookups)."""
+    i = self.index()
+    if ctx is None or ctx.alive is None:
+      return jnp.asarray(self._degree)[phase, i]
+    idx = jnp.asarray(self._index)[phase, i]  # [D]
+    up = jnp.asarray(self._valid)[phase, i] & ctx.alive[idx]
+    return jnp.sum(up.astype(jnp.float32))
 
   def mix(self, tree, ctx, message_bytes=None, difference: bool = False):
     """``(sum_j W_tij tree_j, report)``; under failures a failed neighbour's weight goes to
@@ -68,20 +120,17 @@ class Gossip(Communication):
     ``difference``: ``sum_j W_tij (tree_i - tree_j)`` instead (:func:`~nbsgd_jax.collectives.
     gossip`)."""
     alive = None if ctx is None else ctx.alive
-    i = self.index()
-    if len(self.phases) == 1:
-      mixed = collectives.gossip(tree, self.phases[0], self.axis_name, alive, difference)
-      phase = 0
+
+    def run(plan):
+      return lambda p: collectives.gossip(p, plan, self.axis_name, alive, difference)
+
+    if len(self.plans) == 1:
+      mixed, phase = run(self.plans[0])(tree), 0
     else:
-      phase = ctx.step % len(self.phases)
-      mixed = lax.switch(phase, [lambda p, w=w: collectives.gossip(p, w, self.axis_name, alive,
-                                                                   difference)
-                                 for w in self.phases], tree)
-    row = jnp.asarray(self._nbrs)[phase, i]
-    if alive is not None:
-      row = row & alive
+      phase = collectives.shared(ctx.step, self.axis_name) % len(self.plans)
+      mixed = lax.switch(phase, [run(plan) for plan in self.plans], tree)
     per = jnp.float32(tree_bytes(tree)) if message_bytes is None else message_bytes
-    sent = per * jnp.sum(row.astype(jnp.float32))
+    sent = per * self.neighbours(phase, ctx)
     return mixed, self.report(self.charge(sent, ctx))
 
 
@@ -95,11 +144,21 @@ class CompressedGossip(Gossip):
 
   def __init__(self, phases: Sequence[np.ndarray], axis_name: Any = AXIS, key: str = "choco"):
     super().__init__(phases, axis_name, key)
-    self._nbrs = np.broadcast_to(self._nbrs.any(axis=0), self._nbrs.shape).copy()
+
+  def _masks(self, ws):
+    union = np.logical_or.reduce([_neighbours(w) for w in ws])
+    return [union] * len(ws)
 
 
 class Matchings(Communication):
   """MATCHA's mixing over randomly activated matchings (see module docstring).
+
+  Host constants O(K n) for K matchings: each matching's partner of every worker (``[K, n]``).
+  Under ``vmap`` the activations are per-worker inputs, so ``lax.cond`` becomes a select: every
+  matching's exchange is computed (K ``ppermute`` s, O(K n) model copies; no host constant in
+  the branches, so nothing is broadcast to ``[n, n]``) and the inactive ones are dropped. A real
+  branch on the shared activations (:func:`nbsgd_jax.collectives.shared`) measured about 4x
+  slower on the CPU (n = 512, MLP 784-16-10: each branch's result is a buffer of its own).
 
   Args:
     plan: a :class:`nbsgd_jax.matcha.MatchaPlan` (matchings, probabilities, alpha).
@@ -113,8 +172,8 @@ class Matchings(Communication):
     super().__init__(n, axis_name, key)
     self.plan, self.seed = plan, int(seed)
     self.perms = [matcha_lib.matching_permutation(n, m) for m in plan.matchings]
-    self._matched = np.array([[p[i] != i for i in range(n)] for p in self.perms],
-                             dtype=np.float32).reshape(len(self.perms), n)
+    self._partner = np.asarray(self.perms, np.int32).reshape(len(self.perms), n)  # [K, n]
+    self._matched = (self._partner != np.arange(n)).astype(np.float32)  # [K, n]
 
   def host_inputs(self, step: int) -> dict:
     from nbsgd_jax import matcha as matcha_lib
@@ -123,19 +182,17 @@ class Matchings(Communication):
 
   def pattern(self, step: int, active: np.ndarray) -> Pattern:
     del step
-    adj = np.eye(self.n, dtype=bool)
-    for j, m in enumerate(self.plan.matchings):
-      if j < len(active) and active[j]:
-        for a, b in m:
-          adj[a, b] = adj[b, a] = True
-    return Pattern(adj, adj.sum(axis=1) - 1.0)
+    on = [j for j in range(len(self.perms)) if j < len(active) and active[j]]
+    partners = self._partner[on]  # [A, n]
+    index = np.concatenate([np.arange(self.n)[None], partners], axis=0).T  # [n, 1 + A]
+    return Pattern(cluster_lib.Neighbours(index), self._matched[on].sum(axis=0, dtype=np.float64))
 
   def mix(self, tree, ctx):
     """``(x_i - alpha sum_j B_j (x_i - x_partner), report)``; matching j communicates (one
     ``ppermute``) only when active (``lax.cond``); a pair with a failed worker does not mix."""
     if not self.perms:
       return tree, self.report(self.charge(0.0, ctx))
-    alive, i = ctx.alive, self.index()
+    alive, i, active = ctx.alive, self.index(), ctx.active
     out, pair_up = tree, []
     for j, perm in enumerate(self.perms):
       pairs = [(a, perm[a]) for a in range(self.n)]
@@ -144,13 +201,13 @@ class Matchings(Communication):
         recv = collectives.permute(p, self.axis_name, pairs)
         return jax.tree.map(lambda a, r: a - r, p, recv)
 
-      diff = lax.cond(ctx.active[j], exchange, lambda p: jax.tree.map(jnp.zeros_like, p), tree)
+      diff = lax.cond(active[j], exchange, lambda p: jax.tree.map(jnp.zeros_like, p), tree)
       up = jnp.float32(1.0)
       if alive is not None:
-        up = (alive[i] & alive[jnp.asarray(perm)[i]]).astype(jnp.float32)
+        up = (alive[i] & alive[jnp.asarray(self._partner[j])[i]]).astype(jnp.float32)
       pair_up.append(up)
       out = jax.tree.map(lambda o, d, up=up: o - jnp.asarray(self.plan.alpha, d.dtype) * up * d,
                          out, diff)
-    sent = tree_bytes(tree) * jnp.sum(ctx.active.astype(jnp.float32)
+    sent = tree_bytes(tree) * jnp.sum(active.astype(jnp.float32)
                                       * jnp.asarray(self._matched)[:, i] * jnp.stack(pair_up))
     return out, self.report(self.charge(sent, ctx))
