@@ -83,6 +83,10 @@ def test_resnet20_has_the_papers_parameter_count():
   assert convs + norms + 650 == 269_722  # "0.27 M"
 
 
+class Crash(Exception):
+  """A simulated crash of a run (raised by a hook)."""
+
+
 def _stats(model_state, worker=None):
   leaves = jax.tree.leaves(model_state)
   return [np.asarray(x if worker is None else x[worker]) for x in leaves]
@@ -117,12 +121,13 @@ def test_batchnorm_simulate_equals_mesh_and_survives_a_resume(tmp_path):
       del setup
       seen[step] = jax.device_get((state.params, state.model_state))
       if step == crash_at:
-        raise RuntimeError("crash")
+        raise Crash()
 
-    try:
+    if crash_at is None:
       train.train(cfg, workdir, hooks=(hook,))
-    except RuntimeError:
-      pass
+    else:
+      with pytest.raises(Crash):
+        train.train(cfg, workdir, hooks=(hook,))
     return seen
 
   with tfds.testing.mock_data(num_examples=32):
