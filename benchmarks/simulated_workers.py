@@ -25,9 +25,10 @@ baseline ``a``, one worker on n b examples (``build_variants`` lists them all):
   layout; the worker axis folded into the channels with a block-diagonal kernel (one ordinary
   convolution doing n times the arithmetic); n ordinary convolutions unrolled in the graph;
   the same under the framework's vmap through a convolution with a custom vmap rule
-  (:func:`per_worker_conv_general_dilated`, a drop-in ``conv_general_dilated`` for flax's
-  ``nn.Conv``); and some of these with max-pooling as reshape + max instead of
-  ``reduce_window`` (compared with the baseline ``a2``, which pools that way too);
+  (:func:`nbsgd_jax.per_worker.conv_general_dilated`, a drop-in ``conv_general_dilated`` for
+  flax's ``nn.Conv``: ``config.conv_impl="per_worker"``); and some of these with max-pooling
+  as reshape + max instead of ``reduce_window`` (``config.pool_impl="reshape"``; compared with
+  the baseline ``a2``, which pools that way too);
 * ``x1``-``x4`` (``--variants all``): the im2col one-worker baseline, differentiating through
   a vmapped convolution (grad outside vmap), the grouped convolution on the folded layout,
   the all-pairs convolution.
@@ -73,6 +74,9 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 from nbsgd_jax import models  # noqa: E402
+from nbsgd_jax.per_worker import (  # noqa: E402
+    conv_general_dilated as per_worker_conv_general_dilated)
+from nbsgd_jax.per_worker import max_pool as pool_reshape  # noqa: E402
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 RTOL, ATOL = 1e-4, 1e-5
@@ -100,59 +104,6 @@ def conv_nchw(x, k, padding):
   y = lax.conv_general_dilated(x.transpose(0, 3, 1, 2), k.transpose(3, 2, 0, 1), (1, 1),
                                padding, dimension_numbers=("NCHW", "OIHW", "NCHW"))
   return y.transpose(0, 2, 3, 1)
-
-
-def per_worker(fn):
-  """``fn`` whose jax.vmap, when every argument is batched (per-worker inputs and per-worker
-  weights), runs ``fn`` once per worker, unrolled, instead of batching its ops (a batched conv
-  would become one grouped convolution); otherwise the ordinary batching."""
-  f = jax.custom_batching.custom_vmap(fn)
-
-  @f.def_vmap
-  def rule(axis_size, in_batched, *args):
-    if all(in_batched):
-      outs = [fn(*[a[i] for a in args]) for i in range(axis_size)]
-      return jax.tree.map(lambda *o: jnp.stack(o), *outs), jax.tree.map(lambda _: True, outs[0])
-    if not any(in_batched):
-      out = fn(*args)
-      return out, jax.tree.map(lambda _: False, out)
-    out = jax.vmap(fn, in_axes=tuple(0 if bt else None for bt in in_batched))(*args)
-    return out, jax.tree.map(lambda _: True, out)
-  return f
-
-
-def _hashable(v):
-  """Lists (flax's padding pairs) as tuples; namedtuples (ConvDimensionNumbers) kept."""
-  if isinstance(v, list) or type(v) is tuple:
-    return tuple(_hashable(u) for u in v)
-  return v
-
-
-_UNROLLED = {}
-
-
-def per_worker_conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
-                                    rhs_dilation=None, dimension_numbers=None,
-                                    feature_group_count=1, precision=None, **kw):
-  """``lax.conv_general_dilated`` (same signature, same result) whose ``jax.vmap`` with
-  per-worker inputs and per-worker kernels is n ordinary convolutions, forward and backward,
-  instead of one grouped convolution: ``custom_vjp`` over ``custom_vmap`` (``custom_vmap``
-  alone has no reverse mode). Usable as ``flax.linen.Conv(..., conv_general_dilated=...)``.
-  Autodiff: reverse mode, and forward-over-reverse on one model (a Hessian-vector product);
-  not forward mode alone (a custom_vjp function) nor jax.vmap of a Hessian-vector product."""
-  static = dict(window_strides=_hashable(window_strides), padding=_hashable(padding),
-                lhs_dilation=_hashable(lhs_dilation), rhs_dilation=_hashable(rhs_dilation),
-                dimension_numbers=_hashable(dimension_numbers),
-                feature_group_count=feature_group_count, precision=precision, **kw)
-  key = tuple(sorted(static.items(), key=lambda kv: kv[0]))
-  if key not in _UNROLLED:
-    conv = lambda x, k: lax.conv_general_dilated(x, k, **static)
-    fwd_p = per_worker(conv)
-    bwd_p = per_worker(lambda x, k, g: jax.vjp(conv, x, k)[1](g))
-    f = jax.custom_vjp(fwd_p)
-    f.defvjp(lambda x, k: (fwd_p(x, k), (x, k)), lambda res, g: bwd_p(*res, g))
-    _UNROLLED[key] = f
-  return _UNROLLED[key](lhs, rhs)
 
 
 class CNNOpt(nn.Module):
@@ -228,12 +179,6 @@ def pool_window(x):
   """2x2 max-pool, stride 2 (flax's nn.max_pool: lax.reduce_window)."""
   win = (1,) * (x.ndim - 3) + (2, 2, 1)
   return lax.reduce_window(x, -jnp.inf, lax.max, win, win, "VALID")
-
-
-def pool_reshape(x):
-  """2x2 max-pool, stride 2, as reshape + max (even H and W); its gradient is elementwise."""
-  *lead, h, w, c = x.shape
-  return x.reshape(*lead, h // 2, 2, w // 2, 2, c).max(axis=(-4, -2))
 
 
 def forward_one(conv, pool=pool_window):
@@ -391,7 +336,7 @@ def build_variants(model):
   return {
       "a": ("one", "baseline: 1 worker x n b examples (flax CNN)", vg1, "a"),
       "a2": ("one", "baseline with max-pool as reshape + max", vg1_rpool, "a2"),
-      "b": ("vmap", "**the framework**: jax.vmap(value_and_grad), grouped convs", jax.vmap(vg1),
+      "b": ("vmap", "**the framework's default** (conv_impl=batched): jax.vmap(value_and_grad), grouped convs", jax.vmap(vg1),
             "a"),
       "c": ("map", "lax.map over workers (sequential convs of b examples)",
             lambda p, x, y: lax.map(lambda a: vg1(*a), (p, x, y)), "a"),
@@ -407,14 +352,15 @@ def build_variants(model):
              vg_stacked(forward_folded(fconv_blockdiag)), "a"),
       "e5": ("stacked", "n ordinary convs, one per worker, unrolled in the graph",
              vg_stacked(forward_stacked(sconv_unrolled)), "a"),
-      "e6": ("vmap", "vmap(value_and_grad), flax CNN with nn.Conv(conv_general_dilated="
-             "per_worker_conv_general_dilated): n unrolled convs", jax.vmap(vg_one(unrolled.apply)),
-             "a"),
+      "e6": ("vmap", "**conv_impl=per_worker**: vmap(value_and_grad), nn.Conv(conv_general_"
+             "dilated=per_worker.conv_general_dilated): n unrolled convs",
+             jax.vmap(vg_one(unrolled.apply)), "a"),
       "e7": ("vmap", "as b, max-pool as reshape + max", jax.vmap(vg1_rpool), "a2"),
       "e8": ("vmap", "as e2, max-pool as reshape + max", vg_vmap(mixed(pool_reshape)), "a2"),
       "e9": ("stacked", "as e4, max-pool as reshape + max",
              vg_stacked(forward_folded(fconv_blockdiag, pool_reshape)), "a2"),
-      "e10": ("vmap", "as e6, max-pool as reshape + max", jax.vmap(vg_one(unrolled_rpool.apply)),
+      "e10": ("vmap", "**conv_impl=per_worker, pool_impl=reshape**: as e6, max-pool as "
+              "reshape + max", jax.vmap(vg_one(unrolled_rpool.apply)),
               "a2"),
       # --variants all:
       "x1": ("one", "baseline, im2col CNN as e2, max-pool as reshape + max",
@@ -527,48 +473,24 @@ def profile(fns, inputs, names, calls: int) -> list:
   return rows
 
 
-def framework_cnn(conv_general_dilated, pool):
-  """:class:`nbsgd_jax.models.CNN` with ``nn.Conv(conv_general_dilated=...)`` and ``pool``
-  (None: flax's nn.max_pool): what an option of the framework's model would build."""
-  class CNN(models.CNN):
-    @nn.compact
-    def __call__(self, x):
-      c1, c2 = self.channels
-      conv = lambda c, pad: nn.Conv(c, (5, 5), padding=pad, dtype=self.dtype,
-                                    conv_general_dilated=conv_general_dilated)
-      mp = pool or (lambda h: nn.max_pool(h, (2, 2), strides=(2, 2)))
-      x = mp(nn.relu(conv(c1, "SAME")(x.astype(self.dtype))))
-      x = mp(nn.relu(conv(c2, "VALID")(x)))
-      x = x.reshape((x.shape[0], -1))
-      for h in self.hidden:
-        x = nn.relu(nn.Dense(h, dtype=self.dtype)(x))
-      return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
-  return CNN
-
-
 def framework(backend: str, n: int, b: int, steps: int, reps: int) -> list:
   """The framework's training step (default config: D-PSGD on a ring, the CNN, mnist10k) with
-  models.CNN and with the per-worker convolution (models.CNN replaced in this process only):
-  markdown rows, ms / step median of ``reps`` runs of ``steps`` steps, interleaved, after a
+  the default CNN and with ``conv_impl="per_worker"`` (and ``pool_impl="reshape"``): markdown
+  rows, ms / step median of ``reps`` runs of ``steps`` steps, interleaved, after a
   compile run; and the largest state difference after the compile run."""
   from nbsgd_jax import config as config_lib
   from nbsgd_jax import train
   cfg = config_lib.override(config_lib.default_config(), {
       "model": "cnn", "num_workers": n, "batch_size": b, "num_steps": steps,
       "eval_every": steps, "progress": False, "backend": backend})
-  kinds = {"models.CNN (grouped convs)": models.CNN,
-           "nn.Conv(conv_general_dilated=per_worker_conv_general_dilated)":
-               framework_cnn(per_worker_conv_general_dilated, None),
-           "same, max-pool as reshape + max": framework_cnn(per_worker_conv_general_dilated,
-                                                            pool_reshape)}
-  orig, built = models.CNN, {}
-  try:
-    for name, cls in kinds.items():
-      models.CNN = cls
-      s = train.setup(cfg)
-      built[name] = (s, train.make_train_step(s))
-  finally:
-    models.CNN = orig
+  kinds = {"models.CNN (grouped convs)": {},
+           "conv_impl=per_worker": {"conv_impl": "per_worker"},
+           "conv_impl=per_worker, pool_impl=reshape": {"conv_impl": "per_worker",
+                                                       "pool_impl": "reshape"}}
+  built = {}
+  for name, over in kinds.items():
+    s = train.setup(config_lib.override(cfg, over))
+    built[name] = (s, train.make_train_step(s))
 
   def run(s, step_fn):
     host, state = train.make_host(s), train.init_state(s)

@@ -37,6 +37,8 @@ BACKENDS = ("simulate", "mesh", "multihost")
 MODELS = ("logreg", "mlp", "cnn", "resnet", "transformer")
 NORMS = ("batch", "group")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+CONV_IMPLS = ("batched", "per_worker")  # nbsgd_jax.per_worker
+POOL_IMPLS = ("window", "reshape")
 OPTIMIZERS = ("sgd", "adamw")
 PARTITIONS = ("iid", "dirichlet")
 DPSGD_ORDERS = ("parallel", "atc")
@@ -67,6 +69,11 @@ def default_config() -> ml_collections.ConfigDict:
                                  # text data set, e.g. tfds:tiny_shakespeare)
   c.mlp_hidden = (256,)          # hidden sizes of the MLP
   c.cnn_channels = (6, 16)       # conv widths of the CNN
+  c.conv_impl = "batched"        # batched | per_worker: cnn / resnet convolutions under vmap
+                                 # (batched: one grouped conv; per_worker: n ordinary convs,
+                                 # faster on CPU, compile time grows with n; per_worker.py)
+  c.pool_impl = "window"         # window (nn.max_pool) | reshape (reshape + max, the same
+                                 # values; an elementwise gradient): the CNN's max-pools
   c.resnet_depth = 20            # resnet: 6 k + 2 layers (20: ResNet-20, 0.27 M parameters)
   c.norm = "batch"               # resnet: batch (BatchNorm, running statistics per worker)
                                  # | group (GroupNorm, no model state)
@@ -115,6 +122,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.steps_per_dispatch = 1       # k: training steps per compiled dispatch (lax.scan over the
                                  # steps between evaluations whose host inputs are known in
                                  # advance; hooks run before each dispatch; clock=wall: 1)
+  c.double_buffer = True         # a spare set of parameter buffers: each step writes the new
+                                 # parameters there (no fresh [n, d] buffer and copy when the
+                                 # models are mixed); False: one set, less memory
   c.seed = 0                     # init, data order and partition seed
   c.progress = True              # tqdm progress bar
   c.tensorboard = False          # also write workdir/tensorboard event files (tensorboardX):
@@ -321,6 +331,8 @@ def check_top_level(cfg, errs: list) -> None:
     errs.append(f"config.norm_groups={cfg.norm_groups} is not allowed: it must divide 16 "
                 "(1, 2, 4, 8 or 16)")
   checks.choice(cfg, errs, "compute_dtype", COMPUTE_DTYPES)
+  checks.choice(cfg, errs, "conv_impl", CONV_IMPLS)
+  checks.choice(cfg, errs, "pool_impl", POOL_IMPLS)
   checks.choice(cfg, errs, "optimizer", OPTIMIZERS)
   checks.number(cfg, errs, "adam_b2", 0, hi=1, hi_open=True)
   checks.choice(cfg, errs, "partition", PARTITIONS)
@@ -341,7 +353,7 @@ def check_top_level(cfg, errs: list) -> None:
       cfg.cluster.get("clock") == "wall"):
     errs.append(f"config.steps_per_dispatch={cfg.steps_per_dispatch} is not allowed with "
                 "config.cluster.clock='wall': each step is timed on the host; use 1")
-  for key in ("nesterov", "progress", "tensorboard"):
+  for key in ("nesterov", "progress", "tensorboard", "double_buffer"):
     checks.boolean(cfg, errs, key)
   checks.string(cfg, errs, "data_dir")
   ds = cfg.get("dataset")
@@ -502,8 +514,9 @@ SWITCHES = (
     Switch(CONTROL_KEYS, "consensus.control", lambda v: v is True),
     Switch(CRITICAL_KEYS, "consensus.critical", lambda v: v is True),
     Switch(("problem.*",), "dataset", lambda v: v in SYNTHETIC),
-    Switch(("model", "mlp_hidden", "cnn_channels", "partition", "dirichlet_alpha", "data_dir",
-            "eval_train_examples", "compute_dtype", "augment.*"), "dataset",
+    Switch(("model", "mlp_hidden", "cnn_channels", "conv_impl", "pool_impl", "partition",
+            "dirichlet_alpha", "data_dir", "eval_train_examples", "compute_dtype", "augment.*"),
+           "dataset",
            lambda v: v not in SYNTHETIC),
     Switch(("lm.*",), "model", lambda v: v == "transformer"),
     Switch(("adam_b2",), "optimizer", lambda v: v == "adamw"),

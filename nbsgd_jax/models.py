@@ -25,16 +25,24 @@ Logits are float32 whatever the compute ``dtype`` (bfloat16 compute keeps float3
 * ``"transformer"``: a decoder-only (GPT-style, pre-LayerNorm) transformer language model:
   token and learned position embeddings, ``num_layers`` blocks of causal multi-head
   self-attention and a 4x GELU MLP, final LayerNorm, dense to the vocabulary.
+
+The convolutions of ``"cnn"`` and ``"resnet"`` and the max-pools of ``"cnn"`` have a second
+implementation for many simulated workers on one device (``conv_impl="per_worker"``,
+``pool_impl="reshape"``: :mod:`nbsgd_jax.per_worker`); the parameters and values are the same.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
+
+from nbsgd_jax import per_worker
 
 
 class LogisticRegression(nn.Module):
@@ -71,15 +79,18 @@ class CNN(nn.Module):
   channels: Sequence[int] = (6, 16)
   hidden: Sequence[int] = (120, 84)
   dtype: Any = jnp.float32
+  conv: Any = lax.conv_general_dilated  # nn.Conv's convolution (per_worker.CONV_IMPLS)
+  pool: Any = None  # 2x2 max-pool x -> x (None: nn.max_pool; per_worker.max_pool)
 
   @nn.compact
   def __call__(self, x):
     c1, c2 = self.channels
+    conv = functools.partial(nn.Conv, kernel_size=(5, 5), dtype=self.dtype,
+                             conv_general_dilated=self.conv)
+    pool = self.pool or (lambda h: nn.max_pool(h, (2, 2), strides=(2, 2)))
     x = x.astype(self.dtype)
-    x = nn.relu(nn.Conv(c1, (5, 5), padding="SAME", dtype=self.dtype)(x))
-    x = nn.max_pool(x, (2, 2), strides=(2, 2))
-    x = nn.relu(nn.Conv(c2, (5, 5), padding="VALID", dtype=self.dtype)(x))
-    x = nn.max_pool(x, (2, 2), strides=(2, 2))
+    x = pool(nn.relu(conv(c1, padding="SAME")(x)))
+    x = pool(nn.relu(conv(c2, padding="VALID")(x)))
     x = x.reshape((x.shape[0], -1))
     for h in self.hidden:
       x = nn.relu(nn.Dense(h, dtype=self.dtype)(x))
@@ -107,11 +118,12 @@ class BasicBlock(nn.Module):
   norm: str = "batch"
   groups: int = 2
   dtype: Any = jnp.float32
+  conv: Any = lax.conv_general_dilated
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     conv = lambda s: nn.Conv(self.channels, (3, 3), strides=(s, s), padding=((1, 1), (1, 1)),
-                             use_bias=False, dtype=self.dtype)
+                             use_bias=False, dtype=self.dtype, conv_general_dilated=self.conv)
     y = nn.relu(_norm(self.norm, self.groups, train, self.dtype)(conv(self.stride)(x)))
     y = _norm(self.norm, self.groups, train, self.dtype)(conv(1)(y))
     if self.stride != 1 or x.shape[-1] != self.channels:
@@ -130,17 +142,18 @@ class ResNetCifar(nn.Module):
   norm: str = "batch"
   groups: int = 2
   dtype: Any = jnp.float32
+  conv: Any = lax.conv_general_dilated
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     x = x.astype(self.dtype)
     x = nn.Conv(self.widths[0], (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
-                dtype=self.dtype)(x)
+                dtype=self.dtype, conv_general_dilated=self.conv)(x)
     x = nn.relu(_norm(self.norm, self.groups, train, self.dtype)(x))
     for stage, width in enumerate(self.widths):
       for b in range(self.blocks):
         stride = 2 if stage > 0 and b == 0 else 1
-        x = BasicBlock(width, stride, self.norm, self.groups, self.dtype)(x, train)
+        x = BasicBlock(width, stride, self.norm, self.groups, self.dtype, self.conv)(x, train)
     x = jnp.mean(x, axis=(1, 2))
     return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
@@ -203,7 +216,8 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
                cnn_channels: Sequence[int] = (6, 16), norm: str = "batch",
                norm_groups: int = 2, dtype: str = "float32", lm: Any = None,
-               depth: int = 20) -> nn.Module:
+               depth: int = 20, conv_impl: str = "batched",
+               pool_impl: str = "window") -> nn.Module:
   """Build a model by name (``config.model``).
 
   Args:
@@ -217,6 +231,11 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
     dtype: compute dtype, ``"float32"`` or ``"bfloat16"`` (parameters stay float32).
     lm: ``"transformer"``'s sizes: an object with ``context``, ``num_layers``, ``d_model``,
       ``num_heads`` (``config.lm``; None: :class:`LMSizes`' defaults).
+    conv_impl: ``"batched"`` (``lax.conv_general_dilated``: a grouped convolution under
+      ``vmap``) or ``"per_worker"`` (:func:`nbsgd_jax.per_worker.conv_general_dilated`), the
+      convolutions of ``"cnn"`` and ``"resnet"``.
+    pool_impl: ``"window"`` (``nn.max_pool``) or ``"reshape"``
+      (:func:`nbsgd_jax.per_worker.max_pool`), the max-pools of ``"cnn"``.
 
   Raises:
     ValueError: an unknown name, norm or dtype, or bad sizes (named).
@@ -224,6 +243,15 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
   if dtype not in DTYPES:
     raise ValueError(f"compute_dtype={dtype!r} is not allowed: use one of {list(DTYPES)}")
   dt = DTYPES[dtype]
+  if conv_impl not in per_worker.CONV_IMPLS:
+    raise ValueError(f"conv_impl={conv_impl!r} is not allowed: use one of "
+                     f"{list(per_worker.CONV_IMPLS)}")
+  if pool_impl not in per_worker.POOL_IMPLS:
+    raise ValueError(f"pool_impl={pool_impl!r} is not allowed: use one of "
+                     f"{list(per_worker.POOL_IMPLS)}")
+  conv = (per_worker.conv_general_dilated if conv_impl == "per_worker"
+          else lax.conv_general_dilated)
+  pool = per_worker.max_pool if pool_impl == "reshape" else None
   if name == "logreg":
     return LogisticRegression(num_classes=num_classes, dtype=dt)
   if name == "mlp":
@@ -231,7 +259,8 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
   if name == "cnn":
     if len(cnn_channels) != 2:
       raise ValueError(f"cnn_channels={tuple(cnn_channels)!r} is not allowed: give two widths")
-    return CNN(num_classes=num_classes, channels=tuple(cnn_channels), dtype=dt)
+    return CNN(num_classes=num_classes, channels=tuple(cnn_channels), dtype=dt, conv=conv,
+               pool=pool)
   if name == "resnet":
     if depth < 8 or (depth - 2) % 6:
       raise ValueError(f"resnet_depth={depth} is not allowed: it must be 6 k + 2, k >= 1")
@@ -240,7 +269,7 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
     if norm == "group" and 16 % norm_groups:
       raise ValueError(f"norm_groups={norm_groups} is not allowed: it must divide 16")
     return ResNetCifar(num_classes=num_classes, blocks=(depth - 2) // 6, norm=norm,
-                       groups=norm_groups, dtype=dt)
+                       groups=norm_groups, dtype=dt, conv=conv)
   if name == "transformer":
     lm = LMSizes() if lm is None else lm
     if lm.d_model % lm.num_heads:

@@ -10,6 +10,7 @@
 
 import tracemalloc
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -329,3 +330,60 @@ def test_ring_shift_over_device_and_local_axes_uses_local_ppermutes():
   x = np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)
   out = _hier(lambda v: collectives.permute(v, ("devices", "workers"), pairs), d, k)(x)
   np.testing.assert_array_equal(out[:, 0], np.roll(np.arange(n), 3))
+
+
+# ------------------------------------------------------------------ double buffer
+
+
+def _pointers(tree):
+  """The device buffers' addresses of every shard of every leaf."""
+  return [s.data.unsafe_buffer_pointer() for leaf in jax.tree.leaves(tree)
+          for s in leaf.addressable_shards]
+
+
+@pytest.mark.parametrize("backend", ["simulate", "mesh"])
+@pytest.mark.parametrize("algorithm", [dict(algorithm="dpsgd", topology="ring"),
+                                       dict(algorithm="allreduce"),
+                                       dict(algorithm="local_sgd", **{"local_sgd.tau": 2})])
+def test_double_buffer_reuses_two_sets_of_buffers(backend, algorithm):
+  """With ``double_buffer`` the parameters alternate between two sets of buffers (the program
+  allocates none for them: no fresh ``[n, d]`` buffer and no copy into the donated one), and
+  the training is the same as with one set."""
+  runs = {}
+  for double in (True, False):
+    cfg = small_cfg(backend=backend, num_workers=8, double_buffer=double, **algorithm)
+    s = train.setup(cfg)
+    state, step, host = train.init_state(s), train.make_train_step(s), train.make_host(s)
+    seen = []
+    for t in range(5):
+      inputs = host.inputs(t)
+      seen.append(_pointers(state.params))
+      state, (_, report) = step(state, s.worker_data, train.device_context(s, inputs),
+                                inputs.get("period_end", True))
+      host.observe(t, inputs, jax.device_get(report))
+    seen.append(_pointers(state.params))
+    runs[double] = (jax.device_get(state.params), seen)
+  params, seen = runs[True]
+  assert seen[1] != seen[0]
+  for t in range(2, len(seen)):
+    assert seen[t] == seen[t - 2], f"step {t}: the parameters are in new buffers"
+  chex.assert_trees_all_equal(params, runs[False][0])
+
+
+@pytest.mark.parametrize("double", [True, False])
+def test_double_buffer_removes_the_copy_of_the_mixed_parameters(double):
+  """D-PSGD's compiled step: one set of buffers needs a copy of the mixed first-layer kernel
+  ``[n, 784, 32]`` into the donated buffer; the double buffer none."""
+  from nbsgd_jax.run import setup as setup_lib
+  s = train.setup(small_cfg(num_workers=8, algorithm="dpsgd", topology="ring"))
+  state = train.init_state(s)
+  ctx = train.device_context(s, train.make_host(s).inputs(0))
+  spmd = s.backend.spmd(setup_lib.make_worker_step(s))
+  if double:
+    program = jax.jit(setup_lib.double_buffered(spmd), donate_argnums=(0, 1), keep_unused=True)
+    args = (state, setup_lib.fresh_like(state.params), s.worker_data, ctx)
+  else:
+    program, args = jax.jit(spmd, donate_argnums=(0,)), (state, s.worker_data, ctx)
+  hlo = program.lower(*args).compile().as_text()
+  copies = [line for line in hlo.splitlines() if "f32[8,784,32]" in line and " copy(" in line]
+  assert len(copies) == (0 if double else 1), copies

@@ -202,7 +202,8 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
   model = models_lib.make_model(cfg.model, dataset.num_classes, mlp_hidden=cfg.mlp_hidden,
                                 cnn_channels=cfg.cnn_channels, norm=cfg.norm,
                                 norm_groups=cfg.norm_groups, dtype=cfg.compute_dtype,
-                                lm=cfg.lm, depth=cfg.resnet_depth)
+                                lm=cfg.lm, depth=cfg.resnet_depth, conv_impl=cfg.conv_impl,
+                                pool_impl=cfg.pool_impl)
   if backend.name == "multihost":
     worker_data = task_lib.process_local_data(dataset, shards, backend)
   else:
@@ -353,15 +354,55 @@ def make_train_step(s: Setup, host: host_lib.Host | None = None) -> Callable:
     from nbsgd_jax.run import wallclock
     return wallclock.WallClockStep(s, host.part("workload"))
   programs: dict = {}
+  spare: list = []  # the double buffer: the parameters' buffers of the step before
+
+  def compile_step(key):
+    spmd = s.backend.spmd(make_worker_step(s, key))
+    if not s.cfg.double_buffer:
+      return jax.jit(spmd, donate_argnums=(0,))
+    return jax.jit(double_buffered(spmd), donate_argnums=(0, 1), keep_unused=True)
 
   def step(state, data, ctx, period_end=True, inputs=None):
     del inputs
     key = period_end if s.recipe.periodic else True  # a static (hashable) period end
     if key not in programs:
-      programs[key] = jax.jit(s.backend.spmd(make_worker_step(s, key)), donate_argnums=(0,))
-    return programs[key](state, data, ctx)
+      programs[key] = compile_step(key)
+    if not s.cfg.double_buffer:
+      return programs[key](state, data, ctx)
+    buffers = spare.pop() if spare else fresh_like(state.params)
+    old_state, params, out = programs[key](state, buffers, data, ctx)
+    spare.append(old_state.params)
+    return old_state._replace(params=params), out
 
   return step
+
+
+def double_buffered(spmd_step: Callable) -> Callable:
+  """``spmd_step`` writing the new parameters into a second set of buffers (``cfg.
+  double_buffer``): ``(state, spare, data, ctx) -> (state with the old parameters, new
+  parameters, out)``, to be compiled with ``state`` and ``spare`` donated and kept.
+
+  Why: a step that mixes the models (gossip) cannot update the parameters in place (worker
+  i reads its neighbours' old rows), so XLA writes them to a fresh ``[n, ...]`` buffer and
+  copies that into the donated one; on a CPU the fresh buffer's pages are also faulted in at
+  every step (``docs/scaling.md``). Here the old parameters go out unchanged into their own
+  buffers and the new ones into ``spare``'s, which the caller passes back at the next step.
+  Donated inputs are matched to outputs of the same shape and dtype in order, so the outputs
+  are ordered as the inputs: the state's leaves (old parameters first), then the new
+  parameters in ``spare``'s place.
+  """
+  def program(state, spare, data, ctx):
+    del spare  # donated and kept: its buffers receive the new parameters
+    new, out = spmd_step(state, data, ctx)
+    return new._replace(params=state.params), new.params, out
+
+  return program
+
+
+def fresh_like(tree):
+  """Buffers of ``tree``'s shapes, dtypes and shardings (zeros), made on the devices."""
+  shardings = jax.tree.map(lambda x: x.sharding, tree)
+  return jax.jit(lambda t: jax.tree.map(jnp.zeros_like, t), out_shardings=shardings)(tree)
 
 
 def one_worker_data(s: Setup):
