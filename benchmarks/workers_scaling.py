@@ -24,7 +24,8 @@ algorithms (``--algorithms``, :data:`ALGORITHMS`): ``allreduce`` (psum of gradie
 time-varying W_t of period log2 n), ``matcha`` (MATCHA on a ring, budget 0.5), ``local_sgd``
 (a model average every 4 steps), ``choco_sgd`` (CHOCO-SGD with Top-k, 1 %, on a ring).
 Backends: ``simulate`` (``jax.vmap`` on one device) and ``mesh`` (``shard_map`` over
-``--mesh_devices`` devices, n / devices workers each, ``vmap`` inside).
+``--mesh_devices`` devices, n / devices workers each, ``vmap`` inside). ``--double_buffer``:
+the cells with ``config.double_buffer`` on (the default), off, or both side by side.
 
 A step is what the training loop does (:class:`nbsgd_jax.run.loop.Run`): the host parts'
 inputs, the step's device context, the compiled program; after the last step of a run the
@@ -89,11 +90,17 @@ def _base_config():
   return mod.get_config()
 
 
+SINGLE = " (1 buffer)"  # the label suffix of a cell with config.double_buffer=False
+
+
 def job(n: int, backend: str, algorithm: str, model: str, batch_size: int,
         mesh_devices: int = 8, mlp_hidden: tuple = ()):
-  """The config of one cell (see module docstring)."""
+  """The config of one cell (see module docstring); ``algorithm`` may end in
+  :data:`SINGLE` (``double_buffer=False``)."""
+  single = algorithm.endswith(SINGLE)
+  algorithm = algorithm.removesuffix(SINGLE)
   over = {"num_workers": n, "backend": backend, "model": model, "batch_size": batch_size,
-          "progress": False, **ALGORITHMS[algorithm]}
+          "progress": False, "double_buffer": not single, **ALGORITHMS[algorithm]}
   if mlp_hidden:
     over["mlp_hidden"] = tuple(mlp_hidden)
   if backend == "mesh":
@@ -219,11 +226,16 @@ def main():
   ap.add_argument("--matcha_exact_max", type=int, default=64,
                   help="largest n whose MATCHA plan is solved exactly (module docstring)")
   ap.add_argument("--device", default="", help="a note on the machine, written into the output")
+  ap.add_argument("--double_buffer", default="on", choices=["on", "off", "both"],
+                  help="config.double_buffer of the cells; both: every algorithm also with one "
+                  f"set of parameter buffers (labelled '<algorithm>{SINGLE}')")
   a = ap.parse_args()
   preset = PRESETS[a.preset]
   a.model = a.model or preset["model"]
   a.workers = a.workers or preset["workers"]
   a.algorithms = a.algorithms or preset["algorithms"]
+  a.algorithms = {"on": a.algorithms, "off": [al + SINGLE for al in a.algorithms],
+                  "both": [v for al in a.algorithms for v in (al, al + SINGLE)]}[a.double_buffer]
   batch = a.batch_size or preset["batch_size"]
   rows = {}
   for n in a.workers:
@@ -240,7 +252,7 @@ def main():
     measure(list(cells.values()), a.steps, a.reps)
     for key, c in cells.items():
       rows[key] = c.median()
-      print(f"n={n:5d} {key[0]:10s} {key[1]:8s} {1e3 * rows[key][0]:9.2f} ms/step "
+      print(f"n={n:5d} {key[0]:20s} {key[1]:8s} {1e3 * rows[key][0]:9.2f} ms/step "
             f"(host {1e3 * rows[key][1]:.2f})", flush=True)
     del cells
   text = table(rows, a, batch)

@@ -25,7 +25,7 @@ from nbsgd_jax import topology as topology_lib
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip, Matchings
 from nbsgd_jax.host import parts as host_parts
-from nbsgd_jax.transforms import StepContext
+from nbsgd_jax.transforms import CONTEXT_AXES, StepContext
 
 from tests.test_train import small_cfg
 
@@ -42,8 +42,7 @@ def _timing_plan(n, edges, budget):
 def _square_values(jaxpr, n, where="", out=None, operands=True):
   """``(where, primitive, shape)`` of every value of ``jaxpr`` (and its sub-jaxprs) with two or
   more dimensions of size ``n``: the results of every equation and, with ``operands``, what
-  they read (a top-level input excepted, e.g. the ``[n, n]`` stack of per-worker copies of
-  ``ctx.alive``)."""
+  they read (the top-level inputs excepted: the test of the failures checks them)."""
   out = [] if out is None else out
   inputs = set(map(id, jaxpr.invars)) if not where else set()
 
@@ -76,7 +75,7 @@ def _step_jaxpr(monkeypatch, **overrides):
   host = train.make_host(s)
   inputs = host.inputs(0)
   ctx = train.device_context(s, inputs)
-  fn = s.backend.spmd(train.make_worker_step(s, True))
+  fn = s.backend.spmd(train.make_worker_step(s, True), (0, 0, CONTEXT_AXES))
   return jax.make_jaxpr(fn)(train.init_state(s), s.worker_data, ctx)
 
 
@@ -102,10 +101,11 @@ def test_vmapped_step_has_no_n_by_n_value(monkeypatch, case):
 
 @pytest.mark.parametrize("case", ["dpsgd_time_varying", "matcha", "choco_time_varying"])
 def test_vmapped_step_under_failures_makes_no_n_by_n_value(monkeypatch, case):
-  """Every worker holds ``alive`` ``[n]`` (an ``[n, n]`` input under vmap); the step only reads
-  O(degree) entries of it and makes nothing of size ``[n, n]``."""
+  """``alive`` ``[n]`` goes in once, unbatched (``CONTEXT_AXES``), not as ``[n, n]`` per-worker
+  copies; the step reads O(degree) entries of it and makes nothing of size ``[n, n]``."""
   closed = _step_jaxpr(monkeypatch, **CASES[case], **{"cluster.failures": "3:0:5,17:0:2"})
-  found = _square_values(closed.jaxpr, N, operands=False)
+  assert [v.aval.shape for v in closed.jaxpr.invars if v.aval.shape == (N,) * 2] == []
+  found = _square_values(closed.jaxpr, N)
   found += [("", "const", tuple(np.shape(c))) for c in closed.consts
             if sum(d == N for d in np.shape(c)) >= 2]
   assert not found, found[:10]
@@ -378,7 +378,7 @@ def test_double_buffer_removes_the_copy_of_the_mixed_parameters(double):
   s = train.setup(small_cfg(num_workers=8, algorithm="dpsgd", topology="ring"))
   state = train.init_state(s)
   ctx = train.device_context(s, train.make_host(s).inputs(0))
-  spmd = s.backend.spmd(setup_lib.make_worker_step(s))
+  spmd = s.backend.spmd(setup_lib.make_worker_step(s), (0, 0, CONTEXT_AXES))
   if double:
     program = jax.jit(setup_lib.double_buffered(spmd), donate_argnums=(0, 1), keep_unused=True)
     args = (state, setup_lib.fresh_like(state.params), s.worker_data, ctx)

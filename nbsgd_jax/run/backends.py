@@ -28,8 +28,10 @@ class Backend(NamedTuple):
     mesh: the device mesh (mesh backend) or None.
     axis_name: the worker axis of the worker program: ``"workers"``, or
       ``("devices", "workers")`` with several workers per device.
-    spmd: ``worker_fn -> fn`` running a per-worker function on arrays with a leading
-      worker axis (not jitted).
+    spmd: ``(worker_fn, in_axes=0) -> fn`` running a per-worker function on arrays with a
+      leading worker axis (not jitted); ``in_axes`` as ``jax.vmap``'s (a prefix of the
+      arguments: 0 per worker, None one value for every worker, placed by ``replicate``;
+      e.g. :data:`nbsgd_jax.transforms.CONTEXT_AXES`).
     place: ``pytree -> pytree`` putting arrays with a leading worker axis where the
       backend wants them.
     replicate: ``pytree -> pytree`` putting arrays whole on every device of the backend
@@ -85,7 +87,8 @@ def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
     ValueError: unknown backend, or workers that do not fit the devices.
   """
   if name == "simulate":
-    return Backend(name, num_workers, None, lambda f: jax.vmap(f, axis_name=AXIS),
+    return Backend(name, num_workers, None,
+                   lambda f, in_axes=0: jax.vmap(f, in_axes=in_axes, axis_name=AXIS),
                    lambda tree: tree)
   if name not in ("mesh", "multihost"):
     raise ValueError(f"backend={name!r} is not allowed: use one of {list(config_lib.BACKENDS)}")
@@ -109,23 +112,44 @@ def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
     from nbsgd_jax import multihost
     extra["fetch"] = lambda tree: jax.tree.map(multihost.fetch, tree)
   if k > 1:
-    def spmd_k(f):
+    def spmd_k(f, in_axes=0):
       # check_vma=False: the worker values vary over the vmap axis too, which the
       # varying-axes type system does not track through psum over the axis pair
-      return jax.shard_map(jax.vmap(f, axis_name=AXIS), mesh=mesh, in_specs=P(DEVICE_AXIS),
-                           out_specs=P(DEVICE_AXIS), check_vma=False)
+      return jax.shard_map(jax.vmap(f, in_axes=in_axes, axis_name=AXIS), mesh=mesh,
+                           in_specs=_specs(in_axes, DEVICE_AXIS), out_specs=P(DEVICE_AXIS),
+                           check_vma=False)
 
     return Backend(name, num_workers, mesh, spmd_k,
                    lambda tree: jax.device_put(tree, sharding), (DEVICE_AXIS, AXIS), **extra)
 
-  def spmd(f):
+  def spmd(f, in_axes=0):
     def local(*args):
-      out = f(*jax.tree.map(lambda a: a[0], args))
+      mine = lambda ax, arg: arg if ax is None else jax.tree.map(lambda a: a[0], arg)
+      out = f(*_map_prefix(mine, in_axes, args))
       return jax.tree.map(lambda a: a[None], out)
-    return jax.shard_map(local, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+    return jax.shard_map(local, mesh=mesh, in_specs=_specs(in_axes, AXIS), out_specs=P(AXIS))
 
   return Backend(name, num_workers, mesh, spmd, lambda tree: jax.device_put(tree, sharding),
                  **extra)
+
+
+def _map_prefix(fn: Callable, in_axes, args: tuple) -> tuple:
+  """``fn(axis, subtree)`` for each entry of the ``jax.vmap``-style prefix ``in_axes`` (an int
+  or None for all of ``args``, or a tuple with one prefix per argument) and the subtree of
+  ``args`` it covers."""
+  if not isinstance(in_axes, tuple):
+    in_axes = (in_axes,) * len(args)
+  return tuple(jax.tree.map(fn, ax, arg, is_leaf=lambda x: x is None)
+               for ax, arg in zip(in_axes, args))
+
+
+def _specs(in_axes, axis: str):
+  """shard_map ``in_specs`` of a ``jax.vmap``-style ``in_axes``: 0 -> ``P(axis)`` (split over
+  the workers), None -> ``P()`` (replicated)."""
+  spec = lambda ax: P() if ax is None else P(axis)
+  if not isinstance(in_axes, tuple):
+    return spec(in_axes)
+  return tuple(jax.tree.map(spec, ax, is_leaf=lambda x: x is None) for ax in in_axes)
 
 
 # ----------------------------------------------------------------------------- config

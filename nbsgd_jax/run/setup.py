@@ -36,7 +36,7 @@ from nbsgd_jax import transforms
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.run import task as task_lib
 from nbsgd_jax.run.backends import Backend, make_backend
-from nbsgd_jax.transforms import StepContext
+from nbsgd_jax.transforms import CONTEXT_AXES, StepContext
 
 
 class TrainState(NamedTuple):
@@ -357,7 +357,7 @@ def make_train_step(s: Setup, host: host_lib.Host | None = None) -> Callable:
   spare: list = []  # the double buffer: the parameters' buffers of the step before
 
   def compile_step(key):
-    spmd = s.backend.spmd(make_worker_step(s, key))
+    spmd = s.backend.spmd(make_worker_step(s, key), (0, 0, CONTEXT_AXES))
     if not s.cfg.double_buffer:
       return jax.jit(spmd, donate_argnums=(0,))
     return jax.jit(double_buffered(spmd), donate_argnums=(0, 1), keep_unused=True)
@@ -500,34 +500,41 @@ def _targets(cfg) -> host_lib.Targets:
 
 
 def host_context(s: Setup, inputs: dict) -> StepContext:
-  """The host inputs of a step as numpy arrays with a leading worker axis ``[n, ...]``:
-  ``count`` is per worker, the other values the same for every worker (None stays None)."""
-  n = s.cfg.num_workers
+  """The host inputs of a step as numpy arrays: ``count`` per worker (int32 ``[n]``), the
+  other values once, the same for every worker (:data:`~nbsgd_jax.transforms.CONTEXT_AXES`;
+  None stays None)."""
+  del s
 
-  def per_worker(x, dtype):
-    if x is None:
-      return None
-    x = np.asarray(x, dtype)
-    return np.broadcast_to(x, (n,) + x.shape).copy()
+  def once(x, dtype):
+    return None if x is None else np.asarray(x, dtype)
 
-  return StepContext(per_worker(inputs["step"], np.int32),
-                     np.asarray(inputs["count"], np.int32),  # already per worker
-                     per_worker(inputs["total"], np.int32), per_worker(inputs["active"], bool),
-                     per_worker(inputs.get("alive"), bool),
-                     per_worker(inputs.get("target"), np.float32))
+  return StepContext(once(inputs["step"], np.int32), np.asarray(inputs["count"], np.int32),
+                     once(inputs["total"], np.int32), once(inputs["active"], bool),
+                     once(inputs.get("alive"), bool), once(inputs.get("target"), np.float32))
+
+
+def _place_context(s: Setup, ctx: StepContext) -> StepContext:
+  """``ctx`` on the devices: the per-worker fields split over the workers (``place``), the
+  others whole on every device (``replicate``)."""
+  put = lambda ax, x: x if x is None else (
+      s.backend.replicate(jnp.asarray(x)) if ax is None else s.backend.place(jnp.asarray(x)))
+  return jax.tree.map(put, CONTEXT_AXES, ctx, is_leaf=lambda x: x is None)
 
 
 def device_context(s: Setup, inputs: dict) -> StepContext:
   """The host inputs of a step as the workers' :class:`~nbsgd_jax.transforms.StepContext`
-  (:func:`host_context`, placed for the backend)."""
-  return s.backend.place(jax.tree.map(jnp.asarray, host_context(s, inputs)))
+  (:func:`host_context`, placed for the backend): the compiled step's context, read with
+  ``in_axes`` :data:`~nbsgd_jax.transforms.CONTEXT_AXES`."""
+  return _place_context(s, host_context(s, inputs))
 
 
 def device_contexts(s: Setup, inputs: list) -> StepContext:
-  """The contexts of ``k`` consecutive steps, stacked per worker (leaves ``[n, k, ...]``),
-  placed for the backend: the input of :func:`make_block_step`."""
+  """The contexts of ``k`` consecutive steps, stacked (``count`` ``[n, k]``, the shared
+  fields ``[k, ...]``), placed for the backend: the input of :func:`make_block_step`."""
   ctxs = [host_context(s, i) for i in inputs]
-  return s.backend.place(jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs, axis=1)), *ctxs))
+  stack = lambda ax, *xs: None if xs[0] is None else np.stack(xs, axis=0 if ax is None else 1)
+  return _place_context(s, jax.tree.map(stack, CONTEXT_AXES, *ctxs,
+                                        is_leaf=lambda x: x is None))
 
 
 def make_block_step(s: Setup) -> Callable:
@@ -545,7 +552,8 @@ def make_block_step(s: Setup) -> Callable:
       keys = (True,) * len(keys)
     runs = tuple((key, len(list(group))) for key, group in itertools.groupby(keys))
     if runs not in programs:
-      programs[runs] = jax.jit(s.backend.spmd(_scanned_steps(s, runs)), donate_argnums=(0,))
+      programs[runs] = jax.jit(s.backend.spmd(_scanned_steps(s, runs), (0, 0, CONTEXT_AXES)),
+                               donate_argnums=(0,))
     return programs[runs](state, data, ctx)
 
   return block

@@ -158,8 +158,9 @@ class WallClockStep:
     self._zeros = jax.jit(b.spmd(lambda params, model_state: transforms.zero_sums(params)
                                  + (model_state,)))
     self._minibatch = jax.jit(b.spmd(minibatch))
-    self._update_fn = lambda key: jax.jit(b.spmd(lambda *a: update(key, *a)),
-                                          donate_argnums=(0,))  # one program per period end
+    self._update_fn = lambda key: jax.jit(  # one program per period end
+        b.spmd(lambda *a: update(key, *a), (0, 0, 0, 0, transforms.CONTEXT_AXES)),
+        donate_argnums=(0,))
     self._compiled: dict = {}
     self._index = [self._global(np.full(self.n, j, np.int32)) for j in range(m)]
 

@@ -11,9 +11,9 @@
 * :mod:`~nbsgd_jax.transforms.consensus`: consensus control (Kong et al. 2021).
 """
 
-from nbsgd_jax.transforms.base import (StepContext, WorkerTransform, as_worker_transform, chain,
-                                       from_optax, is_summed, merge_reports, no_state,
-                                       replace_params, skip_when_idle)
+from nbsgd_jax.transforms.base import (CONTEXT_AXES, StepContext, WorkerTransform,
+                                       as_worker_transform, chain, from_optax, is_summed,
+                                       merge_reports, no_state, replace_params, skip_when_idle)
 from nbsgd_jax.transforms.error_feedback import ErrorFeedbackState, densify, error_feedback
 from nbsgd_jax.transforms.minibatches import (AccumulateState, accumulate_minibatches,
                                               add_minibatch, add_minibatch_with_state,
@@ -26,7 +26,7 @@ from nbsgd_jax.transforms.wrappers import (AnchorState, OuterState, PeriodicStat
                                            streaming_outer_step, via_anchor)
 
 __all__ = [
-    "AccumulateState", "AnchorState", "ErrorFeedbackState", "OuterState", "PeriodicState",
+    "CONTEXT_AXES", "AccumulateState", "AnchorState", "ErrorFeedbackState", "OuterState", "PeriodicState",
     "StepContext", "Synchronisation", "WorkerTransform", "accumulate_minibatches",
     "add_minibatch", "add_minibatch_with_state", "mean_of_sums", "zero_sums",
     "as_worker_transform", "average_models", "chain", "densify", "error_feedback",

@@ -62,6 +62,13 @@ class StepContext(NamedTuple):
   period_end: Any = None
 
 
+# ``jax.vmap`` in_axes of a context given to the backends (``Backend.spmd``): ``count`` is per
+# worker, every other field is the same on every worker and goes in as one value (an
+# unbatched / replicated input), not n copies (``alive`` would be ``[n, n]``).
+CONTEXT_AXES = StepContext(step=None, count=0, total=None, active=None, alive=None, target=None,
+                           period_end=None)
+
+
 class WorkerTransform(NamedTuple):
   """One worker's transformation of a step (see module docstring).
 
