@@ -399,10 +399,12 @@ def double_buffered(spmd_step: Callable) -> Callable:
   return program
 
 
+@jax.jit
 def fresh_like(tree):
-  """Buffers of ``tree``'s shapes, dtypes and shardings (zeros), made on the devices."""
-  shardings = jax.tree.map(lambda x: x.sharding, tree)
-  return jax.jit(lambda t: jax.tree.map(jnp.zeros_like, t), out_shardings=shardings)(tree)
+  """New buffers of ``tree``'s shapes and dtypes, placed as ``tree`` is (its sharding and
+  whether it is committed to its devices follow, so the step that receives them compiles
+  once); the values are ``tree * 0``."""
+  return jax.tree.map(lambda x: x * 0, tree)
 
 
 def one_worker_data(s: Setup):
