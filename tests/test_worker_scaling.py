@@ -387,3 +387,17 @@ def test_double_buffer_removes_the_copy_of_the_mixed_parameters(double):
   hlo = program.lower(*args).compile().as_text()
   copies = [line for line in hlo.splitlines() if "f32[8,784,32]" in line and " copy(" in line]
   assert len(copies) == (0 if double else 1), copies
+
+
+def test_double_buffered_step_compiles_once(caplog):
+  """The spare buffers are placed as the parameters are, so the step's program is compiled at
+  the first step only (a spare committed to its device where the initial state is not made
+  the second step compile again)."""
+  s = train.setup(small_cfg(algorithm="dpsgd", topology="ring"))
+  state, step, host = train.init_state(s), train.make_train_step(s), train.make_host(s)
+  with jax.log_compiles(True), caplog.at_level("WARNING"):
+    for t in range(3):
+      state, _ = step(state, s.worker_data, train.device_context(s, host.inputs(t)), True)
+  compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()
+              and "program" in r.getMessage()]
+  assert len(compiles) == 1, compiles
