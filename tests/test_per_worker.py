@@ -33,14 +33,14 @@ def _conv_groups(jaxpr, out=None):
   return out
 
 
-def _workers(model_name, shape, impl, pool="window", classes=10):
-  """``vmap`` over N workers of the loss and gradient of ``model_name`` with distinct
-  per-worker weights and images: ``(fn, params [N, ...], x [N, 3, ...], y [N, 3])``."""
+def _workers(model_name, shape, impl, pool="window", classes=10, n=N):
+  """``vmap`` over n workers of the loss and gradient of ``model_name`` with distinct
+  per-worker weights and images: ``(fn, params [n, ...], x [n, 3, ...], y [n, 3])``."""
   model = models.make_model(model_name, classes, cnn_channels=(4, 8), norm="group",
                             depth=8, conv_impl=impl, pool_impl=pool)
-  keys = jax.random.split(jax.random.PRNGKey(0), N)
-  x = jax.random.normal(jax.random.PRNGKey(1), (N, 3) + shape)
-  y = jax.random.randint(jax.random.PRNGKey(2), (N, 3), 0, classes)
+  keys = jax.random.split(jax.random.PRNGKey(0), n)
+  x = jax.random.normal(jax.random.PRNGKey(1), (n, 3) + shape)
+  y = jax.random.randint(jax.random.PRNGKey(2), (n, 3), 0, classes)
   params = jax.vmap(lambda k: model.init(k, x[0]))(keys)
 
   def loss(p, xb, yb):
@@ -50,16 +50,16 @@ def _workers(model_name, shape, impl, pool="window", classes=10):
   return jax.vmap(jax.value_and_grad(loss)), params, x, y
 
 
-@pytest.mark.parametrize("name,shape", [("cnn", (28, 28, 1)), ("resnet", (32, 32, 3))])
-def test_per_worker_conv_equals_the_batched_conv_under_vmap(name, shape):
-  fn, params, x, y = _workers(name, shape, "per_worker")
-  ref, _, _, _ = _workers(name, shape, "batched")
+@pytest.mark.parametrize("name,shape,n", [("cnn", (28, 28, 1), N), ("resnet", (16, 16, 3), 3)])
+def test_per_worker_conv_equals_the_batched_conv_under_vmap(name, shape, n):
+  fn, params, x, y = _workers(name, shape, "per_worker", n=n)
+  ref, _, _, _ = _workers(name, shape, "batched", n=n)
   chex.assert_trees_all_close(jax.jit(fn)(params, x, y), jax.jit(ref)(params, x, y),
                               rtol=1e-4, atol=1e-5)
   # the mechanism: no grouped convolution is left in the forward and backward passes
   groups = _conv_groups(jax.make_jaxpr(fn)(params, x, y).jaxpr)
   assert groups and set(groups) == {1}
-  assert N in _conv_groups(jax.make_jaxpr(ref)(params, x, y).jaxpr)
+  assert n in _conv_groups(jax.make_jaxpr(ref)(params, x, y).jaxpr)
 
 
 def test_per_worker_conv_alone_is_lax_conv_and_has_reverse_mode_only():
