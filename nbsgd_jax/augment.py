@@ -68,9 +68,12 @@ CIFAR100_STATS = ChannelStats(mean=(0.5071, 0.4867, 0.4408), std=(0.2675, 0.2565
 # Keyed by the data set name given to nbsgd_jax.data.load_dataset.
 # Source: epfml/LocalSGD-Code, distributed_code/pcode/datasets/prepare_data.py (_get_cifar).
 CHANNEL_STATS: dict[str, ChannelStats] = {
+    "cifar10": CIFAR10_STATS,
+    "cifar100": CIFAR100_STATS,
     "tfds:cifar10": CIFAR10_STATS,
     "tfds:cifar100": CIFAR100_STATS,
 }
+STATS_CHOICES = ("auto", "data", "cifar10", "cifar100")  # config.augment.stats
 
 
 class CropFlip(NamedTuple):
@@ -136,11 +139,40 @@ def _check_images(images: Any) -> Array:
   return x
 
 
+def data_stats(images) -> ChannelStats:
+  """The per-channel mean and standard deviation of ``images`` (uint8 ``[N, H, W, C]``, pixel
+  units), in ``[0, 1]`` units: ``config.augment.stats="data"``, and ``"auto"`` for a data set
+  without published statistics (an image folder).
+
+  Raises:
+    ValueError: ``images`` is not ``[N, H, W, C]`` with ``N >= 1``.
+
+  Source: none (the mean and population standard deviation over every pixel of a channel).
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  x = np.asarray(images)
+  if x.ndim != 4 or x.shape[0] == 0:
+    raise ValueError(f"images with shape {x.shape} is not allowed: they must be [N, H, W, C] "
+                     f"with N >= 1")
+  flat = x.reshape(-1, x.shape[-1])
+  mean = np.zeros(x.shape[-1])
+  sq = np.zeros(x.shape[-1])
+  for start in range(0, flat.shape[0], 1 << 20):  # float64 sums, a chunk at a time
+    chunk = flat[start:start + (1 << 20)].astype(np.float64) / 255.0
+    mean += chunk.sum(0)
+    sq += (chunk * chunk).sum(0)
+  mean /= flat.shape[0]
+  std = np.sqrt(np.maximum(sq / flat.shape[0] - mean * mean, 0.0))
+  std = np.where(std > 0, std, 1.0)  # a constant channel is only centred
+  return ChannelStats(tuple(float(m) for m in mean), tuple(float(s) for s in std))
+
+
 def channel_stats(name: str) -> ChannelStats:
   """The normalisation statistics of a data set.
 
   Args:
-    name: a key of :data:`CHANNEL_STATS`, i.e. ``"tfds:cifar10"`` or ``"tfds:cifar100"``.
+    name: a key of :data:`CHANNEL_STATS`: ``"cifar10"``, ``"cifar100"``, ``"tfds:cifar10"``
+      or ``"tfds:cifar100"``.
 
   Returns:
     The :class:`ChannelStats` (RGB means and stds in ``[0, 1]`` units).

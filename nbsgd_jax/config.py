@@ -26,6 +26,7 @@ import ml_collections
 
 from nbsgd_jax import checks
 from nbsgd_jax import cluster as cluster_lib  # numpy only
+from nbsgd_jax import data as data_lib  # numpy only
 
 # the built-in recipes (nbsgd_jax.recipes.REGISTRY also holds those registered from outside)
 ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha", "local_sgd", "diloco",
@@ -43,6 +44,7 @@ OPTIMIZERS = ("sgd", "adamw")
 PARTITIONS = ("iid", "dirichlet")
 DPSGD_ORDERS = ("parallel", "atc")
 LR_SCHEDULES = ("constant", "cosine", "inverse_time", "step")
+WEIGHT_DECAY_ON = ("all", "matrices")
 SYNTHETIC = ("least_squares", "logistic")  # nbsgd_jax.problems, with their known F*
 COMPRESSIONS = ("none", "top_k", "gaussian_k", "random_k", "qsgd", "sign", "bf16",
                 "powersgd")
@@ -89,10 +91,21 @@ def default_config() -> ml_collections.ConfigDict:
   c.augment.crop_padding = 0     # pixels of zero padding before a random crop back to H x W
                                  # (CIFAR recipes: 4; 0: off)
   c.augment.flip = False         # random horizontal flip (p = 0.5 per example)
-  c.augment.normalize = False    # per-channel (x - mean_c) / std_c with the data set's
-                                 # channel statistics (tfds:cifar10 / tfds:cifar100)
-  c.dataset = "mnist10k"         # mnist10k (embedded) | tfds:<name> | least_squares |
-                                 # logistic (synthetic PL problems, config.problem, known F*)
+  c.augment.normalize = False    # per-channel (x - mean_c) / std_c with augment.stats
+  c.augment.stats = "auto"       # channel statistics of normalize: auto (the data set's
+                                 # published ones for cifar10 / cifar100, else computed from
+                                 # the training images) | data (computed) | cifar10 | cifar100
+  c.dataset = "mnist10k"         # images: mnist10k (embedded) | image_folder | cifar10 |
+                                 # cifar100 (data_path) | tfds:<name>; text (model=transformer):
+                                 # tiny_shakespeare (embedded) | text_file (data_path) |
+                                 # tfds:<name>; least_squares | logistic (synthetic PL
+                                 # problems, config.problem, known F*)
+  c.data_path = ""               # image_folder: a directory or .tar/.tar.gz/.tar.xz/.zip laid
+                                 # out train/<class>/<image>, test/<class>/<image>; cifar10 /
+                                 # cifar100: the python release (cifar-10-python.tar.gz or
+                                 # cifar-10-batches-py/); text_file: a UTF-8 text file
+  c.data_cache = ""              # image_folder: directory of the decoded .npz cache
+                                 # ("" = ~/.cache/nbsgd_jax; none: no cache)
   c.data_dir = ""                # tfds data_dir ("" = tfds default)
   c.partition = "iid"            # iid | dirichlet (over labels)
   c.dirichlet_alpha = 0.5        # concentration of the Dirichlet partition (> 0)
@@ -106,12 +119,18 @@ def default_config() -> ml_collections.ConfigDict:
                                  # 2017; Kong et al. 2021 on CIFAR-10), increasing in (0, 1)
   c.lr_decay = 0.1               # step: factor at each milestone, in (0, 1]
   c.warmup_steps = 0             # linear warm-up from 0 over this many steps
+  c.lr_min = 0.0                 # cosine: the rate reached at num_steps (nanoGPT: lr / 10),
+                                 # in [0, learning_rate]
   c.optimizer = "sgd"            # local optimizer: sgd (momentum, L2 weight decay) | adamw
                                  # (b1 = momentum, b2 = adam_b2, decoupled weight decay)
   c.adam_b2 = 0.999              # adamw: second-moment decay in [0, 1)
   c.momentum = 0.9               # heavy-ball momentum in [0, 1) (0 = plain SGD)
   c.nesterov = False             # Nesterov momentum
   c.weight_decay = 0.0           # L2 coefficient added to the gradient
+  c.weight_decay_on = "all"      # all | matrices: only parameters with >= 2 axes decay (kernels,
+                                 # embeddings; not biases or norm scales: nanoGPT's rule)
+  c.grad_clip = 0.0              # clip each worker's gradient to this global L2 norm before
+                                 # its optimizer (0: off; nanoGPT: 1.0)
   c.num_steps = 1000             # training steps (iterations)
   c.eval_every = 100             # steps between evaluations (a final one is always made)
   c.eval_train_examples = 2000   # training examples used for train_loss (averaged model)
@@ -355,13 +374,16 @@ def check_top_level(cfg, errs: list) -> None:
                 "config.cluster.clock='wall': each step is timed on the host; use 1")
   for key in ("nesterov", "progress", "tensorboard", "double_buffer"):
     checks.boolean(cfg, errs, key)
-  checks.string(cfg, errs, "data_dir")
-  ds = cfg.get("dataset")
-  if not isinstance(ds, str) or not (ds in ("mnist10k",) + SYNTHETIC
-                                     or (ds.startswith("tfds:") and len(ds) > 5)):
-    errs.append(f"config.dataset={ds!r} is not allowed: use 'mnist10k', 'tfds:<name>' "
-                "(e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10'), 'least_squares' "
-                "or 'logistic'")
+  for key in ("data_dir", "data_path", "data_cache"):
+    checks.string(cfg, errs, key)
+  _check_dataset(cfg, errs)
+  checks.choice(cfg, errs, "weight_decay_on", WEIGHT_DECAY_ON)
+  checks.number(cfg, errs, "grad_clip", 0)
+  lr = cfg.get("learning_rate")
+  if checks.number(cfg, errs, "lr_min", 0) and cfg.get("lr_schedule") == "cosine" and (
+      checks.is_num(lr) and lr > 0 and cfg.lr_min > lr):
+    errs.append(f"config.lr_min={cfg.lr_min} is not allowed with config.learning_rate="
+                f"{cfg.learning_rate}: the cosine decays to it, it must be <= learning_rate")
   checks.number(cfg, errs, "lr_time_scale", 0, lo_open=True)
   checks.number(cfg, errs, "lr_decay", 0, lo_open=True, hi=1)
   ms = cfg.get("lr_milestones")
@@ -380,6 +402,27 @@ def check_top_level(cfg, errs: list) -> None:
     if ce and checks.is_int(ee) and ee >= 1 and ce % ee:
       errs.append(f"config.checkpoint_every={ce} is not allowed with config.eval_every={ee}: "
                   "checkpoints are taken at evaluations, it must be a multiple of eval_every")
+
+
+def _check_dataset(cfg, errs: list) -> None:
+  """dataset, with a data_path where the source needs one and a model that reads it."""
+  ds = cfg.get("dataset")
+  named = data_lib.IMAGE_DATASETS + data_lib.TEXT_DATASETS + SYNTHETIC
+  if not isinstance(ds, str) or not (ds in named or (ds.startswith("tfds:") and len(ds) > 5)):
+    errs.append(f"config.dataset={ds!r} is not allowed: use one of {list(named)} or "
+                "'tfds:<name>' (e.g. 'tfds:mnist', 'tfds:cifar10', 'tfds:tiny_shakespeare')")
+    return
+  if ds in data_lib.PATH_DATASETS and cfg.get("data_path") == "":
+    # (a path that does not exist is named by the loader, before anything is written)
+    errs.append(f"config.data_path='' is not allowed with config.dataset={ds!r}: give the "
+                f"{'text file' if ds == 'text_file' else 'directory or archive'} to read")
+  model = cfg.get("model")
+  if ds in data_lib.TEXT_DATASETS and model != "transformer":
+    errs.append(f"config.dataset={ds!r} is a text data set: it needs config.model='transformer'"
+                f" (got {model!r})")
+  if ds in data_lib.IMAGE_DATASETS and model == "transformer":
+    errs.append(f"config.model='transformer' is not allowed with config.dataset={ds!r}: the "
+                f"language model reads text ({list(data_lib.TEXT_DATASETS)} or tfds:<name>)")
 
 
 def partial_minibatches(cfg) -> bool:
@@ -515,9 +558,13 @@ SWITCHES = (
     Switch(CRITICAL_KEYS, "consensus.critical", lambda v: v is True),
     Switch(("problem.*",), "dataset", lambda v: v in SYNTHETIC),
     Switch(("model", "mlp_hidden", "cnn_channels", "conv_impl", "pool_impl", "partition",
-            "dirichlet_alpha", "data_dir", "eval_train_examples", "compute_dtype", "augment.*"),
+            "dirichlet_alpha", "eval_train_examples", "compute_dtype", "augment.*"),
            "dataset",
            lambda v: v not in SYNTHETIC),
+    Switch(("data_dir",), "dataset", lambda v: isinstance(v, str) and v.startswith("tfds:")),
+    Switch(("data_path",), "dataset", lambda v: v in data_lib.PATH_DATASETS),
+    Switch(("data_cache",), "dataset", lambda v: v == "image_folder"),
+    Switch(("lr_min",), "lr_schedule", lambda v: v == "cosine"),
     Switch(("lm.*",), "model", lambda v: v == "transformer"),
     Switch(("adam_b2",), "optimizer", lambda v: v == "adamw"),
     Switch(("nesterov",), "optimizer", lambda v: v == "sgd"),

@@ -42,10 +42,19 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from nbsgd_jax import checks
+from nbsgd_jax import disk_data
 
+# Image sources read from config.data_path (nbsgd_jax.disk_data), text sources, and all the
+# names load_dataset / load_text_dataset take besides "tfds:<name>".
+PATH_IMAGE_DATASETS = ("image_folder", "cifar10", "cifar100")
+IMAGE_DATASETS = ("mnist10k",) + PATH_IMAGE_DATASETS
+TEXT_DATASETS = ("tiny_shakespeare", "text_file")
+PATH_DATASETS = PATH_IMAGE_DATASETS + ("text_file",)
 DATASETS_HELP = (
-    "use 'mnist10k' or 'tfds:<name>' (e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10')"
+    "use 'mnist10k', 'image_folder' or 'cifar10' / 'cifar100' (with data_path), or "
+    "'tfds:<name>' (e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10')"
 )
+TEXT_TRAIN_FRACTION = 0.9  # nanoGPT's shakespeare_char split: first 90 % train, rest validation
 SCHEMES = ("iid", "dirichlet")
 MNIST10K_NUM_TRAIN = 8000
 MNIST10K_SPLIT_SEED = 0
@@ -76,14 +85,23 @@ class Dataset(NamedTuple):
 # ----------------------------------------------------------------------------- loading
 
 
-def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
+def load_dataset(name: str, data_dir: str | None = None, data_path: str | None = None,
+                 cache_dir: str | None = None, progress: bool = False) -> Dataset:
   """Loads a data set into host memory.
 
   Args:
-    name: ``"mnist10k"`` (the embedded default) or ``"tfds:<name>"`` (e.g.
-      ``"tfds:mnist"``, ``"tfds:fashion_mnist"``, ``"tfds:cifar10"``).
+    name: ``"mnist10k"`` (the embedded default); ``"image_folder"`` (``data_path``: a
+      directory or archive laid out ``train/<class>/<image>``, ``test/<class>/<image>``:
+      :func:`nbsgd_jax.disk_data.load_image_folder`); ``"cifar10"`` / ``"cifar100"``
+      (``data_path``: the python-pickle release, :func:`nbsgd_jax.disk_data.load_cifar_pickle`);
+      or ``"tfds:<name>"`` (e.g. ``"tfds:mnist"``, ``"tfds:fashion_mnist"``,
+      ``"tfds:cifar10"``).
     data_dir: TFDS data directory for ``"tfds:*"`` (``None``: the TFDS default,
-      ``~/tensorflow_datasets`` or ``$TFDS_DATA_DIR``); ignored for ``"mnist10k"``.
+      ``~/tensorflow_datasets`` or ``$TFDS_DATA_DIR``); ignored otherwise.
+    data_path: the file or directory of ``PATH_IMAGE_DATASETS``; ignored otherwise.
+    cache_dir: where ``"image_folder"`` keeps its decoded arrays (``None``: the default
+      cache, ``"none"``: no cache).
+    progress: a progress bar while an image folder is decoded.
 
   Returns:
     A :class:`Dataset`: images uint8 ``[N, H, W, C]`` (a channel axis is added to
@@ -97,7 +115,8 @@ def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
       ``label`` feature's metadata, else ``max(label) + 1``.
 
   Raises:
-    ValueError: ``name`` is neither form; a TFDS data set is unknown, not prepared
+    ValueError: ``name`` is none of these; a ``data_path`` source is missing or unreadable
+      (:mod:`nbsgd_jax.disk_data`, one line naming the path); a TFDS data set is unknown, not prepared
       locally in ``data_dir`` or unreadable (nothing is downloaded at run time: prepare it
       beforehand, e.g. ``tfds build mnist --file_format=array_record``); its images are not
       uint8 ``[H, W]`` / ``[H, W, C]`` of one fixed shape, or its labels are not
@@ -110,6 +129,13 @@ def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
     raise ValueError(f"dataset={name!r} is not allowed: {DATASETS_HELP}")
   if name == "mnist10k":
     return _load_mnist10k()
+  if name in PATH_IMAGE_DATASETS:
+    if name == "image_folder":
+      a = disk_data.load_image_folder(data_path, cache_dir=cache_dir, progress=progress)
+    else:
+      a = disk_data.load_cifar_pickle(name, data_path)
+    return Dataset(name, a.train_images, a.train_labels, a.test_images, a.test_labels,
+                   len(a.classes))
   if name.startswith("tfds:") and name[len("tfds:"):].strip():
     return _load_tfds(name, name[len("tfds:"):].strip(), data_dir)
   raise ValueError(f"dataset={name!r} is not allowed: {DATASETS_HELP}")
@@ -475,7 +501,8 @@ def label_histogram(
 
 # ------------------------------------------------------------------------------- text
 
-TEXT_DATASETS_HELP = "use 'tfds:<name>' for a TFDS text data set (e.g. 'tfds:tiny_shakespeare')"
+TEXT_DATASETS_HELP = ("use 'tiny_shakespeare' (embedded), 'text_file' (with data_path) or "
+                      "'tfds:<name>' for a TFDS text data set (e.g. 'tfds:tiny_shakespeare')")
 TEXT_SCHEMES = ("iid",)
 TEXT_FEATURE = "text"
 UNKNOWN_CHAR = "\ufffd"  # what decode_text writes for the reserved unknown id
@@ -577,19 +604,26 @@ def decode_text(tokens: np.ndarray, vocab: str) -> str:
   return "".join(chars[t.astype(np.int64)])
 
 
-def load_text_dataset(name: str, data_dir: str | None = None) -> TextDataset:
+def load_text_dataset(name: str, data_dir: str | None = None,
+                      data_path: str | None = None) -> TextDataset:
   """Loads a character-level language modelling corpus into host memory.
 
   Args:
-    name: ``"tfds:<name>"``, a TensorFlow Datasets text set with a ``text`` feature (a
+    name: ``"tiny_shakespeare"`` (embedded: the char-rnn / nanoGPT text, 1,115,394
+      characters, ``nbsgd_jax/assets/tiny_shakespeare.txt.gz``), ``"text_file"`` (any UTF-8
+      text file at ``data_path``, plain or ``.gz``), both split as nanoGPT's
+      ``shakespeare_char`` (:func:`split_text`: the first 90 % of the characters train, the
+      last 10 % the validation split returned as ``test_tokens``; the vocabulary is every
+      character of the text); or ``"tfds:<name>"``, a TensorFlow Datasets text set with a ``text`` feature (a
       string, UTF-8 bytes on disk) and ``train``/``test`` splits, e.g.
       ``"tfds:tiny_shakespeare"`` (whose ``train``, ``validation`` and ``test`` splits each
       hold ONE example: 1,003,854 / 55,770 / 55,770 characters, 65 distinct in train).
     data_dir: TFDS data directory (``None``: the TFDS default, ``~/tensorflow_datasets`` or
       ``$TFDS_DATA_DIR``).
+    data_path: the text file of ``"text_file"``; ignored otherwise.
 
   Returns:
-    A :class:`TextDataset`. Each split's examples are concatenated in record order, with no
+    A :class:`TextDataset`. For ``"tfds:*"``: each split's examples are concatenated in record order, with no
     separator, and decoded as UTF-8. ``vocab`` is the sorted set of characters of the
     train split; ``train_tokens`` / ``test_tokens`` are int32 ids (see :func:`encode_text`);
     test characters absent from train map to the reserved unknown id
@@ -608,6 +642,12 @@ def load_text_dataset(name: str, data_dir: str | None = None) -> TextDataset:
   Effectiveness of Recurrent Neural Networks"), read through ``tfds.data_source``
   (ArrayRecord random access, no TensorFlow needed).
   """
+  if name == "tiny_shakespeare":
+    resource = importlib.resources.files("nbsgd_jax") / "assets" / "tiny_shakespeare.txt.gz"
+    with importlib.resources.as_file(resource) as path:
+      return split_text(disk_data.read_text(str(path)), name)
+  if name == "text_file":
+    return split_text(disk_data.read_text(data_path), name)
   if not (isinstance(name, str) and name.startswith("tfds:") and name[len("tfds:"):].strip()):
     raise ValueError(f"dataset={name!r} is not allowed: {TEXT_DATASETS_HELP}")
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
@@ -629,6 +669,38 @@ def load_text_dataset(name: str, data_dir: str | None = None) -> TextDataset:
       vocab=vocab,
       vocab_size=len(vocab) + 1,
   )
+
+
+def split_text(text: str, name: str, train_fraction: float = TEXT_TRAIN_FRACTION) -> TextDataset:
+  """A character corpus split as nanoGPT's ``shakespeare_char``.
+
+  Args:
+    text: the whole corpus.
+    name: the data set's name (kept in the result).
+    train_fraction: the leading fraction of the characters that trains, in ``(0, 1)``.
+
+  Returns:
+    A :class:`TextDataset` whose ``train_tokens`` are the first ``int(len(text) *
+    train_fraction)`` characters and ``test_tokens`` the rest (the validation split), with
+    ``vocab`` every distinct character of the whole text sorted by code point (so no
+    validation character is unknown); ``vocab_size = len(vocab) + 1`` keeps the reserved
+    unknown id of :func:`encode_text`.
+
+  Raises:
+    ValueError: a split would hold fewer than 2 characters (one input and its target).
+
+  Source: karpathy/nanoGPT, ``data/shakespeare_char/prepare.py`` (``chars =
+  sorted(list(set(data)))``; ``train_data = data[:int(n*0.9)]``, ``val_data =
+  data[int(n*0.9):]``).
+  """
+  cut = int(len(text) * train_fraction)
+  if cut < 2 or len(text) - cut < 2:
+    raise ValueError(f"dataset={name!r}: the text holds {len(text)} characters: its "
+                     f"{train_fraction:.0%} / {1 - train_fraction:.0%} split needs >= 2 in each")
+  vocab = "".join(map(chr, np.unique(_code_points(text)).tolist()))
+  return TextDataset(name=name, train_tokens=encode_text(text[:cut], vocab),
+                     test_tokens=encode_text(text[cut:], vocab), vocab=vocab,
+                     vocab_size=len(vocab) + 1)
 
 
 def _as_text(value: Any, *, name: str, split: str, index: int) -> str:

@@ -75,7 +75,7 @@ HARDWARE = (
      "one process of a multi-host run (needs the other hosts)"),
     (r"--workdir=runs/(gpu|tpu)\b", "runs on a GPU / TPU"),
     (r"--config=experiments/configs/(cifar10_resnet20|lm_diloco)\.py",
-     "a GPU-sized run on a prepared tfds data set"),
+     "a GPU-sized run (on data the user has: an image folder, the CIFAR release, tfds)"),
 )
 LONG = (
     (r"-m venv .*pip install", "creates a virtual environment and installs (network, minutes)"),
@@ -83,6 +83,8 @@ LONG = (
     (r"experiments/reproduce_", "a reproduction (5-46 min)"),
     (r"benchmarks/", "a benchmark (minutes)"),
     (r"--config=experiments/configs/mnist\.py", "the main job (600 CNN steps, 2-3 min or more)"),
+    (r"--config=experiments/configs/shakespeare_char\.py",
+     "nanoGPT's CPU setting, 2,000 transformer steps (about 3 min)"),
     (r"experiments/validate_clock\.py", "the clock validation: 4 processes, 8 runs (about 3 min)"),
     (r"experiments/compare_algorithms\.py", "14 algorithms on two tasks (minutes to an hour)"),
 )

@@ -461,7 +461,7 @@ def test_text_not_prepared_names_the_tfds_command(tmp_path):
   assert not any(p.is_file() for p in tmp_path.rglob("*"))
 
 
-@pytest.mark.parametrize("name", ["tiny_shakespeare", "tfds:", "tfds: ", "mnist10k", 3, None])
+@pytest.mark.parametrize("name", ["shakespeare", "tfds:", "tfds: ", "mnist10k", 3, None])
 def test_load_text_dataset_rejects_bad_name(name):
   with pytest.raises(ValueError, match=r"dataset=.*is not allowed.*'tfds:<name>'"):
     data.load_text_dataset(name)

@@ -248,7 +248,8 @@ def test_lm_config_trains_through_the_cli(tmp_path):
 def test_unprepared_data_names_the_tfds_command(tmp_path, config, command):
   env = dict(os.environ, PYTHONPATH=ROOT)
   r = subprocess.run([sys.executable, "-m", "nbsgd_jax.main", f"--config={config}",
-                      f"--workdir={tmp_path / 'run'}", f"--config.data_dir={tmp_path}"],
+                      f"--workdir={tmp_path / 'run'}", f"--config.data_dir={tmp_path}",
+                      f"--config.dataset=tfds:{command.split()[-1]}"],
                      capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
   errors = [l for l in r.stderr.splitlines() if l.startswith("error: ")]

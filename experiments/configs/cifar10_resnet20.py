@@ -3,17 +3,34 @@ Kong et al. 2021, consensus control; Koloskova et al. 2020): 16 workers on a rin
 batch 128 per worker, learning rate 0.1 per 128 examples scaled by the global batch
 (0.1 x 16 = 1.6) with a 5-epoch linear warm-up, step decay x 0.1 at 50 % and 75 % of
 300 epochs, Nesterov momentum 0.9, weight decay 1e-4, random crop (padding 4), horizontal
-flip and per-channel normalisation; BatchNorm statistics kept per worker.
+flip and per-channel normalisation with the published CIFAR-10 statistics
+(``augment.stats="cifar10"``, whatever the source); BatchNorm statistics kept per worker.
 
-Prepare the data once (tfds, ArrayRecord; the CIFAR builder downloads the archive)::
+The data, from any of three sources (no TensorFlow and no network for the first two):
+
+* an image folder (a directory or a .tar / .tar.gz / .tar.xz / .zip archive laid out
+  ``train/<class>/<image>``, ``test/<class>/<image>``; decoded once, then cached as .npz in
+  ``--config.data_cache``, default ~/.cache/nbsgd_jax)::
+
+    python -m nbsgd_jax.main --config=experiments/configs/cifar10_resnet20.py \
+        --workdir=runs/cifar10_resnet20 --config.dataset=image_folder \
+        --config.data_path=../shared/data/cifar10_jpeg.tar.xz
+
+* the CIFAR-10 python release (``cifar-10-python.tar.gz`` from the authors' page or
+  torchvision, or its extracted ``cifar-10-batches-py/``)::
+
+    python -m nbsgd_jax.main --config=experiments/configs/cifar10_resnet20.py \
+        --workdir=runs/cifar10_resnet20 --config.dataset=cifar10 \
+        --config.data_path=$HOME/data/cifar-10-python.tar.gz
+
+* tfds (the default ``dataset``; prepared once, ArrayRecord: the CIFAR builder downloads the
+  archive)::
 
     tfds build cifar10 --file_format=array_record --data_dir=$HOME/tensorflow_datasets
-
-On one GPU (16 workers simulated with jax.vmap on the device)::
-
     python -m nbsgd_jax.main --config=experiments/configs/cifar10_resnet20.py \
         --workdir=runs/cifar10_resnet20
 
+Sixteen workers are simulated with jax.vmap on one device (a GPU for the full 300 epochs).
 Other algorithms: ``--config.algorithm=allreduce`` (or ``choco_sgd``, ``local_sgd``, ...);
 GroupNorm instead of BatchNorm: ``--config.norm=group``; bfloat16 compute:
 ``--config.compute_dtype=bfloat16``; a short check on CPU: ``--config.num_steps=20
@@ -53,6 +70,7 @@ def get_config():
   c.augment.crop_padding = 4
   c.augment.flip = True
   c.augment.normalize = True
+  c.augment.stats = "cifar10"  # the published statistics for every source
   c.checkpoint_every = 50 * c.eval_every
   c.seed = 0
   return c

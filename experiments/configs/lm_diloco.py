@@ -4,10 +4,11 @@ Algorithm 1): 8 workers, H = 50 inner AdamW steps (b2 = 0.95, weight decay 0.1, 
 schedule with warm-up) per round, an outer Nesterov SGD step (lr 0.7, momentum 0.9) on the
 averaged pseudo-gradient.
 
-Prepare the data once (tfds, ArrayRecord; preparing tiny_shakespeare needs TensorFlow, reading
-it does not)::
-
-    tfds build tiny_shakespeare --file_format=array_record --data_dir=$HOME/tensorflow_datasets
+The text is the embedded tiny_shakespeare, split as nanoGPT's ``shakespeare_char`` (first
+90 % train, last 10 % validation); any UTF-8 file instead: ``--config.dataset=text_file
+--config.data_path=FILE``; the tfds copy: ``--config.dataset=tfds:tiny_shakespeare`` after
+``tfds build tiny_shakespeare --file_format=array_record`` (preparing it needs TensorFlow,
+reading it does not).
 
 On one GPU (8 workers simulated with jax.vmap on the device)::
 
@@ -27,7 +28,7 @@ def get_config():
   c.num_workers = 8
   c.backend = "simulate"
   c.model = "transformer"
-  c.dataset = "tfds:tiny_shakespeare"
+  c.dataset = "tiny_shakespeare"
   c.lm.context = 128
   c.lm.num_layers = 4
   c.lm.d_model = 256

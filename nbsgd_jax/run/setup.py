@@ -69,8 +69,9 @@ def make_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
       b = max(milestone_step(cfg, f) - cfg.warmup_steps, 1)
       bounds[b] = bounds.get(b, 1.0) * cfg.lr_decay
     main = optax.piecewise_constant_schedule(cfg.learning_rate, bounds)
-  elif cfg.lr_schedule == "cosine":
-    main = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps)
+  elif cfg.lr_schedule == "cosine":  # to lr_min at num_steps (nanoGPT's min_lr)
+    main = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps,
+                                       alpha=cfg.lr_min / cfg.learning_rate)
   elif cfg.lr_schedule == "inverse_time":  # eta_t = eta t0 / (t + t0), e.g. 2 / (mu (t + a))
     lr, t0 = cfg.learning_rate, float(cfg.lr_time_scale)
     main = lambda step: lr * t0 / (step + t0)
@@ -92,13 +93,21 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
   """Local optimizer: ``config.optimizer="sgd"``: L2 weight decay added to the gradient, then
   SGD with (Nesterov) momentum; ``"adamw"``: AdamW (Loshchilov & Hutter 2019; DiLoCo's inner
   optimizer, Douillard et al. 2023) with ``b1 = momentum``, ``b2 = adam_b2`` and decoupled
-  ``weight_decay``."""
+  ``weight_decay``. ``weight_decay_on="matrices"`` decays only parameters with >= 2 axes
+  (karpathy/nanoGPT ``configure_optimizers``); ``grad_clip > 0`` first clips the gradient to
+  that global L2 norm (``optax.clip_by_global_norm``, nanoGPT's ``grad_clip``)."""
+  mask = None
+  if cfg.weight_decay_on == "matrices":
+    mask = lambda params: jax.tree.map(lambda x: jnp.ndim(x) >= 2, params)
   if cfg.optimizer == "adamw":
-    return optax.adamw(make_schedule(cfg), b1=cfg.momentum, b2=cfg.adam_b2,
-                       weight_decay=cfg.weight_decay)
-  return optax.chain(
-      optax.add_decayed_weights(cfg.weight_decay) if cfg.weight_decay else optax.identity(),
-      optax.sgd(make_schedule(cfg), momentum=cfg.momentum or None, nesterov=cfg.nesterov))
+    opt = optax.adamw(make_schedule(cfg), b1=cfg.momentum, b2=cfg.adam_b2,
+                      weight_decay=cfg.weight_decay, mask=mask)
+  else:
+    opt = optax.chain(
+        optax.add_decayed_weights(cfg.weight_decay, mask) if cfg.weight_decay
+        else optax.identity(),
+        optax.sgd(make_schedule(cfg), momentum=cfg.momentum or None, nesterov=cfg.nesterov))
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt) if cfg.grad_clip else opt
 
 
 # ----------------------------------------------------------------------------- gradient sources
@@ -224,7 +233,8 @@ def _language_model_setup(cfg, topo, recipe, backend, plan) -> Setup:
     ConfigError: an unreadable text data set, or shards shorter than ``lm.context + 1``.
   """
   try:
-    dataset = data_lib.load_text_dataset(cfg.dataset, data_dir=cfg.data_dir or None)
+    dataset = data_lib.load_text_dataset(cfg.dataset, data_dir=cfg.data_dir or None,
+                                         data_path=cfg.data_path or None)
   except ValueError as e:
     raise config_lib.ConfigError([f"config.dataset={cfg.dataset!r}: {e}"]) from None
   try:
@@ -248,7 +258,10 @@ def _dataset(cfg) -> tuple:
     ConfigError: an unreadable data set, or a batch larger than a worker's shard.
   """
   try:
-    dataset = data_lib.load_dataset(cfg.dataset, data_dir=cfg.data_dir or None)
+    dataset = data_lib.load_dataset(cfg.dataset, data_dir=cfg.data_dir or None,
+                                    data_path=cfg.data_path or None,
+                                    cache_dir=cfg.data_cache or None,
+                                    progress=bool(cfg.progress))
   except ValueError as e:
     raise config_lib.ConfigError([f"config.dataset={cfg.dataset!r}: {e}"]) from None
   n = cfg.num_workers

@@ -191,7 +191,7 @@ def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData,
   eval_data = backend.replicate((ev.chunked(dataset.test_images, dataset.test_labels, 500),
                                  ev.chunked(dataset.train_images[sub],
                                             dataset.train_labels[sub], 500)))
-  train_input, eval_input = image_inputs(cfg, dataset.name, dataset.train_images.shape[-1])
+  train_input, eval_input = image_inputs(cfg, dataset.name, dataset.train_images)
   apply = lambda p, ms, images: models_lib.apply_eval(model, p, ms, eval_input(images))
   eval_fn = ev.make_eval_fn(apply, decentralized)
   loss_fn_avg = ev.make_train_loss_fn(apply)
@@ -223,26 +223,36 @@ def check_augment_config(cfg, errs: list) -> None:
   checks.integer(cfg, errs, "augment.crop_padding", 0, note="0: no random crop")
   checks.boolean(cfg, errs, "augment.flip")
   checks.boolean(cfg, errs, "augment.normalize")
+  from nbsgd_jax import augment
+  checks.choice(cfg, errs, "augment.stats", augment.STATS_CHOICES)
 
 
-def image_inputs(cfg, dataset_name: str, channels: int) -> tuple[Callable, Callable]:
+def image_inputs(cfg, dataset_name: str, train_images: np.ndarray) -> tuple[Callable, Callable]:
   """``(train_input, eval_input)``: uint8 images ``[B, H, W, C]`` to the model's float32
   input, for training ``(key, images)`` (with ``config.augment``'s random crop with zero
   padding and horizontal flip, drawn from ``key``) and for evaluation ``(images)`` (no
-  augmentation). Pixels are scaled to [0, 1], then normalised per channel with the data
-  set's statistics when ``augment.normalize`` is set (:mod:`nbsgd_jax.augment`).
+  augmentation). Pixels are scaled to [0, 1], then normalised per channel when
+  ``augment.normalize`` is set, with ``augment.stats``: ``"auto"`` the data set's published
+  statistics (:data:`nbsgd_jax.augment.CHANNEL_STATS`) or, for a data set without them, those
+  of ``train_images [N, H, W, C]``; ``"data"`` always the latter; a name those of that set
+  (:mod:`nbsgd_jax.augment`).
 
   Raises:
-    ValueError: ``augment.normalize`` on a data set without known channel statistics.
+    ValueError: named statistics whose channel count differs from the images'.
   """
   from nbsgd_jax import augment
   a = cfg.augment
+  channels = train_images.shape[-1]
   mean, std = (0.0,) * channels, (1.0,) * channels  # x / 255
   if a.normalize:
-    try:
-      mean, std = augment.channel_stats(dataset_name)
-    except ValueError as e:
-      raise ValueError(f"config.augment.normalize=True: {e}") from None
+    name = dataset_name if a.stats == "auto" else a.stats
+    if a.stats == "data" or (a.stats == "auto" and name not in augment.CHANNEL_STATS):
+      mean, std = augment.data_stats(train_images)
+    else:
+      mean, std = augment.channel_stats(name)
+    if len(mean) != channels:
+      raise ValueError(f"config.augment.stats={a.stats!r}: {len(mean)} channel statistics for "
+                       f"images with {channels} channels: use 'data' or 'auto'")
   return (augment.make_augment(a.crop_padding, a.flip, mean, std),
           lambda images: augment.normalize(images, mean, std))
 
