@@ -894,6 +894,7 @@ def check_nonblocking_config(cfg, errs: list) -> None:
   cluster."""
   from nbsgd_jax import config as config_lib
   checks.boolean(cfg, errs, "nonblocking.enabled")
+  checks.boolean(cfg, errs, "nonblocking.unroll")
   m, b = cfg.nonblocking.get("num_minibatches"), cfg.get("batch_size")
   if (checks.integer(cfg, errs, "nonblocking.num_minibatches", 1) and config_lib.partial_minibatches(cfg)
       and checks.is_int(b) and b >= 1 and b % m):

@@ -134,6 +134,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.num_steps = 1000             # training steps (iterations)
   c.eval_every = 100             # steps between evaluations (a final one is always made)
   c.eval_train_examples = 2000   # training examples used for train_loss (averaged model)
+  c.eval_worker_accuracy = True  # decentralized recipes: also each worker's own test accuracy
+                                 # (worker_test_accuracy: n more passes over the test set)
   c.stop_sim_time = 0.0          # s: stop at the first evaluation with sim_time >= this, before
                                  # num_steps (equal-time budgets; 0: off)
   c.stop_train_loss = 0.0        # stop at the first evaluation with train_loss <= this, before
@@ -191,6 +193,9 @@ def default_config() -> ml_collections.ConfigDict:
                                  # clock, fastest / kth:K)
   c.nonblocking.deadline_group = "all"  # all: one deadline for every worker | neighbours:
                                         # each worker's over itself and its neighbours
+  c.nonblocking.unroll = True    # unroll the loop over the M mini-batches (XLA CPU runs
+                                 # convolutions in a rolled loop ~20x slower); False: a rolled
+                                 # lax.scan, one mini-batch's activations live at a time
   c.compression = ml_collections.ConfigDict()  # codecs (nbsgd_jax.codecs), error feedback
   c.compression.name = "none"    # none | top_k | gaussian_k | random_k | qsgd | sign | bf16 |
                                  # powersgd (allreduce*, local_sgd, diloco only): the
@@ -372,7 +377,7 @@ def check_top_level(cfg, errs: list) -> None:
       cfg.cluster.get("clock") == "wall"):
     errs.append(f"config.steps_per_dispatch={cfg.steps_per_dispatch} is not allowed with "
                 "config.cluster.clock='wall': each step is timed on the host; use 1")
-  for key in ("nesterov", "progress", "tensorboard", "double_buffer"):
+  for key in ("nesterov", "progress", "tensorboard", "double_buffer", "eval_worker_accuracy"):
     checks.boolean(cfg, errs, key)
   for key in ("data_dir", "data_path", "data_cache"):
     checks.string(cfg, errs, key)
@@ -558,7 +563,8 @@ SWITCHES = (
     Switch(CRITICAL_KEYS, "consensus.critical", lambda v: v is True),
     Switch(("problem.*",), "dataset", lambda v: v in SYNTHETIC),
     Switch(("model", "mlp_hidden", "cnn_channels", "conv_impl", "pool_impl", "partition",
-            "dirichlet_alpha", "eval_train_examples", "compute_dtype", "augment.*"),
+            "dirichlet_alpha", "eval_train_examples", "eval_worker_accuracy", "compute_dtype",
+            "augment.*"),
            "dataset",
            lambda v: v not in SYNTHETIC),
     Switch(("data_dir",), "dataset", lambda v: isinstance(v, str) and v.startswith("tfds:")),

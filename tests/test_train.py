@@ -176,6 +176,9 @@ def test_train_writes_metrics_and_counts_bytes(tmp_path):
   assert lines[-1]["bytes_sent"] == pytest.approx(6 * 2 * 4 * summary["model_params"])
   assert json.loads((tmp_path / "summary.json").read_text())["step"] == 6
   assert json.loads((tmp_path / "config.json").read_text())["algorithm"] == "dpsgd"
+  quiet = train.train(small_cfg(algorithm="dpsgd", num_steps=3, eval_every=3,
+                                eval_worker_accuracy=False))
+  assert "worker_test_accuracy" not in quiet and "test_accuracy" in quiet
 
 
 @pytest.mark.parametrize("algorithm", config_lib.ALGORITHMS)

@@ -267,3 +267,31 @@ class AccumulateMinibatchesTest(chex.TestCase):
     tx = accumulate_minibatches(optax.sgd(0.1))
     with pytest.raises(TypeError):
       tx.update(grads[0], tx.init(params), params)
+
+
+def test_unrolled_minibatch_loop_equals_the_rolled_scan():
+  """nonblocking.unroll: the same gradient, loss and model state as the rolled lax.scan (a
+  small CNN with a running statistic as model state; count 3 of M = 4)."""
+  import flax.linen as nn
+  from nbsgd_jax.transforms import minibatch_mean_gradient_with_state
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.relu(nn.Conv(4, (3, 3))(x))
+      return nn.Dense(3)(x.reshape(x.shape[0], -1))
+
+  net = Net()
+  x = jax.random.normal(jax.random.key(0), (8, 6, 6, 2))
+  y = jnp.arange(8) % 3
+  params = net.init(jax.random.key(1), x[:1])
+
+  def loss_fn(p, state, batch):
+    xb, yb = batch
+    loss = optax.softmax_cross_entropy_with_integer_labels(net.apply(p, xb), yb).mean()
+    return loss, state + xb.mean()
+
+  out = [minibatch_mean_gradient_with_state(loss_fn, params, jnp.zeros(()), (x, y), 4, 3,
+                                            unroll=u) for u in (False, True)]
+  chex.assert_trees_all_close(out[0], out[1], rtol=1e-6, atol=1e-7)
+  assert int(out[1][2]) == 3

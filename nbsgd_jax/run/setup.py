@@ -122,16 +122,18 @@ def full_batch(loss_fn, params, model_state, batch, ctx):
   return loss, grads, model_state
 
 
-def minibatches(num_minibatches: int) -> Callable:
+def minibatches(num_minibatches: int, unroll: bool = False) -> Callable:
   """Non-blocking SGD's gradient source (He & Dube 2022): the mean over the first
   ``ctx.count`` of ``M`` mini-batches
   (:func:`nbsgd_jax.transforms.minibatch_mean_gradient_with_state`: the model state goes
   through the finished mini-batches only); the loss is the mean over the finished
-  mini-batches (0 if none)."""
+  mini-batches (0 if none). ``unroll``: the loop over the mini-batches unrolled
+  (``nonblocking.unroll``)."""
 
   def source(loss_fn, params, model_state, batch, ctx):
     grads, loss, _, model_state = transforms.minibatch_mean_gradient_with_state(
-        loss_fn, params, model_state, batch, num_minibatches, ctx.count, weighting="local")
+        loss_fn, params, model_state, batch, num_minibatches, ctx.count, weighting="local",
+        unroll=unroll)
     return loss, grads, model_state
 
   return source
@@ -142,7 +144,7 @@ def gradient_source(cfg: ml_collections.ConfigDict) -> Callable:
   (:func:`nbsgd_jax.config.counted_steps`: Non-blocking SGD's ``M``, failures' single batch,
   :func:`nbsgd_jax.cluster.num_minibatches`), else the whole batch."""
   if config_lib.counted_steps(cfg):
-    return minibatches(cluster_lib.num_minibatches(cfg))
+    return minibatches(cluster_lib.num_minibatches(cfg), cfg.nonblocking.unroll)
   return full_batch
 
 

@@ -193,7 +193,7 @@ def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData,
                                             dataset.train_labels[sub], 500)))
   train_input, eval_input = image_inputs(cfg, dataset.name, dataset.train_images)
   apply = lambda p, ms, images: models_lib.apply_eval(model, p, ms, eval_input(images))
-  eval_fn = ev.make_eval_fn(apply, decentralized)
+  eval_fn = ev.make_eval_fn(apply, decentralized and cfg.eval_worker_accuracy)
   loss_fn_avg = ev.make_train_loss_fn(apply)
   sample = jnp.zeros((1,) + dataset.train_images.shape[1:], jnp.float32)
 
@@ -296,7 +296,7 @@ def language_model_task(cfg, dataset, worker_tokens: jax.Array, model, backend,
   train = text_windows(dataset.train_tokens, t, cfg.eval_train_examples)
   eval_data = backend.replicate((ev.chunked(*test, 64), ev.chunked(*train, 64)))
   apply = lambda p, ms, x: models_lib.apply_eval(model, p, ms, x)
-  eval_fn = ev.make_eval_fn(apply, decentralized)
+  eval_fn = ev.make_eval_fn(apply, decentralized and cfg.eval_worker_accuracy)
   loss_fn_avg = ev.make_train_loss_fn(apply)
 
   def loss_fn(params, model_state, batch):
