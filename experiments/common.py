@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,6 +28,23 @@ def save_figure(fig, path: str, dpi: int = 120) -> None:
 
 
 write_atomic = files.atomic_write
+
+
+def run_history(cfg, keep, hooks=()) -> dict:
+  """One run of ``nbsgd_jax.train.train``: ``{"history": its evaluation records with the keys
+  ``keep``, "seconds": wall seconds, "summary": the summary}``; a diverged run
+  (``TrainingDiverged``) gives one record of NaNs at ``num_steps``, its message under
+  ``"diverged"`` and ``"summary": None``, instead of stopping a study."""
+  from nbsgd_jax import train
+  t = time.time()
+  try:
+    s = train.train(cfg, hooks=hooks)
+  except train.TrainingDiverged as e:
+    nan = float("nan")
+    return {"history": [{k: (cfg.num_steps if k == "step" else nan) for k in keep}],
+            "seconds": time.time() - t, "diverged": str(e), "summary": None}
+  return {"history": [{k: h[k] for k in keep if k in h} for h in s["history"]],
+          "seconds": time.time() - t, "summary": s}
 
 
 def write_results(out: str, results: dict, markdown: str) -> None:

@@ -36,7 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (experiments/common.py)
 
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import train  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -106,18 +105,10 @@ def lsq_config(overrides: dict, gamma: float | None = None):
 
 def run(cfg) -> dict:
   """One training run: its evaluation history (a diverged run: one record of NaNs)."""
-  from nbsgd_jax.run.evaluation import TrainingDiverged
-  t = time.time()
-  try:
-    s = train.train(cfg)
-  except TrainingDiverged as e:
-    nan = float("nan")
-    return {"history": [{"step": cfg.num_steps, "sim_time": nan, "bytes_sent": nan,
-                         "test_accuracy": nan, "train_loss": nan, "gap": nan}],
-            "seconds": time.time() - t, "diverged": str(e)}
-  keep = ("step", "sim_time", "bytes_sent", "test_accuracy", "train_loss", "gap")
-  return {"history": [{k: h[k] for k in keep if k in h} for h in s["history"]],
-          "seconds": time.time() - t}
+  r = common.run_history(cfg, ("step", "sim_time", "bytes_sent", "test_accuracy",
+                               "train_loss", "gap"))
+  del r["summary"]
+  return r
 
 
 def best_gamma(a, name: str, overrides: dict, make) -> tuple[float, dict, dict]:

@@ -58,7 +58,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "con
 import common  # noqa: E402  (experiments/common.py)
 
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import train  # noqa: E402
 
 KEEP = ("step", "sim_time", "wall_time", "bytes_sent", "rounds", "test_loss", "test_accuracy",
         "train_loss")
@@ -126,17 +125,10 @@ def base_config(a, seed: int):
 
 def run(cfg) -> dict:
   """One training run: its evaluation history (a diverged run: one record of NaNs)."""
-  from nbsgd_jax.run.evaluation import TrainingDiverged
-  t = time.time()
-  try:
-    s = train.train(cfg)
-  except TrainingDiverged as e:
-    nan = float("nan")
-    return {"history": [{k: (cfg.num_steps if k == "step" else nan) for k in KEEP}],
-            "seconds": time.time() - t, "diverged": str(e), "model_params": None}
-  return {"history": [{k: h[k] for k in KEEP if k in h} for h in s["history"]],
-          "seconds": time.time() - t, "model_params": s.get("model_params"),
-          "periods": s.get("periods")}
+  r = common.run_history(cfg, KEEP)
+  s = r.pop("summary") or {}
+  r["model_params"], r["periods"] = s.get("model_params"), s.get("periods")
+  return r
 
 
 def _stat(values) -> dict:
