@@ -393,6 +393,8 @@ def _pm(s: dict | None, key: str, scale=1.0, digits=2, unit="") -> str:
   if not s or key not in s:
     return "-"
   m = s[key]
+  if len(m.get("per_seed", ())) < 2:  # one seed: no standard deviation
+    return f"{m['mean'] * scale:.{digits}f}{unit}"
   return f"{m['mean'] * scale:.{digits}f} +- {m['std'] * scale:.{digits}f}{unit}"
 
 
