@@ -181,6 +181,18 @@ def ring_steps(a) -> int:
   return max(1, round(a.epochs * a.train_examples / (a.workers * a.batch)))
 
 
+def ring_lr(a) -> float:
+  """(2)'s peak learning rate: ``--ring_lr``, else ``--lr`` x workers (Goyal et al. 2017)."""
+  return a.ring_lr or a.lr * a.workers
+
+
+def ring_lr_text(a, workers: int) -> str:
+  if a.ring_lr:
+    return (f"peak lr {a.ring_lr:g} (not the linear-scaling {a.lr:g} x {workers} = "
+            f"{a.lr * workers:g}: the run is too short for that rate's 5-epoch warm-up)")
+  return f"lr {a.lr:g} x {workers} = {a.lr * workers:g}"
+
+
 def ring_config(a, name: str, seed: int):
   steps = ring_steps(a)
   spe = a.train_examples / (a.workers * a.batch)
@@ -188,7 +200,7 @@ def ring_config(a, name: str, seed: int):
   over = dict(RING_RUNS[name][1])
   if name == "choco_sign":
     over["choco.gamma"] = a.choco_gamma
-  return base_config(a, seed, a.workers, a.batch, steps, a.evals, learning_rate=a.lr * a.workers,
+  return base_config(a, seed, a.workers, a.batch, steps, a.evals, learning_rate=ring_lr(a),
                      warmup_steps=warmup, **over)
 
 
@@ -425,7 +437,7 @@ def markdown(res: dict, a) -> str:
             "JPEG re-encoded images: expect it well below.", "",
             f"### (2) {st['workers']} workers on a ring, {st['ring_epochs']:g} epochs "
             f"({st['ring_steps']} steps of {st['workers']} x {a.batch})", "",
-            f"lr {a.lr:g} x {st['workers']} = {a.lr * st['workers']:g}, linear warm-up "
+            f"{ring_lr_text(a, st['workers'])}, linear warm-up "
             f"{st['warmup_steps']} steps (min of {a.warmup_epochs:g} epochs and "
             f"{a.warmup_max_fraction:.0%} of the run), x 0.1 at 50 % and 75 %, Nesterov 0.9, wd "
             f"1e-4, crop + flip + normalise, iid shards, conv_impl={st['conv_impl']}. Cluster "
@@ -492,6 +504,8 @@ def main():
   ap.add_argument("--batch", type=int, default=128, help="examples per worker per step")
   ap.add_argument("--depth", type=int, default=20, help="ResNet depth (6 k + 2)")
   ap.add_argument("--lr", type=float, default=0.1, help="per 128 examples (x workers in (2))")
+  ap.add_argument("--ring_lr", type=float, default=0.0,
+                  help="(2) peak learning rate (0: --lr x workers, the linear scaling rule)")
   ap.add_argument("--warmup_epochs", type=float, default=5.0,
                   help="(2) linear warm-up (EPFL: 5 of 300 epochs) ...")
   ap.add_argument("--warmup_max_fraction", type=float, default=0.25,
