@@ -28,7 +28,7 @@ import os
 import pickle
 import tarfile
 import zipfile
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -65,7 +65,7 @@ class _Entry(NamedTuple):
   split: str
   label: str  # class folder name
   name: str   # path inside the source, for messages
-  read: object  # () -> bytes
+  read: Callable[[], bytes]  # the file's bytes
 
 
 def load_image_folder(path: str, cache_dir: str | None = None,

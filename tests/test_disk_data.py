@@ -268,7 +268,7 @@ def _cfg(**over):
     ({"grad_clip": -1.0}, "config.grad_clip=-1.0"),
 ])
 def test_bad_data_and_optimizer_keys_are_named(over, words):
-  with pytest.raises(config_lib.ConfigError, match=None) as e:
+  with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(_cfg(**over))
   assert any(words in line for line in str(e.value).splitlines()), str(e.value)
 
