@@ -26,11 +26,17 @@ def varying_like(x: jax.Array, tree: Any) -> jax.Array:
   """
   axes: set = set()
   for leaf in jax.tree_util.tree_leaves(tree):
-    aval = jax.typeof(leaf)
-    vma = getattr(aval, "vma", None)  # older JAX
-    if vma is None:
-      vma = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
-    axes |= set(vma or ())
+    axes |= _vma(leaf)
+  axes -= _vma(x)  # already varying over these
   if not axes:
     return x
   return lax.pcast(x, tuple(sorted(axes)), to="varying")
+
+
+def _vma(x: Any) -> set:
+  """The manual mesh axes ``x`` varies over (empty outside ``shard_map``)."""
+  aval = jax.typeof(x)
+  vma = getattr(aval, "vma", None)  # older JAX
+  if vma is None:
+    vma = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
+  return set(vma or ())

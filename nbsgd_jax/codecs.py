@@ -113,7 +113,11 @@ def scaled_sign(x: Array) -> Array:
   return jnp.where(x >= 0, scale, -scale).astype(x.dtype)
 
 
-def _sparse_codec(name: str, fn: Callable) -> Codec:
+def sparse_codec(name: str, fn: Callable) -> Codec:
+  """The :class:`Codec` of a sparse compressor ``fn: (x [d], key) -> (values [cap], indices
+  [cap])`` (padding index ``d``): ``C(x) = dense(values, indices)``, ``valid (value_bytes + 4)``
+  bytes for the ``valid`` indices in ``[0, d)``."""
+
   def compress(x, key=None):
     values, indices = fn(x, key)
     d = x.shape[0]
@@ -139,7 +143,7 @@ def make_codec(name: str, *, density: float = 0.01, levels: int = 16, bucket_siz
     ValueError: an unknown name or a bad option (named).
   """
   if name in SPARSE:
-    return _sparse_codec(name, compression.make_compressor(name, density, **sparse_options))
+    return sparse_codec(name, compression.make_compressor(name, density, **sparse_options))
   if name == "qsgd":
     if not (isinstance(levels, int) and levels >= 1):
       raise ValueError(f"compression.levels={levels!r} is not allowed: it must be an int >= 1")

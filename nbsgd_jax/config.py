@@ -66,6 +66,9 @@ def default_config() -> ml_collections.ConfigDict:
                                  # multihost (mesh over the devices of every process)
   c.workers_per_device = 0       # mesh: k workers per device (vmap inside shard_map); 0: the
                                  # smallest k with num_workers / k <= devices
+  c.imports = ""                 # comma-separated modules imported before the run: they may
+                                 # register models, data sets and recipes by name
+                                 # (models.register_model, data.register_dataset)
   c.model = "cnn"                # logreg | mlp | cnn | resnet (CIFAR ResNet, He et al. 2016) |
                                  # transformer (decoder-only language model, config.lm; a
                                  # text data set, e.g. tfds:tiny_shakespeare)
@@ -99,7 +102,8 @@ def default_config() -> ml_collections.ConfigDict:
                                  # cifar100 (data_path) | tfds:<name>; text (model=transformer):
                                  # tiny_shakespeare (embedded) | text_file (data_path) |
                                  # tfds:<name>; least_squares | logistic (synthetic PL
-                                 # problems, config.problem, known F*)
+                                 # problems, config.problem, known F*); a registered name;
+                                 # arrays (train(data=ArrayDataset(...)))
   c.data_path = ""               # image_folder: a directory or .tar/.tar.gz/.tar.xz/.zip laid
                                  # out train/<class>/<image>, test/<class>/<image>; cifar10 /
                                  # cifar100: the python release (cifar-10-python.tar.gz or
@@ -345,7 +349,7 @@ def check_top_level(cfg, errs: list) -> None:
   """algorithm, workers, model, data, optimizer, evaluation and checkpoint keys."""
   checks.choice(cfg, errs, "algorithm", algorithm_names())
   checks.integer(cfg, errs, "num_workers", 1)
-  checks.choice(cfg, errs, "model", MODELS)
+  checks.choice(cfg, errs, "model", model_names())
   checks.choice(cfg, errs, "norm", NORMS)
   d = cfg.get("resnet_depth")
   if not (checks.is_int(d) and d >= 8 and (d - 2) % 6 == 0):
@@ -379,7 +383,7 @@ def check_top_level(cfg, errs: list) -> None:
                 "config.cluster.clock='wall': each step is timed on the host; use 1")
   for key in ("nesterov", "progress", "tensorboard", "double_buffer", "eval_worker_accuracy"):
     checks.boolean(cfg, errs, key)
-  for key in ("data_dir", "data_path", "data_cache"):
+  for key in ("data_dir", "data_path", "data_cache", "imports"):
     checks.string(cfg, errs, key)
   _check_dataset(cfg, errs)
   checks.choice(cfg, errs, "weight_decay_on", WEIGHT_DECAY_ON)
@@ -412,7 +416,8 @@ def check_top_level(cfg, errs: list) -> None:
 def _check_dataset(cfg, errs: list) -> None:
   """dataset, with a data_path where the source needs one and a model that reads it."""
   ds = cfg.get("dataset")
-  named = data_lib.IMAGE_DATASETS + data_lib.TEXT_DATASETS + SYNTHETIC
+  named = (data_lib.IMAGE_DATASETS + data_lib.TEXT_DATASETS + SYNTHETIC
+           + tuple(data_lib.REGISTRY) + (data_lib.GIVEN,))
   if not isinstance(ds, str) or not (ds in named or (ds.startswith("tfds:") and len(ds) > 5)):
     errs.append(f"config.dataset={ds!r} is not allowed: use one of {list(named)} or "
                 "'tfds:<name>' (e.g. 'tfds:mnist', 'tfds:cifar10', 'tfds:tiny_shakespeare')")
@@ -422,7 +427,7 @@ def _check_dataset(cfg, errs: list) -> None:
     errs.append(f"config.data_path='' is not allowed with config.dataset={ds!r}: give the "
                 f"{'text file' if ds == 'text_file' else 'directory or archive'} to read")
   model = cfg.get("model")
-  if ds in data_lib.TEXT_DATASETS and model != "transformer":
+  if ds in data_lib.TEXT_DATASETS and model in MODELS and model != "transformer":
     errs.append(f"config.dataset={ds!r} is a text data set: it needs config.model='transformer'"
                 f" (got {model!r})")
   if ds in data_lib.IMAGE_DATASETS and model == "transformer":
@@ -486,6 +491,28 @@ def _check_finite(cfg, errs: list) -> None:
     if (isinstance(v, float) and not math.isfinite(v)
         and not any(e.startswith(f"config.{key}=") for e in errs)):
       errs.append(f"config.{key}={v!r} is not allowed: it must be a finite number")
+
+
+def model_names() -> tuple:
+  """Built-in, registered (:func:`nbsgd_jax.models.register_model`) and ``"module"`` (a flax
+  module given to ``train(model=...)``)."""
+  return importlib.import_module("nbsgd_jax.models").model_names()
+
+
+def import_modules(cfg) -> None:
+  """Import ``config.imports`` (comma-separated module names), which may register models,
+  data sets and recipes.
+
+  Raises:
+    ConfigError: a module that cannot be imported (named, with the reason).
+  """
+  names = [m.strip() for m in str(cfg.get("imports") or "").split(",") if m.strip()]
+  for name in names:
+    try:
+      importlib.import_module(name)
+    except Exception as e:  # the user's module: any failure is named
+      raise ConfigError([f"config.imports={cfg.imports!r}: cannot import {name!r}: "
+                         f"{type(e).__name__}: {e}"]) from None
 
 
 def algorithm_names() -> list[str]:

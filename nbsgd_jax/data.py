@@ -82,6 +82,122 @@ class Dataset(NamedTuple):
   num_classes: int
 
 
+# ----------------------------------------------------------------------------- your own data
+
+GIVEN = "arrays"  # config.dataset of the data given to train(data=...)
+REGISTRY: dict = {}  # config.dataset name -> loader(cfg) -> ArrayDataset | TokenDataset
+
+
+class ArrayDataset(NamedTuple):
+  """Your own classification data, numpy arrays in host memory (``train(cfg, data=...)`` or
+  a registered loader's result).
+
+  Attributes:
+    x_train: ``[N_train, ...]`` features of any shape and dtype; uint8 ``[N, H, W, C]`` are
+      images (scaled to [0, 1], ``config.augment`` applies), anything else goes to the model
+      as it is (floats as float32).
+    y_train: integer ``[N_train]`` labels in ``[0, num_classes)``.
+    x_test: ``[N_test, ...]``, the trailing shape of ``x_train``.
+    y_test: integer ``[N_test]``.
+    num_classes: the number of classes; None: ``max(label) + 1`` over both splits.
+    name: recorded in ``summary.json``.
+  """
+
+  x_train: Any
+  y_train: Any
+  x_test: Any
+  y_test: Any
+  num_classes: int | None = None
+  name: str = GIVEN
+
+
+class TokenDataset(NamedTuple):
+  """Your own token stream for a language model: integer ``[N]`` token ids in
+  ``[0, vocab_size)`` for training and testing, cut into windows of ``lm.context`` tokens and
+  into one contiguous shard per worker as the built-in text data sets are."""
+
+  train_tokens: Any
+  test_tokens: Any
+  vocab_size: int
+  name: str = GIVEN
+
+
+def register_dataset(name: str, loader) -> None:
+  """Make ``config.dataset=name`` load ``loader(cfg)``, an :class:`ArrayDataset` or a
+  :class:`TokenDataset`. From the CLI, name the module that calls this in
+  ``config.imports``.
+
+  Raises:
+    ValueError: ``name`` is a built-in data set, ``"arrays"``, starts with ``"tfds:"`` or is
+      not a non-empty string; ``loader`` is not callable.
+  """
+  builtin = IMAGE_DATASETS + TEXT_DATASETS + ("least_squares", "logistic", GIVEN)
+  if not isinstance(name, str) or not name or name in builtin or name.startswith("tfds:"):
+    raise ValueError(f"register_dataset(name={name!r}) is not allowed: give a new name (not "
+                     f"one of {list(builtin)} nor 'tfds:<name>')")
+  if not callable(loader):
+    raise ValueError(f"register_dataset({name!r}, loader={loader!r}): the loader must be "
+                     "callable as loader(cfg)")
+  REGISTRY[name] = loader
+
+
+def _integer_labels(y: Any, field: str, n: int) -> np.ndarray:
+  y = np.asarray(y)
+  if y.ndim != 1 or len(y) != n or not (np.issubdtype(y.dtype, np.integer) or y.size == 0):
+    raise ValueError(f"{field} must be integer labels [{n}] (one per example), got dtype "
+                     f"{y.dtype} and shape {y.shape}")
+  if y.size and y.min() < 0:
+    raise ValueError(f"{field} has a negative label ({int(y.min())}): labels are 0, 1, ...")
+  return y.astype(np.int32)
+
+
+def from_arrays(data: Any) -> Dataset | TextDataset:
+  """An :class:`ArrayDataset` as a :class:`Dataset`, a :class:`TokenDataset` as a
+  :class:`TextDataset` (vocabulary ``""``: ids only), checked.
+
+  Raises:
+    ValueError: anything else, or arrays that do not fit (the field named).
+  """
+  if isinstance(data, TokenDataset):
+    v = data.vocab_size
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 2:
+      raise ValueError(f"TokenDataset.vocab_size={v!r} is not allowed: an int >= 2")
+    toks = []
+    for field in ("train_tokens", "test_tokens"):
+      t = np.asarray(getattr(data, field))
+      if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer) or t.size < 2:
+        raise ValueError(f"TokenDataset.{field} must be integer token ids [N], N >= 2; got "
+                         f"dtype {t.dtype} and shape {t.shape}")
+      if t.min() < 0 or t.max() >= v:
+        raise ValueError(f"TokenDataset.{field} has ids outside [0, {v}): "
+                         f"{int(t.min())} .. {int(t.max())}")
+      toks.append(t.astype(np.int32))
+    return TextDataset(data.name, toks[0], toks[1], "", int(v))
+  if not isinstance(data, ArrayDataset):
+    raise ValueError(f"data={type(data).__name__} is not allowed: give a "
+                     "nbsgd_jax.data.ArrayDataset(x_train, y_train, x_test, y_test) or a "
+                     "TokenDataset(train_tokens, test_tokens, vocab_size)")
+  xs = [np.asarray(data.x_train), np.asarray(data.x_test)]
+  if xs[0].ndim < 1 or len(xs[0]) < 1 or xs[1].shape[1:] != xs[0].shape[1:]:
+    raise ValueError(f"ArrayDataset.x_test has shape {xs[1].shape}, x_train {xs[0].shape}: "
+                     "both [N, ...] with the same trailing shape, N_train >= 1")
+  ys = [_integer_labels(data.y_train, "ArrayDataset.y_train", len(xs[0])),
+        _integer_labels(data.y_test, "ArrayDataset.y_test", len(xs[1]))]
+  top = int(max(y.max(initial=-1) for y in ys)) + 1
+  c = top if data.num_classes is None else data.num_classes
+  if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < max(top, 2):
+    raise ValueError(f"ArrayDataset.num_classes={data.num_classes!r} is not allowed: labels go "
+                     f"up to {top - 1}, so it must be an int >= {max(top, 2)}")
+  xs = [x if x.dtype == np.uint8 or not np.issubdtype(x.dtype, np.floating)
+        else x.astype(np.float32) for x in xs]
+  return Dataset(data.name, xs[0], ys[0], xs[1], ys[1], int(c))
+
+
+def is_images(x: np.ndarray) -> bool:
+  """Whether features are images for the input pipeline: uint8 ``[N, H, W, C]``."""
+  return x.dtype == np.uint8 and x.ndim == 4
+
+
 # ----------------------------------------------------------------------------- loading
 
 

@@ -201,6 +201,32 @@ class TransformerLM(nn.Module):
 
 MODELS = ("logreg", "mlp", "cnn", "resnet", "transformer")
 IMAGE_MODELS = ("logreg", "mlp", "cnn", "resnet")
+GIVEN = "module"  # config.model of a flax module given to train(model=...)
+REGISTRY: dict = {}  # config.model name -> factory(num_classes, cfg) -> nn.Module
+
+
+def register_model(name: str, factory) -> None:
+  """Make ``config.model=name`` build ``factory(num_classes, cfg)``, a flax ``nn.Module``
+  mapping a batch of inputs ``[B, ...]`` to logits ``[B, num_classes]`` (``[B, T, vocab]``
+  for a token model); ``num_classes`` is the data set's (its vocabulary size for text). From
+  the CLI, name the module that calls this in ``config.imports``.
+
+  Raises:
+    ValueError: ``name`` is a built-in model or ``"module"``, or not a non-empty string;
+      ``factory`` is not callable.
+  """
+  if not isinstance(name, str) or not name or name in MODELS or name == GIVEN:
+    raise ValueError(f"register_model(name={name!r}) is not allowed: give a new name (not one "
+                     f"of {list(MODELS) + [GIVEN]})")
+  if not callable(factory):
+    raise ValueError(f"register_model({name!r}, factory={factory!r}): the factory must be "
+                     "callable as factory(num_classes, cfg)")
+  REGISTRY[name] = factory
+
+
+def model_names() -> tuple:
+  """Every allowed ``config.model``: the built-in ones, the registered ones and ``"module"``."""
+  return MODELS + tuple(REGISTRY) + (GIVEN,)
 
 
 class LMSizes(NamedTuple):

@@ -180,7 +180,7 @@ def _open_checkpoints(cfg, workdir, stack):
 
 
 def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
-          hooks: tuple = ()) -> dict:
+          hooks: tuple = (), *, model=None, data=None) -> dict:
   """Run one training job.
 
   Writes ``workdir/config.json``, ``workdir/metrics.jsonl`` (one object per evaluation:
@@ -203,6 +203,12 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
       each block) with the state after ``step`` steps (and once after the last step, with
       ``step = num_steps``); a hook must not keep ``state`` (its buffers are donated to the
       next step); its time is not counted in ``wall_time``.
+    model: your own flax ``nn.Module`` (inputs ``[B, ...]`` to logits ``[B, classes]``, or
+      tokens ``[B, T]`` to ``[B, T, vocab]``), trained as the built-in models are; with
+      ``config.model="module"``.
+    data: your own :class:`nbsgd_jax.data.ArrayDataset` (numpy features and integer labels)
+      or :class:`nbsgd_jax.data.TokenDataset`, partitioned (iid / Dirichlet), sampled,
+      evaluated and recorded as the built-in data sets are; with ``config.dataset="arrays"``.
 
   Returns:
     the summary dict (last evaluation plus run facts), with ``history`` (every evaluation).
@@ -212,12 +218,12 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
     TrainingDiverged: a non-finite loss or model (the last good checkpoint is kept).
   """
   with contextlib.ExitStack() as stack:  # checkpoints and writers closed on any exit
-    return _run(cfg, workdir, hooks, stack)
+    return _run(cfg, workdir, hooks, stack, model, data)
 
 
-def _run(cfg, workdir, hooks, stack) -> dict:
+def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
   from tqdm.auto import tqdm
-  s = setup_lib.setup(cfg)
+  s = setup_lib.setup(cfg, model=model, data=data)
   host = setup_lib.make_host(s)  # may refuse the config: before any file is touched
   if cfg.tensorboard and workdir:
     check_tensorboard()
@@ -291,7 +297,8 @@ def _summary(cfg, s, run: Run, rec: dict, steps: int, stopped: Optional[str]) ->
   wall = run.watch.seconds
   cluster = run.host.part("workload").cluster
   summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
-             "backend": cfg.backend, "model": cfg.model if s.model is not None else "linear",
+             "backend": cfg.backend, "model": (type(s.model).__name__ if cfg.model == "module" else cfg.model)
+                       if s.model is not None else "linear",
              "dataset": cfg.dataset,
              "model_params": int(sum(np.prod(x.shape[1:]) for x in jax.tree.leaves(params))),
              **periods, **s.task.facts,

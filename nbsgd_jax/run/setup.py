@@ -171,11 +171,19 @@ def _config_error(prefix: str):
   return raise_
 
 
-def setup(cfg: ml_collections.ConfigDict) -> Setup:
+def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -> Setup:
   """Validate the config, load and partition the data, build model, recipe, backend and task.
 
+  Args:
+    cfg: the run's config (``config.imports`` are imported first: they may register models and
+      data sets).
+    model: a flax module of your own (``config.model`` must be ``"module"``), or None.
+    data: an :class:`~nbsgd_jax.data.ArrayDataset` / :class:`~nbsgd_jax.data.TokenDataset` of
+      your own (``config.dataset`` must be ``"arrays"``), or None.
+
   Raises:
-    ConfigError: any bad key, including a ``batch_size`` larger than some worker's shard.
+    ConfigError: any bad key, including a ``batch_size`` larger than some worker's shard, a
+      given model or data that does not fit (named).
   """
   if cfg.get("backend") == "multihost":  # before anything initializes a JAX backend
     from nbsgd_jax import multihost
@@ -183,7 +191,9 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
       multihost.initialize()
     except ValueError as e:
       raise config_lib.ConfigError([f"backend='multihost': {e}"]) from None
+  config_lib.import_modules(cfg)
   config_lib.validate(cfg)
+  _check_given(cfg, model, data)
   n = cfg.num_workers
   try:
     topo = topology_lib.make(cfg.topology, n, weights=cfg.mixing_weights, p=cfg.topology_p,
@@ -207,14 +217,12 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
     problem = _problem(cfg)
     task = task_lib.synthetic_task(cfg, problem, backend)
     return Setup(cfg, problem, task.worker_data, None, topo, recipe, backend, plan, task)
-  if cfg.model == "transformer":
-    return _language_model_setup(cfg, topo, recipe, backend, plan)
-  dataset, shards = _dataset(cfg)
-  model = models_lib.make_model(cfg.model, dataset.num_classes, mlp_hidden=cfg.mlp_hidden,
-                                cnn_channels=cfg.cnn_channels, norm=cfg.norm,
-                                norm_groups=cfg.norm_groups, dtype=cfg.compute_dtype,
-                                lm=cfg.lm, depth=cfg.resnet_depth, conv_impl=cfg.conv_impl,
-                                pool_impl=cfg.pool_impl)
+  dataset = _load(cfg, data)
+  if isinstance(dataset, data_lib.TextDataset):
+    return _language_model_setup(cfg, dataset, model, topo, recipe, backend, plan)
+  shards = _partition(cfg, dataset)
+  model = _model(cfg, model, dataset.num_classes)
+  _check_model(model, cfg, dataset.train_images[:1], dataset.num_classes)
   if backend.name == "multihost":
     worker_data = task_lib.process_local_data(dataset, shards, backend)
   else:
@@ -227,45 +235,114 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
   return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, plan, task)
 
 
-def _language_model_setup(cfg, topo, recipe, backend, plan) -> Setup:
-  """The set-up of a language model (``config.model="transformer"``): a tfds text data set,
-  character-level, cut into one contiguous shard per worker.
+def _check_given(cfg, model, data) -> None:
+  """``config.model="module"`` goes with a given model and only then, ``config.dataset=
+  "arrays"`` with given data.
 
   Raises:
-    ConfigError: an unreadable text data set, or shards shorter than ``lm.context + 1``.
+    ConfigError: one without the other (named).
   """
+  errs = []
+  for key, name, obj, arg in (("model", models_lib.GIVEN, model, "model=<flax module>"),
+                              ("dataset", data_lib.GIVEN, data, "data=ArrayDataset(...)")):
+    if (cfg[key] == name) != (obj is not None):
+      errs.append(f"config.{key}={cfg[key]!r} " + (
+          f"needs train(cfg, {arg})" if obj is None else
+          f"is not allowed with train(..., {arg.split('=')[0]}=...): set config.{key}={name!r}"))
+  if errs:
+    raise config_lib.ConfigError(errs)
+
+
+def _load(cfg, data):
+  """The run's data set: given, from a registered loader, a text set for the built-in
+  language model, or an image set.
+
+  Raises:
+    ConfigError: an unreadable data set, or a given / loaded one that does not fit (named).
+  """
+  where = f"config.dataset={cfg.dataset!r}"
   try:
-    dataset = data_lib.load_text_dataset(cfg.dataset, data_dir=cfg.data_dir or None,
-                                         data_path=cfg.data_path or None)
+    if data is None and cfg.dataset in data_lib.REGISTRY:
+      data = data_lib.REGISTRY[cfg.dataset](cfg)
+      where += " (registered loader)"
+    if data is not None:
+      return data_lib.from_arrays(data)
+    if cfg.model == "transformer" or cfg.dataset in data_lib.TEXT_DATASETS:
+      return data_lib.load_text_dataset(cfg.dataset, data_dir=cfg.data_dir or None,
+                                        data_path=cfg.data_path or None)
+    return data_lib.load_dataset(cfg.dataset, data_dir=cfg.data_dir or None,
+                                 data_path=cfg.data_path or None,
+                                 cache_dir=cfg.data_cache or None, progress=bool(cfg.progress))
   except ValueError as e:
-    raise config_lib.ConfigError([f"config.dataset={cfg.dataset!r}: {e}"]) from None
+    raise config_lib.ConfigError([f"{where}: {e}"]) from None
+
+
+def _model(cfg, model, num_classes: int):
+  """The given module, a registered model's or a built-in one."""
+  if model is not None:
+    return model
+  if cfg.model in models_lib.REGISTRY:
+    return models_lib.REGISTRY[cfg.model](num_classes, cfg)
+  return models_lib.make_model(cfg.model, num_classes, mlp_hidden=cfg.mlp_hidden,
+                               cnn_channels=cfg.cnn_channels, norm=cfg.norm,
+                               norm_groups=cfg.norm_groups, dtype=cfg.compute_dtype,
+                               lm=cfg.lm, depth=cfg.resnet_depth, conv_impl=cfg.conv_impl,
+                               pool_impl=cfg.pool_impl)
+
+
+def _check_model(model, cfg, sample: np.ndarray, num_classes: int, tokens: bool = False) -> None:
+  """The model maps one input to ``num_classes`` logits (abstractly: nothing is computed).
+
+  Raises:
+    ConfigError: it fails on the data's inputs or its output has another shape (named).
+  """
+  x = jnp.asarray(sample)
+  if data_lib.is_images(np.asarray(sample)):  # the task feeds scaled float32 images
+    x = x.astype(jnp.float32)
+  want = x.shape + (num_classes,) if tokens else (x.shape[0], num_classes)
+  name = f"config.model={cfg.model!r}" + (f" ({type(model).__name__})" if
+                                          cfg.model == models_lib.GIVEN else "")
+  try:
+    out = jax.eval_shape(lambda k, v: models_lib.apply_eval(
+        model, *models_lib.init(model, k, v), v), jax.random.key(0), x)
+  except Exception as e:  # the user's module: any error is theirs, named with its input
+    raise config_lib.ConfigError([f"{name} fails on the data's inputs {x.dtype}{list(x.shape)}: "
+                                  f"{type(e).__name__}: {str(e).splitlines()[0]}"]) from None
+  shape = getattr(out, "shape", None)
+  if shape != want:
+    raise config_lib.ConfigError([f"{name} returns {shape} for inputs of shape {x.shape}: the "
+                                  f"data has {num_classes} classes, so it must return logits "
+                                  f"of shape {want}"])
+
+
+def _language_model_setup(cfg, dataset, model, topo, recipe, backend, plan) -> Setup:
+  """The set-up of a language model on a text data set (the built-in ``"transformer"`` or a
+  given / registered token model), cut into one contiguous shard per worker.
+
+  Raises:
+    ConfigError: shards shorter than ``lm.context + 1``, a model that does not fit.
+  """
   try:
     rows = data_lib.partition_text(dataset.train_tokens, cfg.num_workers, cfg.partition,
                                    min_length=cfg.lm.context + 1)
   except ValueError as e:
     raise config_lib.ConfigError([f"config.partition={cfg.partition!r} with "
                                   f"config.lm.context={cfg.lm.context}: {e}"]) from None
-  model = models_lib.make_model("transformer", dataset.vocab_size, dtype=cfg.compute_dtype,
-                                lm=cfg.lm)
+  model = _model(cfg, model, dataset.vocab_size)
+  _check_model(model, cfg, np.zeros((1, cfg.lm.context), np.int32), dataset.vocab_size,
+               tokens=True)
   worker_tokens = task_lib.place_rows(np.asarray(rows, np.int32), backend)
   task = task_lib.language_model_task(cfg, dataset, worker_tokens, model, backend,
                                       recipe.decentralized)
   return Setup(cfg, dataset, worker_tokens, model, topo, recipe, backend, plan, task)
 
 
-def _dataset(cfg) -> tuple:
-  """``(dataset, shards)`` of an image data set partitioned over the workers.
+def _partition(cfg, dataset) -> list:
+  """The shards of an image data set over the workers.
 
   Raises:
-    ConfigError: an unreadable data set, or a batch larger than a worker's shard.
+    ConfigError: more workers than examples, or a batch larger than a worker's shard.
   """
-  try:
-    dataset = data_lib.load_dataset(cfg.dataset, data_dir=cfg.data_dir or None,
-                                    data_path=cfg.data_path or None,
-                                    cache_dir=cfg.data_cache or None,
-                                    progress=bool(cfg.progress))
-  except ValueError as e:
-    raise config_lib.ConfigError([f"config.dataset={cfg.dataset!r}: {e}"]) from None
   n = cfg.num_workers
   if n > len(dataset.train_labels):
     raise config_lib.ConfigError(
@@ -285,7 +362,14 @@ def _dataset(cfg) -> tuple:
         [f"config.batch_size={cfg.batch_size} is not allowed: the smallest worker shard has "
          f"{smallest} examples ({len(dataset.train_labels)} examples over {n} workers); use "
          f"batch_size <= {smallest}"])
-  return dataset, shards
+  if not data_lib.is_images(dataset.train_images):
+    on = [k for k in ("crop_padding", "flip", "normalize") if cfg.augment[k]]
+    if on:
+      raise config_lib.ConfigError([
+          f"config.augment.{on[0]}={cfg.augment[on[0]]!r} is not allowed: the data's features "
+          f"({dataset.train_images.dtype}{list(dataset.train_images.shape[1:])}) are not uint8 "
+          "[H, W, C] images"])
+  return shards
 
 
 def _problem(cfg):

@@ -191,11 +191,15 @@ def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData,
   eval_data = backend.replicate((ev.chunked(dataset.test_images, dataset.test_labels, 500),
                                  ev.chunked(dataset.train_images[sub],
                                             dataset.train_labels[sub], 500)))
-  train_input, eval_input = image_inputs(cfg, dataset.name, dataset.train_images)
+  if data_lib.is_images(dataset.train_images):
+    train_input, eval_input = image_inputs(cfg, dataset.name, dataset.train_images)
+  else:  # features of the user's own data go to the model as they are
+    train_input, eval_input = (lambda key, x: x), (lambda x: x)
   apply = lambda p, ms, images: models_lib.apply_eval(model, p, ms, eval_input(images))
   eval_fn = ev.make_eval_fn(apply, decentralized and cfg.eval_worker_accuracy)
   loss_fn_avg = ev.make_train_loss_fn(apply)
-  sample = jnp.zeros((1,) + dataset.train_images.shape[1:], jnp.float32)
+  sample = eval_input(jnp.zeros((1,) + dataset.train_images.shape[1:],
+                                dataset.train_images.dtype))
 
   def loss_fn(params, model_state, batch):
     x, y = batch

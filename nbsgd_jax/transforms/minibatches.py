@@ -314,11 +314,12 @@ def accumulate_minibatches(
       denom = jnp.maximum(count, 1)
       mean = jax.tree_util.tree_map(lambda s: s / denom.astype(s.dtype), grad_sum)
       new_updates, new_inner_state = inner.update(mean, inner_state, params, **extra_args)
+      # dtypes, and shard_map's types: an all-reduced update is the same on every worker
       new_updates = jax.tree_util.tree_map(
-          lambda u, s: u.astype(s.dtype), new_updates, grad_sum)
+          lambda u, s: varying_like(u.astype(s.dtype), s), new_updates, grad_sum)
       new_inner_state = jax.tree_util.tree_map(
-          lambda n, o: jnp.asarray(n, dtype=jnp.result_type(o)), new_inner_state,
-          inner_state)
+          lambda n, o: varying_like(jnp.asarray(n, dtype=jnp.result_type(o)), o),
+          new_inner_state, inner_state)
       return new_updates, new_inner_state
 
     def skip(operands):

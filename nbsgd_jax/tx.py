@@ -1,0 +1,531 @@
+"""The algorithms as optax transformations, for a training step you wrote yourself.
+
+Every function here returns an ``optax.GradientTransformationExtraArgs`` that runs inside any
+SPMD context that binds a named worker axis, ``jax.vmap(..., axis_name=)``, ``jax.shard_map``
+over a mesh axis or ``jax.pmap(..., axis_name=)``, and composes with ``optax.chain``::
+
+    opt = optax.chain(optax.sgd(0.1), tx.gossip("ring", axis_name="w"))   # D-PSGD
+    state = jax.vmap(opt.init)(params)              # params: [n, ...], one model per worker
+
+    @functools.partial(jax.vmap, axis_name="w")
+    def step(params, state, batch):
+      grads = jax.grad(loss)(params, batch)
+      updates, state = opt.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+**The axis contract.** ``update`` must run where ``axis_name`` is bound, once per worker (the
+worker's own gradient and parameters in, its own update out); ``init`` may run anywhere and
+needs one worker's parameters. Gossip, CHOCO, D^2, local SGD and DiLoCo return the change that
+turns ``params`` into the new model, so they come *after* the optimizer and need ``params``;
+all-reduce, error feedback, PowerSGD and gradient tracking map gradients to gradients and come
+*before* it, as BlueFog's and PyTorch DDP's communication hooks do.
+
+**One implementation.** Each function builds the framework's own worker transform
+(:mod:`nbsgd_jax.transforms`) and communication (:mod:`nbsgd_jax.communications`) and adapts
+it with :func:`to_optax`, which supplies the step context the framework's host would draw
+(:func:`context`): the step from the state's counter, ``count`` from the extra argument of the
+same name (Non-blocking SGD), every worker up. ``train()`` and these transformations run the
+same code (``tests/test_tx.py`` checks them step for step).
+
+**Bytes.** Every state counts the bytes this worker sent (float32, cumulative, the framework's
+accounting: a ring all-reduce ``2 (n - 1) / n`` times the message, a gossip the message times
+the neighbours); :func:`bytes_sent` reads them from any state (a chain's included).
+
+**Randomness** (top-k needs none; random-k, Gaussian-k and QSGD do) comes from a key in the
+state, seeded by ``seed`` and folded with the worker index.
+
+What does not fit: MATCHA's activations and consensus control are drawn by the host for all
+workers (``active``, ``target`` of :class:`~nbsgd_jax.transforms.StepContext`), and Streaming
+DiLoCo's fragment schedule and ADA-LUPA's loss-driven periods are host plans: use ``train()``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+
+from nbsgd_jax import codecs, collectives
+from nbsgd_jax import topology as topology_lib
+from nbsgd_jax import transforms as T
+from nbsgd_jax.axis import varying_like
+from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip, SparseAllGather
+from nbsgd_jax.communications.sparse import MessageAllGather
+from nbsgd_jax.transforms import decentralized as D
+from nbsgd_jax.transforms.powersgd import powersgd as _powersgd
+
+__all__ = [
+    "TxState", "allreduce_mean", "bytes_sent", "choco", "context", "d2", "diloco",
+    "error_feedback", "gossip", "gradient_tracking", "local_sgd", "nonblocking_accumulate",
+    "powersgd", "to_optax",
+]
+
+Topologyish = Union[str, topology_lib.Topology, np.ndarray, Sequence[Sequence[float]]]
+_STOCHASTIC_TOL = 1e-6
+
+
+class TxState(NamedTuple):
+  """State of a transformation made by :func:`to_optax`.
+
+  Attributes:
+    inner: the worker transform's state (e.g. :class:`~nbsgd_jax.transforms.ErrorFeedbackState`).
+    step: int32 scalar, updates applied so far (the step of :func:`context`).
+    bytes_sent: float32 scalar, bytes this worker has sent so far (cumulative).
+  """
+
+  inner: Any
+  step: jax.Array
+  bytes_sent: jax.Array
+
+
+def bytes_sent(state: Any) -> jax.Array:
+  """Bytes sent so far, summed over every :class:`TxState` in ``state`` (a chain's state, a
+  ``MultiSteps`` state, ...): a float32 scalar per worker (``[n]`` for a state stacked over
+  ``n`` workers), 0 when there is none."""
+  found = [s.bytes_sent for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, TxState))
+           if isinstance(s, TxState)]
+  return functools.reduce(jnp.add, found) if found else jnp.float32(0.0)
+
+
+def axis_size(axis_name: Any, owner: str) -> int:
+  """The number of workers ``n`` on ``axis_name``.
+
+  Raises:
+    ValueError: no axis of that name is bound where ``owner``'s update runs.
+  """
+  try:
+    return collectives.axis_size(axis_name)
+  except NameError:
+    raise ValueError(
+        f"{owner}(axis_name={axis_name!r}): no axis of that name is bound where update runs; "
+        f"call it inside jax.vmap(..., axis_name={axis_name!r}), jax.shard_map over a mesh "
+        f"axis {axis_name!r} or jax.pmap(..., axis_name={axis_name!r})") from None
+
+
+def context(step: jax.Array, count: Any = None, axis_name: Any = None,
+            period_end: bool = True) -> T.StepContext:
+  """The step context a user's loop implies: step ``step`` (int32), ``count`` mini-batches
+  finished by this worker (the ``count`` extra argument; 1 when None) and their sum ``total``
+  over ``axis_name`` (``lax.psum``; ``n`` when ``count`` is None), no MATCHA activations, every worker up, no consensus
+  target."""
+  if count is None:
+    c = jnp.ones((), jnp.int32)
+    total = jnp.asarray(collectives.axis_size(axis_name) if axis_name is not None else 1,
+                        jnp.int32)
+  else:
+    c = jnp.asarray(count, jnp.int32)
+    total = lax.psum(c, axis_name) if axis_name is not None else c
+  return T.StepContext(jnp.asarray(step, jnp.int32), c, total, jnp.zeros((1,), bool),
+                       period_end=period_end)
+
+
+def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
+             period: Optional[int] = None, needs_params: bool = False,
+             name: str = "to_optax") -> optax.GradientTransformationExtraArgs:
+  """A framework :class:`~nbsgd_jax.transforms.WorkerTransform` as an optax transformation.
+
+  ``update(updates, state, params=None, *, count=None, **extra)`` builds the step's
+  :func:`context` from the state's step counter and runs ``transform.update``; the report's
+  ``bytes_sent`` is added to :attr:`TxState.bytes_sent`, the rest is dropped.
+
+  Args:
+    transform: the worker transform.
+    axis_name: the worker axis (checked to be bound at each update; None: no collective).
+    period: for a periodic transform (local SGD, DiLoCo): ``ctx.period_end`` is True after
+      every ``period``-th update (``(step + 1) % period == 0``, the framework's fixed
+      periods). The framework compiles one program per value; here both are traced and
+      ``lax.cond`` on the step, made one value over the axis (:func:`nbsgd_jax.collectives.
+      shared`), runs one of them (no collective in a local step).
+    needs_params: ``update`` refuses ``params=None``.
+    name: the public name in error messages.
+
+  Returns:
+    an ``optax.GradientTransformationExtraArgs`` with state :class:`TxState`.
+
+  Raises:
+    ValueError (at update): ``axis_name`` is not bound; ``params`` is None and needed.
+  """
+
+  def init(params):
+    return TxState(transform.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32))
+
+  def run(updates, inner, params, ctx):
+    u, inner, report = transform.update(updates, inner, params, ctx)
+    sent = jnp.asarray(report.get("bytes_sent", 0.0), jnp.float32)
+    return u, inner, varying_like(sent, updates)
+
+  def update(updates, state, params=None, *, count=None, **extra):
+    del extra
+    if axis_name is not None:
+      axis_size(axis_name, name)
+    if needs_params and params is None:
+      raise ValueError(f"{name} returns the change to the parameters: call "
+                       "update(updates, state, params) with this worker's params")
+    ctx = context(state.step, count, axis_name)
+    if period is None:
+      u, inner, sent = run(updates, state.inner, params, ctx)
+    else:
+      end = (state.step + 1) % period == 0
+      if axis_name is not None:
+        end = collectives.shared(end, axis_name)
+      branches = [functools.partial(lambda flag, ops: run(*ops, ctx._replace(period_end=flag)),
+                                    flag) for flag in (False, True)]
+      u, inner, sent = lax.cond(end, branches[1], branches[0], (updates, state.inner, params))
+    return u, TxState(inner, state.step + 1, state.bytes_sent + sent)
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _sized(make: Callable[[int], T.WorkerTransform], init: Callable, axis_name: Any,
+           owner: str) -> T.WorkerTransform:
+  """A worker transform built for the axis size ``n`` at trace time (a topology name or an
+  all-reduce needs ``n``); ``init`` does not depend on ``n``."""
+
+  def update(updates, state, params, ctx):
+    return make(axis_size(axis_name, owner)).update(updates, state, params, ctx)
+
+  return T.WorkerTransform(init, update)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def _check_period(period, owner: str) -> int:
+  if isinstance(period, bool) or not isinstance(period, (int, np.integer)) or period < 1:
+    raise ValueError(f"{owner}(period={period!r}) is not allowed: it must be an int >= 1")
+  return int(period)
+
+
+def check_compressor(compressor: Any, owner: str) -> Any:
+  """``compressor`` if it is a :class:`~nbsgd_jax.codecs.Codec` or a callable taking
+  ``(x, key)``.
+
+  Raises:
+    TypeError: anything else (names ``compressor`` and the signature expected).
+  """
+  if isinstance(compressor, codecs.Codec):
+    return compressor
+  expected = ("a compressor is (x [d], key) -> (values [cap], indices [cap]), e.g. "
+              "functools.partial(nbsgd_jax.compression.top_k, density=0.01), or a "
+              "nbsgd_jax.codecs.Codec")
+  if not callable(compressor):
+    raise TypeError(f"{owner}(compressor={compressor!r}): {expected}")
+  try:
+    inspect.signature(compressor).bind(jnp.zeros(1), None)
+  except TypeError as e:
+    raise TypeError(f"{owner}(compressor={compressor!r}) cannot be called as "
+                    f"compressor(x, key) ({e}): {expected}") from None
+  except ValueError:  # no signature (a builtin): trust it
+    pass
+  return compressor
+
+
+def check_mixing_matrix(w: Any, owner: str) -> np.ndarray:
+  """A float64 ``[n, n]`` doubly stochastic matrix (non-negative, rows and columns summing to
+  1 within 1e-6).
+
+  Raises:
+    ValueError: anything else, naming ``topology`` and what is wrong.
+  """
+  w = np.asarray(w, np.float64)
+  bad = None
+  if w.ndim != 2 or w.shape[0] != w.shape[1] or w.shape[0] < 1:
+    bad = f"its shape is {w.shape}, not [n, n]"
+  elif not np.all(np.isfinite(w)) or np.any(w < 0):
+    bad = "it has negative or non-finite entries"
+  else:
+    rows, cols = np.abs(w.sum(1) - 1).max(), np.abs(w.sum(0) - 1).max()
+    if max(rows, cols) > _STOCHASTIC_TOL:
+      bad = (f"it is not doubly stochastic (rows sum to 1 within {rows:.2g}, columns within "
+             f"{cols:.2g})")
+  if bad:
+    raise ValueError(f"{owner}(topology=<matrix>) is not allowed: {bad}; give a doubly "
+                     f"stochastic [n, n] mixing matrix or a name from {sorted(topology_lib.TOPOLOGIES)}")
+  return w
+
+
+def _phases(topology: Topologyish, owner: str, weights: str) -> Callable[[int], list]:
+  """``n -> [W_0, ...]`` (one matrix for a static graph): a name is built for the axis size,
+  a matrix must match it."""
+  if isinstance(topology, str):
+    if topology not in topology_lib.TOPOLOGIES:
+      raise ValueError(f"{owner}(topology={topology!r}) is not allowed: use one of "
+                       f"{sorted(topology_lib.TOPOLOGIES)} or a doubly stochastic [n, n] matrix")
+
+    def of_name(n):
+      topo = topology_lib.make(topology, n, weights=weights)
+      return ([topo.mixing_matrix_at(t) for t in range(topo.period)] if topo.is_time_varying
+              else [topo.mixing_matrix])
+    return of_name
+  if isinstance(topology, topology_lib.Topology):
+    fixed = Gossip.of_topology(topology).phases
+  else:
+    fixed = [check_mixing_matrix(topology, owner)]
+
+  def of_matrix(n):
+    if fixed[0].shape[0] != n:
+      raise ValueError(f"{owner}(topology=<{fixed[0].shape[0]} x {fixed[0].shape[0]} matrix>) "
+                       f"does not fit the axis: it has {n} workers")
+    return fixed
+  return of_matrix
+
+
+# ----------------------------------------------------------------------------- reducers
+
+
+def allreduce_mean(*, axis_name: Any, ring: bool = False,
+                   weighted: bool = False) -> optax.GradientTransformationExtraArgs:
+  """The mean of the updates over the workers: All-Reduce SGD's gradient averaging.
+
+  ``u_i -> (1/n) sum_j u_j`` by ``lax.psum`` (or the explicit ring of ``ppermute`` s,
+  Patarasuk & Yuan 2009, with ``ring``); with ``weighted``, Non-blocking SGD's all-reduce form
+  (He & Dube 2022): ``sum_j c_j u_j / sum_j c_j`` for the ``count`` extra argument ``c_j``
+  (mini-batches worker j finished; give each worker's mean gradient over them). Place it
+  before the optimizer. Shapes: any tree; bytes: ``2 (n - 1) / n`` times its float bytes.
+
+  Raises:
+    ValueError (at update): ``axis_name`` is not bound.
+  """
+  owner = "tx.allreduce_mean"
+  make = lambda n: T.mean_of(AllReduce(n, axis_name, weighted=weighted, ring=ring), "count")
+  return to_optax(_sized(make, T.no_state, axis_name, owner), axis_name=axis_name, name=owner)
+
+
+def error_feedback(compressor: Any, *, axis_name: Any = None, flatten: bool = True,
+                   seed: int = 0, use_residual: bool = True
+                   ) -> optax.GradientTransformationExtraArgs:
+  """Compression with error feedback (Stich et al. 2018; Shi et al. 2019, Algorithm 1 with
+  Top-k / Gaussian-k): ``p = g + e``, ``(values, indices) = C(p, key)``, ``e <- p -
+  dense(values, indices)``; the update is the mean of every worker's message over
+  ``axis_name`` (all-gathered, ``(n - 1) k (value + 4)`` bytes), or without ``axis_name`` the
+  local ``dense(values, indices)``. Place it before the optimizer.
+
+  Args:
+    compressor: ``(x [d], key) -> (values [cap], indices [cap])`` (padding index ``d``), e.g.
+      ``functools.partial(nbsgd_jax.compression.top_k, density=0.01)``, or a
+      :class:`~nbsgd_jax.codecs.Codec` (QSGD, sign).
+    axis_name: the worker axis, or None (single worker).
+    flatten: compress the raveled tree (True) or each leaf.
+    seed: the state's PRNG key (split every update, folded with the worker index).
+    use_residual: False: no memory.
+
+  Raises:
+    TypeError: ``compressor`` is not callable as ``compressor(x, key)``.
+    ValueError (at update): ``axis_name`` is not bound.
+  """
+  owner = "tx.error_feedback"
+  compressor = check_compressor(compressor, owner)
+  t = T.error_feedback(compressor, axis_name=axis_name, flatten=flatten, seed=seed,
+                       use_residual=use_residual)
+  return to_optax(t, axis_name=axis_name, name=owner)
+
+
+def powersgd(rank: int, *, axis_name: Any, seed: int = 0,
+             use_residual: bool = True) -> optax.GradientTransformationExtraArgs:
+  """PowerSGD (Vogels, Karimireddy, Jaggi 2019, Algorithm 1): the rank-``rank`` mean of the
+  gradients by one warm-started power iteration and two all-reduces, with error feedback;
+  vectors are averaged uncompressed. Place it before the optimizer.
+
+  Raises:
+    ValueError: ``rank`` < 1; (at update) ``axis_name`` is not bound.
+  """
+  owner = "tx.powersgd"
+  init = _powersgd(rank, None, seed, use_residual).init
+  make = lambda n: _powersgd(rank, AllReduce(n, axis_name, "powersgd"), seed, use_residual)
+  return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name, name=owner)
+
+
+# ----------------------------------------------------------------------------- gossip
+
+
+def gossip(topology: Topologyish, *, axis_name: Any, order: str = "atc",
+           weights: str = "metropolis_hastings") -> optax.GradientTransformationExtraArgs:
+  """D-PSGD's gossip (Lian et al. 2017, Algorithm 1), after the optimizer:
+  ``order="atc"``: ``x_i <- sum_j W_ij (x_j + u_j)``; ``"parallel"``: ``x_i <- sum_j W_ij x_j
+  + u_i`` (their Eq. (2)). ``optax.chain(optax.sgd(lr), gossip("ring", axis_name="w"))`` is
+  D-PSGD. Bytes: the model's bytes times the worker's neighbours.
+
+  Args:
+    topology: a name of :data:`nbsgd_jax.topology.TOPOLOGIES` (built for the axis size, with
+      ``weights``; time-varying ones cycle through their phases), a
+      :class:`~nbsgd_jax.topology.Topology`, or a doubly stochastic ``[n, n]`` matrix.
+    axis_name: the worker axis (``n`` workers, worker ``i`` = axis index ``i``).
+    order: ``"atc"`` or ``"parallel"``.
+
+  Raises:
+    ValueError: unknown name or order, a matrix that is not doubly stochastic; (at update)
+      ``axis_name`` not bound, a matrix whose size is not the axis size, ``params`` missing.
+  """
+  owner = "tx.gossip"
+  phases = _phases(topology, owner, weights)
+  T.gossip_step(optax.identity(), Gossip([np.eye(1)]), order)  # checks order
+  make = lambda n: T.gossip_step(optax.identity(), Gossip(phases(n), axis_name), order)
+  return to_optax(_sized(make, T.no_state, axis_name, owner), axis_name=axis_name,
+                  needs_params=True, name=owner)
+
+
+def _codec(compressor, owner):
+  compressor = check_compressor(compressor, owner)
+  return compressor if isinstance(compressor, codecs.Codec) else codecs.sparse_codec(
+      "custom", compressor)
+
+
+def choco(compressor: Any, *, gamma: float, topology: Topologyish, axis_name: Any,
+          flatten: bool = True, seed: int = 0) -> optax.GradientTransformationExtraArgs:
+  """CHOCO-SGD (Koloskova, Stich, Jaggi 2019, Algorithm 2), after the optimizer: ``x^{1/2} =
+  x + u``, ``q_i = C(x^{1/2} - x_hat_i)`` sent to the neighbours, ``x_hat_j += q_j``, ``x <-
+  x^{1/2} + gamma sum_j W_ij (x_hat_j - x_hat_i)``. Bytes: ``q_i``'s encoding times the
+  neighbours.
+
+  Args:
+    compressor: as :func:`error_feedback`.
+    gamma: the consensus step size in (0, 1].
+    topology, axis_name: as :func:`gossip`.
+    flatten, seed: as :func:`error_feedback`.
+
+  Raises:
+    TypeError / ValueError: a bad compressor, gamma or topology; at update as :func:`gossip`.
+  """
+  owner = "tx.choco"
+  codec, phases = _codec(compressor, owner), _phases(topology, owner, "metropolis_hastings")
+  build = lambda g: D.choco_sgd(optax.identity(), g, codec, gamma, flatten, seed)
+  init = build(None).init
+  make = lambda n: build(CompressedGossip(phases(n), axis_name))
+  return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name, needs_params=True,
+                  name=owner)
+
+
+def gradient_tracking(topology: Topologyish, *, axis_name: Any
+                      ) -> optax.GradientTransformationExtraArgs:
+  """Gradient tracking, DIGing (Nedic, Olshevsky, Shi 2017, Eq. (3)), before the optimizer:
+  ``y_i <- sum_j W_ij y_j + g_i - g_i^prev`` replaces the gradient; chain it with the optimizer
+  and :func:`gossip` of the models: ``optax.chain(gradient_tracking(W, axis_name=a),
+  optax.sgd(lr), gossip(W, axis_name=a))``.
+
+  Raises:
+    as :func:`gossip`.
+  """
+  owner = "tx.gradient_tracking"
+  phases = _phases(topology, owner, "metropolis_hastings")
+  init = D.gradient_tracking(None).init
+  make = lambda n: D.gradient_tracking(Gossip(phases(n), axis_name, "tracking"))
+  return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name, name=owner)
+
+
+def d2(topology: Topologyish, *, axis_name: Any, mixing: str = "lazy"
+       ) -> optax.GradientTransformationExtraArgs:
+  """D^2 (Tang et al. 2018, Algorithm 1) after the optimizer, ``x^{t+1} = W (2 x^t - x^{t-1}
+  + u^t - u^{t-1})``; ``mixing="lazy"`` uses ``(I + W) / 2`` (Exact Diffusion), ``"w"`` needs
+  ``lambda_min(W) > -1/3``.
+
+  Raises:
+    ValueError: unknown ``mixing``; (at update) as :func:`gossip`, or ``lambda_min(W) <=
+      -1/3`` with ``mixing="w"``.
+  """
+  owner = "tx.d2"
+  if mixing not in D.D2_MIXINGS:
+    raise ValueError(f"{owner}(mixing={mixing!r}) is not allowed: use one of {list(D.D2_MIXINGS)}")
+  phases = _phases(topology, owner, "metropolis_hastings")
+  init = D.d2(optax.identity(), None).init
+
+  def make(n):
+    from nbsgd_jax.recipes import check_d2_mixing
+    ws = phases(n)
+    check_d2_mixing(ws, mixing)
+    if mixing == "lazy":
+      ws = [(w + np.eye(n)) / 2 for w in ws]
+    return D.d2(optax.identity(), Gossip(ws, axis_name))
+
+  return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name, needs_params=True,
+                  name=owner)
+
+
+# ----------------------------------------------------------------------------- periodic
+
+
+def local_sgd(period: int, *, axis_name: Any) -> optax.GradientTransformationExtraArgs:
+  """Local SGD / LUPA-SGD (Haddadpour et al. 2019, Algorithm 1) after the optimizer: local
+  steps, and after every ``period``-th update the models are averaged over the workers (an
+  all-reduce; the optimizer's own state stays local). Bytes: a ring all-reduce of the model
+  at each period end.
+
+  Raises:
+    ValueError: ``period`` < 1; (at update) ``axis_name`` not bound, ``params`` missing.
+  """
+  owner = "tx.local_sgd"
+  period = _check_period(period, owner)
+  build = lambda comm: T.periodic(optax.identity(), T.average_models(T.mean_of(comm, "alive")))
+  make = lambda n: build(AllReduce(n, axis_name))
+  return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
+                  period=period, needs_params=True, name=owner)
+
+
+def diloco(outer: optax.GradientTransformation, period: int, *, axis_name: Any
+           ) -> optax.GradientTransformationExtraArgs:
+  """DiLoCo (Douillard et al. 2023, Algorithm 1) after the inner optimizer: after every
+  ``period`` = H updates, the pseudo-gradient ``Delta = x_outer - mean_i x_i`` goes through
+  ``outer`` (e.g. ``optax.sgd(0.7, momentum=0.9, nesterov=True)``), ``x_outer <- x_outer +
+  outer(Delta)`` and every worker restarts from ``x_outer``. ``init`` keeps ``x_outer`` =
+  the initial params (give every worker the same).
+
+  Raises:
+    ValueError: ``period`` < 1; (at update) ``axis_name`` not bound, ``params`` missing.
+  """
+  owner = "tx.diloco"
+  period = _check_period(period, owner)
+  build = lambda comm: T.periodic(optax.identity(), T.outer_step(T.mean_of(comm, "alive"), outer))
+  make = lambda n: build(AllReduce(n, axis_name))
+  return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
+                  period=period, needs_params=True, name=owner)
+
+
+class NonblockingState(NamedTuple):
+  """State of :func:`nonblocking_accumulate`: ``calls`` (int32, mini-batches seen) and the
+  accumulator's :class:`~nbsgd_jax.transforms.AccumulateState`."""
+
+  calls: jax.Array
+  acc: Any
+
+
+def nonblocking_accumulate(num_minibatches: int,
+                           inner: Optional[optax.GradientTransformation] = None
+                           ) -> optax.GradientTransformationExtraArgs:
+  """Non-blocking SGD's accumulation (He & Dube 2022), like ``optax.MultiSteps``: one call
+  per mini-batch gradient; of each round of ``M = num_minibatches`` calls the first ``count``
+  (extra argument, int, mini-batches this worker finished by the deadline, clipped to
+  ``[0, M]``) are summed, and at the M-th call ``inner`` steps on their mean (forwarded
+  ``count=`` so a weighted :func:`allreduce_mean` inside ``inner`` weights by it); zero
+  updates otherwise, and no step at all when ``count == 0``. Built on
+  :func:`~nbsgd_jax.transforms.accumulate_minibatches`.
+
+  Args:
+    num_minibatches: ``M`` >= 1.
+    inner: the rest of the step (e.g. ``optax.chain(allreduce_mean(axis_name="w",
+      weighted=True), optax.sgd(lr))``); default the identity (the mean gradient itself).
+
+  Raises:
+    ValueError: ``M`` < 1; TypeError (at update): ``count`` missing.
+  """
+  m = _check_period(num_minibatches, "tx.nonblocking_accumulate")
+  acc = T.accumulate_minibatches(inner if inner is not None else optax.identity())
+
+  def init(params):
+    return NonblockingState(jnp.zeros((), jnp.int32), acc.init(params))
+
+  def update(updates, state, params=None, *, count=None, **extra):
+    if count is None:
+      raise TypeError("tx.nonblocking_accumulate: update needs count= (mini-batches this "
+                      "worker finished by the deadline in this round)")
+    count = jnp.clip(jnp.asarray(count, jnp.int32), 0, m)
+    j = state.calls % m
+    u, s = acc.update(updates, state.acc, params, finished=j < count, emit=j == m - 1,
+                      count=count, **extra)
+    return u, NonblockingState(state.calls + 1, s)
+
+  return optax.GradientTransformationExtraArgs(init, update)

@@ -1,0 +1,103 @@
+"""The examples a user copies (examples/), and your own model and data through train()."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import numpy as np
+import pytest
+
+from nbsgd_jax import config, data, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def _run(args, **env):
+  e = dict(os.environ, **env)
+  e.pop("XLA_FLAGS", None) if "XLA_FLAGS" not in env else None
+  return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
+                        env=e, timeout=300)
+
+
+def test_own_training_loop_runs_dpsgd_under_shard_map():
+  r = _run([os.path.join(EXAMPLES, "own_training_loop.py"), "--workers", "4", "--steps", "5"])
+  assert r.returncode == 0, r.stderr[-2000:]
+  line = r.stdout.strip().splitlines()[-1]
+  assert line.startswith("workers 4  steps 5") and "test accuracy" in line
+  # 5 steps x 2 ring neighbours x the CNN's float32 bytes
+  assert float(line.split("MB sent per worker")[1]) > 0
+
+
+def test_own_model_by_name_through_the_cli(tmp_path):
+  r = _run(["-m", "nbsgd_jax.main", "--config=experiments/configs/quickstart.py",
+            "--config.imports=own_model", "--config.model=two_layer", "--config.dataset=spirals",
+            "--config.num_steps=10", "--config.eval_every=10", "--config.batch_size=16",
+            "--config.progress=False", f"--workdir={tmp_path}"], PYTHONPATH=EXAMPLES)
+  assert r.returncode == 0, r.stderr[-2000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert (summary["model"], summary["dataset"], summary["step"]) == ("two_layer", "spirals", 10)
+  bad = _run(["-m", "nbsgd_jax.main", "--config=experiments/configs/quickstart.py",
+              "--config.imports=no_such_module", f"--workdir={tmp_path / 'x'}"])
+  assert bad.returncode != 0 and "config.imports='no_such_module'" in bad.stderr
+  assert "Traceback" not in bad.stderr
+
+
+def _example():
+  spec = importlib.util.spec_from_file_location("own_model", os.path.join(EXAMPLES, "own_model.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_own_model_and_arrays_train_with_dirichlet_checkpoints_and_records(tmp_path):
+  ex = _example()
+  cfg = ex.get_config(steps=20)
+  cfg.eval_every, cfg.checkpoint_every, cfg.partition, cfg.dirichlet_alpha = 10, 10, "dirichlet", 0.5
+  cfg.progress = False
+  s = train.train(cfg, str(tmp_path), model=ex.TwoLayer(2), data=ex.spirals(400))
+  assert s["model"] == "TwoLayer" and s["dataset"] == "arrays" and np.isfinite(s["train_loss"])
+  steps = [json.loads(r)["step"] for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert steps == [0, 10, 20] and any((tmp_path / "checkpoints").iterdir())
+
+
+class _Tokens(nn.Module):
+  vocab: int
+
+  @nn.compact
+  def __call__(self, tokens):
+    return nn.Dense(self.vocab)(nn.Embed(self.vocab, 8)(tokens))
+
+
+def test_own_token_model_and_token_stream():
+  rng = np.random.default_rng(0)
+  toks = data.TokenDataset(rng.integers(0, 5, 3000), rng.integers(0, 5, 500), vocab_size=5)
+  cfg = config.default_config()
+  cfg.update(dict(model="module", dataset="arrays", num_workers=2, num_steps=4, eval_every=4,
+                  batch_size=4, algorithm="local_sgd", progress=False))
+  cfg.lm.context = 16
+  s = train.train(cfg, None, model=_Tokens(5), data=toks)
+  assert s["vocab_size"] == 5 and np.isfinite(s["test_loss"])
+
+
+@pytest.mark.parametrize("model,given,needle", [
+    (nn.Dense(7), True, r"returns \(1, 7\) for inputs of shape \(1, 2\): the data has 2 "
+                        r"classes, so it must return logits of shape \(1, 2\)"),
+    (None, True, r"config.model='module' needs train\(cfg, model=<flax module>\)"),
+    (nn.Dense(2), False, r"config.dataset='arrays' needs train\(cfg, data=ArrayDataset"),
+])
+def test_given_model_and_data_errors_name_the_argument(model, given, needle):
+  cfg = _example().get_config(steps=2)
+  with pytest.raises(config.ConfigError, match=needle):
+    train.train(cfg, None, model=model, data=_example().spirals(400) if given else None)
+
+
+def test_array_dataset_errors_name_the_field():
+  x = np.zeros((10, 3), np.float32)
+  with pytest.raises(ValueError, match=r"ArrayDataset.y_train must be integer labels \[10\]"):
+    data.from_arrays(data.ArrayDataset(x, np.zeros(10), x, np.zeros(10, int)))
+  with pytest.raises(ValueError, match=r"ArrayDataset.num_classes=2 .* labels go up to 4"):
+    data.from_arrays(data.ArrayDataset(x, np.arange(10) % 5, x, np.zeros(10, int), 2))

@@ -1,0 +1,152 @@
+"""nbsgd_jax.tx: the algorithms as optax transformations in a user's own training step.
+
+References: D-PSGD's closed form ``X <- W (X - lr G)`` in numpy; and ``train()`` itself, an
+independent driver of the same worker transforms (host-drawn contexts, its own data
+pipeline, one program per period value), step for step on vmap and on a device mesh.
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from nbsgd_jax import compression, config, problems, topology, train, tx
+
+N = 4
+
+
+def _cfg(algorithm, backend, **over):
+  c = config.default_config()
+  c.update(dict(algorithm=algorithm, backend=backend, num_workers=N, dataset="least_squares",
+                num_steps=4, eval_every=4, learning_rate=0.05, momentum=0.0, weight_decay=0.0,
+                progress=False, topology="ring", batch_size=16))
+  c.problem.update(dict(examples_per_worker=16, dim=6, full_batch=True))
+  for k, v in over.items():
+    section, _, key = k.rpartition(".")
+    (c[section] if section else c)[key] = v
+  return c
+
+
+def _framework(cfg) -> list:
+  seen = []
+  train.train(cfg, None, hooks=(lambda step, state, s: seen.append(
+      np.asarray(jax.device_get(state.params["w"]))),))
+  return seen[1:]  # after steps 1, 2, ...
+
+
+def _user(cfg, opt, backend) -> list:
+  """A user's loop: one full-batch gradient per worker, ``opt`` from nbsgd_jax.tx."""
+  s = train.setup(cfg)
+  prob = s.dataset
+  loss = problems.loss_fn(prob)
+  data = (jnp.asarray(prob.features), jnp.asarray(prob.targets))
+  params = jax.tree.map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), problems.init_params(prob))
+  state = jax.vmap(opt.init)(params)
+
+  def worker(p, st, d):
+    u, st = opt.update(jax.grad(loss)(p, d), st, p)
+    return optax.apply_updates(p, u), st
+
+  if backend == "simulate":
+    step = jax.jit(jax.vmap(worker, axis_name="w"))
+  else:
+    mesh = jax.make_mesh((N,), ("w",), devices=jax.devices()[:N])
+    one = lambda t: jax.tree.map(lambda a: a[0], t)
+    step = jax.jit(jax.shard_map(lambda *a: jax.tree.map(lambda x: x[None], worker(*map(one, a))),
+                                 mesh=mesh, in_specs=P("w"), out_specs=P("w")))
+    params, state, data = jax.device_put((params, state, data), NamedSharding(mesh, P("w")))
+  out = []
+  for _ in range(cfg.num_steps):
+    params, state = step(params, state, data)
+    out.append(np.asarray(jax.device_get(params["w"])))
+  return out
+
+
+TOP = functools.partial(compression.top_k, density=0.5)
+CASES = {
+    "allreduce": ({}, lambda: optax.chain(tx.allreduce_mean(axis_name="w"), optax.sgd(0.05))),
+    "dpsgd": ({}, lambda: optax.chain(optax.sgd(0.05), tx.gossip("ring", axis_name="w"))),
+    "choco_sgd": ({"compression.name": "top_k", "compression.density": 0.5, "choco.gamma": 0.6},
+                  lambda: optax.chain(optax.sgd(0.05), tx.choco(
+                      TOP, gamma=0.6, topology="ring", axis_name="w"))),
+    "ef_allreduce": ({"compression.name": "top_k", "compression.density": 0.5},
+                     lambda: optax.chain(tx.error_feedback(TOP, axis_name="w"), optax.sgd(0.05))),
+    "diloco": ({"diloco.inner_steps": 2, "diloco.outer_lr": 0.7, "diloco.outer_momentum": 0.9},
+               lambda: optax.chain(optax.sgd(0.05), tx.diloco(
+                   optax.sgd(0.7, momentum=0.9, nesterov=True), 2, axis_name="w"))),
+}
+
+
+@pytest.mark.parametrize("backend", ["simulate", "mesh"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_user_loop_equals_train(name, backend):
+  over, make = CASES[name]
+  cfg = _cfg("allreduce" if name == "ef_allreduce" else name, backend, **over)
+  want, got = _framework(cfg), _user(cfg, make(), backend)
+  assert len(want) == len(got) == cfg.num_steps
+  for a, b in zip(want, got):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+  spread = max(np.ptp(g, axis=0).max() for g in got)  # the workers' models differ at times
+  assert (spread == 0) == (name in ("allreduce", "ef_allreduce"))
+
+
+def test_gossip_after_sgd_is_dpsgd_closed_form():
+  w = topology.ring(N).mixing_matrix
+  x = np.random.default_rng(0).normal(size=(N, 5)).astype(np.float32)
+  g = np.random.default_rng(1).normal(size=(N, 5)).astype(np.float32)
+  opt = optax.chain(optax.sgd(0.1), tx.gossip("ring", axis_name="w"))
+
+  @functools.partial(jax.vmap, axis_name="w")
+  def step(p, s, gr):
+    u, s = opt.update(gr, s, p)
+    return optax.apply_updates(p, u), s
+
+  new, state = step(jnp.asarray(x), jax.vmap(opt.init)(jnp.asarray(x)), jnp.asarray(g))
+  np.testing.assert_allclose(new, w @ (x - 0.1 * g), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(tx.bytes_sent(state), [2 * 5 * 4.0] * N)  # 2 neighbours x 20 B
+
+
+def test_error_feedback_is_a_plain_optax_transformation():
+  ef = tx.error_feedback(functools.partial(compression.top_k, density=0.4))
+  g = jnp.array([3.0, -1.0, 0.5, -4.0, 0.1])
+  u, s = ef.update(g, ef.init(g), g)
+  chex.assert_trees_all_close(u, jnp.array([3.0, 0.0, 0.0, -4.0, 0.0]))
+  chex.assert_trees_all_close(s.inner.residual, g - u)
+  u2, _ = ef.update(jnp.zeros(5), s)  # the memory is sent next
+  chex.assert_trees_all_close(u2, jnp.array([0.0, -1.0, 0.5, 0.0, 0.0]))
+
+
+def test_nonblocking_accumulate_averages_the_first_count():
+  acc = tx.nonblocking_accumulate(3, optax.sgd(1.0))
+  s = acc.init(jnp.zeros(2))
+  outs = []
+  for g in ([1.0, 2.0], [3.0, 4.0], [100.0, 100.0]):  # the third is past the deadline
+    u, s = acc.update(jnp.array(g), s, count=2)
+    outs.append(np.asarray(u))
+  np.testing.assert_allclose(outs, [[0, 0], [0, 0], [-2.0, -3.0]])
+
+
+def _vmapped(opt, x):
+  return jax.vmap(lambda p, s: opt.update(p, s, p), axis_name="w")(x, jax.vmap(opt.init)(x))
+
+
+def test_bad_inputs_are_named():
+  x = jnp.ones((N, 3))
+  with pytest.raises(ValueError, match=r"tx.gossip\(axis_name='v'\): no axis"):
+    _vmapped(tx.gossip("ring", axis_name="v"), x)
+  with pytest.raises(ValueError, match="not doubly stochastic"):
+    tx.gossip(np.full((N, N), 0.3), axis_name="w")
+  with pytest.raises(ValueError, match=r"<3 x 3 matrix>\) does not fit the axis: it has 4"):
+    _vmapped(tx.gossip(np.full((3, 3), 1 / 3), axis_name="w"), x)
+  with pytest.raises(TypeError, match=r"tx.error_feedback\(compressor=.*compressor\(x, key\)"):
+    tx.error_feedback(lambda x: x)
+  with pytest.raises(ValueError, match=r"tx.local_sgd\(period=0\)"):
+    tx.local_sgd(0, axis_name="w")
+  with pytest.raises(ValueError, match="call update\\(updates, state, params\\)"):
+    jax.vmap(lambda s: tx.gossip("ring", axis_name="w").update(jnp.ones(3), s),
+             axis_name="w")(jax.vmap(tx.gossip("ring", axis_name="w").init)(x))
