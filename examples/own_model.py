@@ -1,9 +1,9 @@
 """Your own flax model and numpy data through nbsgd_jax's ``train()`` and its CLI.
 
     python examples/own_model.py                  # train() from Python, ~25 s on a CPU
-    PYTHONPATH=examples python -m nbsgd_jax.main --config=experiments/configs/quickstart.py \\
-        --config.imports=own_model --config.model=two_layer --config.dataset=spirals \\
-        --config.batch_size=16 --workdir=runs/spirals   # the same, by name, from the CLI
+    python -m nbsgd_jax.main --config=experiments/configs/quickstart.py \\
+        --config.imports=examples.own_model --config.model=two_layer \\
+        --config.dataset=spirals --config.batch_size=16 --workdir=runs/spirals  # by name
 
 The data are two interleaved spirals (numpy features ``[N, 2]``, integer labels), the model a
 small MLP written here. ``train()`` partitions them over the workers (iid or Dirichlet),
@@ -43,7 +43,7 @@ def spirals(n: int = 2000, seed: int = 0) -> data.ArrayDataset:
   return data.ArrayDataset(x[:cut], y[:cut], x[cut:], y[cut:], num_classes=2, name="spirals")
 
 
-# the names the CLI reaches with --config.imports=own_model
+# the names the CLI reaches with --config.imports=examples.own_model (from the repository root)
 models.register_model("two_layer", lambda num_classes, cfg: TwoLayer(num_classes))
 data.register_dataset("spirals", lambda cfg: spirals(seed=cfg.seed))
 

@@ -89,6 +89,9 @@ LONG = (
     (r"experiments/compare_algorithms\.py", "14 algorithms on two tasks (minutes to an hour)"),
 )
 SLOW_IN_TEST = (
+    (r"examples/own_training_loop\.py", "a CNN on 8 devices for 200 steps (about 15 s)"),
+    (r"examples/own_model\.py", "1,500 steps of a small MLP (about 25 s)"),
+    (r"--config\.imports=examples\.own_model", "your own model by name (about 10 s)"),
     (r"nbsgd_jax\.launch .*quickstart\.py", "two processes of 4 devices (about 35 s)"),
     (r"quickstart\.py .*--config\.backend=mesh", "8 simulated devices (about 25 s)"),
     (r"quickstart\.py .*--config\.checkpoint_every=", "a run with checkpoints (about 10 s)"),
@@ -266,10 +269,14 @@ def check_main_args(args: Sequence[str], root: str = ROOT) -> list[str]:
     cfg.get("algorithm")
   except Exception as e:  # pylint: disable=broad-except  (absl / ml_collections errors)
     return [f"the config flags do not parse: {' '.join(str(e).split())}"]
+  sys.path.insert(0, root)  # config.imports names modules as the program sees them from root
   try:
+    config_lib.import_modules(cfg)
     config_lib.validate(cfg)
   except config_lib.ConfigError as e:
     problems += [f"validate: {line}" for line in e.errors]
+  finally:
+    sys.path.remove(root)
   return problems
 
 

@@ -80,12 +80,19 @@ CASES = {
                lambda: optax.chain(optax.sgd(0.05), tx.diloco(
                    optax.sgd(0.7, momentum=0.9, nesterov=True), 2, axis_name="w"))),
 }
+MORE = {  # the other recipes that fit, on vmap only
+    "gradient_tracking": ({}, lambda: optax.chain(tx.gradient_tracking("ring", axis_name="w"),
+                                                  optax.sgd(0.05), tx.gossip("ring", axis_name="w"))),
+    "d2": ({}, lambda: optax.chain(optax.sgd(0.05), tx.d2("ring", axis_name="w"))),
+    "local_sgd": ({"local_sgd.tau": 3},
+                  lambda: optax.chain(optax.sgd(0.05), tx.local_sgd(3, axis_name="w"))),
+}
 
 
-@pytest.mark.parametrize("backend", ["simulate", "mesh"])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("backend,name", [(b, n) for n in CASES for b in ("simulate", "mesh")]
+                         + [("simulate", n) for n in MORE])
 def test_user_loop_equals_train(name, backend):
-  over, make = CASES[name]
+  over, make = {**CASES, **MORE}[name]
   cfg = _cfg("allreduce" if name == "ef_allreduce" else name, backend, **over)
   want, got = _framework(cfg), _user(cfg, make(), backend)
   assert len(want) == len(got) == cfg.num_steps
