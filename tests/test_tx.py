@@ -157,3 +157,13 @@ def test_bad_inputs_are_named():
   with pytest.raises(ValueError, match="call update\\(updates, state, params\\)"):
     jax.vmap(lambda s: tx.gossip("ring", axis_name="w").update(jnp.ones(3), s),
              axis_name="w")(jax.vmap(tx.gossip("ring", axis_name="w").init)(x))
+
+
+def test_powersgd_at_full_rank_is_the_mean_gradient():
+  g = {"m": jnp.asarray(np.random.default_rng(2).normal(size=(N, 3, 2)), jnp.float32),
+       "b": jnp.arange(N * 2, dtype=jnp.float32).reshape(N, 2)}
+  opt = tx.powersgd(2, axis_name="w")  # rank 2 = min(3, 2): P_hat Q^T is the mean exactly
+  u, state = _vmapped(opt, g)
+  chex.assert_trees_all_close(u, jax.tree.map(lambda a: jnp.broadcast_to(a.mean(0), a.shape), g),
+                              atol=1e-5)
+  assert float(tx.bytes_sent(state)[0]) == 2 * (N - 1) / N * 4 * (3 * 2 + 2 * 2 + 2)
