@@ -40,10 +40,10 @@ def test_own_model_by_name_through_the_cli(tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert (summary["model"], summary["dataset"], summary["step"]) == ("two_layer", "spirals", 10)
-  bad = _run(["-m", "nbsgd_jax.main", "--config=experiments/configs/quickstart.py",
-              "--config.imports=no_such_module", f"--workdir={tmp_path / 'x'}"])
-  assert bad.returncode != 0 and "config.imports='no_such_module'" in bad.stderr
-  assert "Traceback" not in bad.stderr
+  cfg = config.default_config()
+  cfg.imports = "examples.own_model, no_such_module"
+  with pytest.raises(config.ConfigError, match="config.imports=.*cannot import 'no_such_module'"):
+    config.import_modules(cfg)
 
 
 def _example():

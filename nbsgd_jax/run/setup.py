@@ -222,7 +222,8 @@ def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -
     return _language_model_setup(cfg, dataset, model, topo, recipe, backend, plan)
   shards = _partition(cfg, dataset)
   model = _model(cfg, model, dataset.num_classes)
-  _check_model(model, cfg, dataset.train_images[:1], dataset.num_classes)
+  if cfg.model not in models_lib.MODELS:  # the user's: checked before anything runs
+    _check_model(model, cfg, dataset.train_images[:1], dataset.num_classes)
   if backend.name == "multihost":
     worker_data = task_lib.process_local_data(dataset, shards, backend)
   else:
@@ -329,8 +330,9 @@ def _language_model_setup(cfg, dataset, model, topo, recipe, backend, plan) -> S
     raise config_lib.ConfigError([f"config.partition={cfg.partition!r} with "
                                   f"config.lm.context={cfg.lm.context}: {e}"]) from None
   model = _model(cfg, model, dataset.vocab_size)
-  _check_model(model, cfg, np.zeros((1, cfg.lm.context), np.int32), dataset.vocab_size,
-               tokens=True)
+  if cfg.model not in models_lib.MODELS:
+    _check_model(model, cfg, np.zeros((1, cfg.lm.context), np.int32), dataset.vocab_size,
+                 tokens=True)
   worker_tokens = task_lib.place_rows(np.asarray(rows, np.int32), backend)
   task = task_lib.language_model_task(cfg, dataset, worker_tokens, model, backend,
                                       recipe.decentralized)
