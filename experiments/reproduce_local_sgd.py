@@ -85,7 +85,8 @@ def speedup(a) -> dict:
       gaps.append(r["gap"])
       rounds = r["rounds"]
     rows.append({"p": p, "tau": tau, "rounds": rounds, "gap_mean": float(np.mean(gaps)),
-                 "gap_sem": float(np.std(gaps) / math.sqrt(len(gaps))), "gaps": gaps})
+                 "gap_sem": float(np.std(gaps, ddof=1) / math.sqrt(len(gaps))) if len(gaps) > 1
+                 else 0.0, "gaps": gaps})
     print(f"  (a) p={p:2d} tau={tau:3d} rounds={rounds:3d} F-F*={np.mean(gaps):.3e}", flush=True)
   ps = [r["p"] for r in rows]
   return {"rows": rows, "steps": a.steps,

@@ -217,10 +217,24 @@ def _ttt_or_inf(r, target):
 
 
 def _stats(values: list) -> dict:
+  """Mean and sample standard deviation (ddof = 1; None below two values) over the seeds that
+  reached the target (None in ``values``: not reached)."""
   got = [v for v in values if v is not None]
   return {"mean": float(np.mean(got)) if got else None,
-          "std": float(np.std(got)) if got else None,
+          "std": float(np.std(got, ddof=1)) if len(got) > 1 else None,
           "per_seed": values, "reached": len(got)}
+
+
+def restat(obj):
+  """``obj`` (a results.json tree) with every statistic recomputed from its ``per_seed``
+  values by :func:`_stats` (``--from_results``: the tables again without training)."""
+  if isinstance(obj, dict):
+    if {"mean", "std", "per_seed", "reached"} <= set(obj):
+      return _stats(obj["per_seed"])
+    return {k: restat(v) for k, v in obj.items()}
+  if isinstance(obj, list):
+    return [restat(v) for v in obj]
+  return obj
 
 
 def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
@@ -268,8 +282,7 @@ def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
                    "minibatch_fraction": float(np.nanmean(fracs)),
                    "target_seed0": targets[algo, a.seeds[0]], "curves_seed0": curves})
       sp = rows[-1]["speedup"]
-      print(f"  {cell:30s} {algo:14s} {name:26s} speed-up "
-            + (f"{sp['mean']:.2f} +- {sp['std']:.2f}" if sp["mean"] else "not reached")
+      print(f"  {cell:30s} {algo:14s} {name:26s} speed-up " + _fmt(sp)
             + f" ({sp['reached']}/{len(a.seeds)} seeds), mini-batches used "
             f"{rows[-1]['minibatch_fraction']:.0%}", flush=True)
   return rows
@@ -316,14 +329,15 @@ def _fmt(s: dict, digits=2, unit="x") -> str:
   if s["mean"] is None:
     return "not reached"
   extra = "" if s["reached"] == len(s["per_seed"]) else f" ({s['reached']}/{len(s['per_seed'])})"
-  return f"{s['mean']:.{digits}f} +- {s['std']:.{digits}f}{unit}{extra}"
+  spread = "" if s["std"] is None else f" +- {s['std']:.{digits}f}"
+  return f"{s['mean']:.{digits}f}{spread}{unit}{extra}"
 
 
 def markdown(res: dict) -> str:
   lines = []
   for name, sc in res["scenarios"].items():
     lines += [f"### {name}", "", sc["setting"], "",
-              "| cell | algorithm | variant | speed-up (mean +- std) | mini-batches used | "
+              "| cell | algorithm | variant | speed-up (mean +- std, ddof = 1) | mini-batches used | "
               "blocking time to target (s) | lr (blocking / this) |",
               "|---|---|---|---:|---:|---:|---|"]
     for r in sc["cells"]:
@@ -435,7 +449,18 @@ def main():
   ap.add_argument("--matcha_topology", default="erdos_renyi")
   ap.add_argument("--no_baselines", dest="baselines", action="store_false")
   ap.add_argument("--skip_paper", action="store_true")
+  ap.add_argument("--from_results", action="store_true",
+                  help="write results.md and the plots again from OUT/results.json (the "
+                       "statistics recomputed from the per-seed values), training nothing")
   a = ap.parse_args()
+  if a.from_results:
+    with open(os.path.join(a.out, "results.json")) as f:
+      results = restat(json.load(f))
+    common.write_results(a.out, results, markdown(results))
+    plot(results, os.path.join(a.out, "speedup.png"))
+    plot_curves(results, os.path.join(a.out, "loss_vs_time.png"))
+    print(f"wrote {a.out}/results.json, results.md, speedup.png, loss_vs_time.png again")
+    return
   a.runs_dir = a.runs_dir or os.path.join(a.out, "runs")
   os.makedirs(a.runs_dir, exist_ok=True)
   a.cache = cache_index(a.runs_dir)

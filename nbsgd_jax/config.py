@@ -232,6 +232,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.local_sgd.offset_optimum = False  # ada_lupa: observe F - F* (synthetic problems) not F
   c.choco = ml_collections.ConfigDict()  # CHOCO-SGD (Koloskova et al. 2019)
   c.choco.gamma = 0.5            # consensus step size, in (0, 1]; tune it with the codec
+  c.choco.order = "paper"        # paper: Algorithm 2 (compress, then consensus) | released:
+                                 # epfml/ChocoSGD's codes (consensus on the last copies, then
+                                 # compress the new model's difference)
                                  # (smaller for stronger compression)
   c.d2 = ml_collections.ConfigDict()  # D^2 (Tang et al. 2018) / Exact Diffusion
   c.d2.mixing = "lazy"           # lazy: (I + W) / 2 (Exact Diffusion) | w: W itself (needs

@@ -250,7 +250,7 @@ def choco_sgd(b: Builder) -> Recipe:
   c = b.cfg
   g = b.gossip("choco", kind=CompressedGossip)
   t = D.choco_sgd(b.optimizer("local"), g, b.codec(), c.choco.gamma, c.compression.flatten,
-                  c.seed)
+                  c.seed, c.choco.order)
   return Recipe(t, decentralized=True, gossip=b.gossip(), primary=g)
 
 

@@ -377,7 +377,8 @@ def _codec(compressor, owner):
 
 
 def choco(compressor: Any, *, gamma: float, topology: Topologyish, axis_name: Any,
-          flatten: bool = True, seed: int = 0) -> optax.GradientTransformationExtraArgs:
+          flatten: bool = True, seed: int = 0, order: str = "paper"
+          ) -> optax.GradientTransformationExtraArgs:
   """CHOCO-SGD (Koloskova, Stich, Jaggi 2019, Algorithm 2), after the optimizer: ``x^{1/2} =
   x + u``, ``q_i = C(x^{1/2} - x_hat_i)`` sent to the neighbours, ``x_hat_j += q_j``, ``x <-
   x^{1/2} + gamma sum_j W_ij (x_hat_j - x_hat_i)``. Bytes: ``q_i``'s encoding times the
@@ -388,13 +389,16 @@ def choco(compressor: Any, *, gamma: float, topology: Topologyish, axis_name: An
     gamma: the consensus step size in (0, 1].
     topology, axis_name: as :func:`gossip`.
     flatten, seed: as :func:`error_feedback`.
+    order: ``"paper"`` (Algorithm 2) or ``"released"`` (epfml/ChocoSGD's order: the consensus
+      step on the last copies, then compress).
 
   Raises:
-    TypeError / ValueError: a bad compressor, gamma or topology; at update as :func:`gossip`.
+    TypeError / ValueError: a bad compressor, gamma, order or topology; at update as
+      :func:`gossip`.
   """
   owner = "tx.choco"
   codec, phases = _codec(compressor, owner), _phases(topology, owner, "metropolis_hastings")
-  build = lambda g: D.choco_sgd(optax.identity(), g, codec, gamma, flatten, seed)
+  build = lambda g: D.choco_sgd(optax.identity(), g, codec, gamma, flatten, seed, order)
   init = build(None).init
   make = lambda n: build(CompressedGossip(phases(n), axis_name))
   return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name, needs_params=True,

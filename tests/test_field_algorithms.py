@@ -116,6 +116,30 @@ def test_choco_sgd_matches_algorithm_2(n, runner):
   np.testing.assert_allclose(sent[-1], degree * k * 8.0)  # k (float32, int32) to each neighbour
 
 
+@pytest.mark.parametrize("runner", ["vmap", "mesh"])
+def test_choco_sgd_released_order_matches_epfml_code(runner):
+  """epfml/ChocoSGD dl_code/pcode/optim/parallel_choco.py, transcribed: the local step; the
+  consensus step on the copies of the last step (x_hat starts at 0); then q_i = Q(x_i^{t+1} -
+  x_hat_i^t) and x_hat_i += q_i. 10 steps; the paper's order gives other iterates."""
+  n, steps = 5, 10
+  a, b, x0 = _problem(n, seed=3)
+  w, gamma, density = _ring(n), 0.4, 0.25
+  k = compression.num_selected(DIM, density)
+  make = lambda order: D.choco_sgd(optax.sgd(LR), CompressedGossip([w]),
+                                   codecs.make_codec("top_k", density=density), gamma,
+                                   order=order)
+  xs, states, sent = _drive(make("released"), a, b, x0, runner, steps=steps)
+  x, xh = x0.astype(np.float64), np.zeros((n, DIM))
+  for step in range(steps):
+    half = x - LR * _grad_np(a, b, x)
+    x = half + gamma * (w @ xh - xh)
+    xh = xh + _top_rows(x - xh, k)
+    np.testing.assert_allclose(xs[step + 1], x, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(sent[-1], ((w != 0).sum(1) - 1) * k * 8.0)
+  paper = _drive(make("paper"), a, b, x0, runner, steps=steps)[0]
+  assert np.abs(paper[-1] - xs[-1]).max() > 1e-3
+
+
 def test_choco_sgd_without_compression_and_gamma_1_is_dpsgd():
   n = 5
   a, b, x0 = _problem(n, seed=1)

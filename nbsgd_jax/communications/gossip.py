@@ -125,13 +125,23 @@ class Gossip(Communication):
       return lambda p: collectives.gossip(p, plan, self.axis_name, alive, difference)
 
     if len(self.plans) == 1:
-      mixed, phase = run(self.plans[0])(tree), 0
+      mixed = run(self.plans[0])(tree)
     else:
-      phase = collectives.shared(ctx.step, self.axis_name) % len(self.plans)
-      mixed = lax.switch(phase, [run(plan) for plan in self.plans], tree)
+      mixed = lax.switch(self.phase(ctx), [run(plan) for plan in self.plans], tree)
     per = jnp.float32(tree_bytes(tree)) if message_bytes is None else message_bytes
-    sent = per * self.neighbours(phase, ctx)
-    return mixed, self.report(self.charge(sent, ctx))
+    return mixed, self.message_report(per, ctx)
+
+  def phase(self, ctx):
+    """The step's phase of ``W_t`` (0 for a static W; one value over the axis)."""
+    if len(self.plans) == 1:
+      return 0
+    return collectives.shared(ctx.step, self.axis_name) % len(self.plans)
+
+  def message_report(self, message_bytes, ctx) -> dict:
+    """The report of sending ``message_bytes`` (float32 scalar) to each neighbour of this
+    step's phase (live ones under failures)."""
+    sent = message_bytes * self.neighbours(self.phase(ctx), ctx)
+    return self.report(self.charge(sent, ctx))
 
 
 class CompressedGossip(Gossip):

@@ -10,6 +10,10 @@
       x_i^{t+1} = x_i^{t+1/2} + gamma sum_j W_ij (x_hat_j - x_hat_i)
 
   ``x_hat_i`` starts at 0. With the identity codec and ``gamma = 1`` this is D-PSGD (atc).
+  ``order="released"`` is the order both released codes run (epfml/ChocoSGD
+  ``dl_code/pcode/optim/parallel_choco.py``: the consensus step, then the compression;
+  ``convex_code/logistic.py`` alike): ``x_i^{t+1} = x_i^{t+1/2} + gamma sum_j W_ij (x_hat_j^t
+  - x_hat_i^t)`` with the copies of the last step, then ``q_i = C(x_i^{t+1} - x_hat_i^t)``.
 * :func:`gradient_tracking`: DIGing (Nedic, Olshevsky, Shi, SIAM J. Optim. 2017, Eq. (3)),
   the tracking variable ``y_i^t = sum_j W_ij y_j^{t-1} + g_i^t - g_i^{t-1}`` (``y^{-1} =
   g^{-1} = 0``, so ``y^0 = g^0`` and ``sum_i y_i^t = sum_i g_i^t`` at every step), fed to the
@@ -47,8 +51,11 @@ class ChocoState(NamedTuple):
   key: jax.Array
 
 
+CHOCO_ORDERS = ("paper", "released")
+
+
 def choco_sgd(local, gossip, codec: codecs.Codec, gamma: float, flatten: bool = True,
-              seed: int = 0) -> WorkerTransform:
+              seed: int = 0, order: str = "paper") -> WorkerTransform:
   """CHOCO-SGD (module docstring).
 
   Args:
@@ -59,12 +66,17 @@ def choco_sgd(local, gossip, codec: codecs.Codec, gamma: float, flatten: bool = 
     gamma: the consensus step size, in (0, 1].
     flatten: compress the raveled model (True) or each leaf (False).
     seed: seed of the codec's randomness (folded with the worker index).
+    order: ``"paper"`` (Algorithm 2: compress, update the copies, then the consensus step)
+      or ``"released"`` (the released codes: the consensus step on the last copies, then
+      compress the new model's difference).
 
   Raises:
-    ValueError: ``gamma`` outside (0, 1].
+    ValueError: ``gamma`` outside (0, 1]; unknown ``order``.
   """
   if not 0.0 < float(gamma) <= 1.0:
     raise ValueError(f"choco.gamma={gamma!r} is not allowed: it must be in (0, 1]")
+  if order not in CHOCO_ORDERS:
+    raise ValueError(f"choco.order={order!r} is not allowed: use one of {list(CHOCO_ORDERS)}")
   local = as_worker_transform(local)
 
   def init(params):
@@ -76,13 +88,26 @@ def choco_sgd(local, gossip, codec: codecs.Codec, gamma: float, flatten: bool = 
     half = optax.apply_updates(params, u)
     key, sub = jax.random.split(state.key)
     sub = jax.random.fold_in(sub, lax.axis_index(gossip.axis_name))
-    diff = jax.tree.map(lambda a, b: a - b, half, state.x_hat)
-    q, nbytes = codecs.compress_tree(codec, diff, sub, flatten)
     live = gossip.live(ctx)  # a failed worker sends nothing: x_hat_i stays
-    x_hat = jax.tree.map(lambda h, d: h + jnp.where(live, d, jnp.zeros_like(d)), state.x_hat, q)
-    mixed, comm = gossip.mix(x_hat, ctx, nbytes)
-    new = jax.tree.map(lambda x, m, h: x + jnp.asarray(gamma, x.dtype) * (m - h),
-                       half, mixed, x_hat)
+
+    def send(x):  # q_i = C(x - x_hat_i), x_hat_i += q_i
+      q, nbytes = codecs.compress_tree(codec, jax.tree.map(jnp.subtract, x, state.x_hat), sub,
+                                       flatten)
+      return jax.tree.map(lambda h, d: h + jnp.where(live, d, jnp.zeros_like(d)),
+                          state.x_hat, q), nbytes
+
+    def consensus(x, x_hat):  # x + gamma sum_j W_ij (x_hat_j - x_hat_i)
+      mixed, _ = gossip.mix(x_hat, ctx, jnp.float32(0.0))
+      return jax.tree.map(lambda a, m, h: a + jnp.asarray(gamma, a.dtype) * (m - h),
+                          x, mixed, x_hat)
+
+    if order == "paper":
+      x_hat, nbytes = send(half)
+      new = consensus(half, x_hat)
+    else:
+      new = consensus(half, state.x_hat)
+      x_hat, nbytes = send(new)
+    comm = gossip.message_report(nbytes, ctx)
     return (replace_params(params, new), ChocoState(local_state, x_hat, key),
             merge_reports(report, comm))
 
@@ -185,9 +210,10 @@ D2_MIXINGS = ("lazy", "w")
 
 
 def check_choco_config(cfg, errs: list) -> None:
-  """choco.gamma in (0, 1]."""
+  """choco.gamma in (0, 1]; choco.order."""
   from nbsgd_jax import checks
   checks.number(cfg, errs, "choco.gamma", 0, lo_open=True, hi=1)
+  checks.choice(cfg, errs, "choco.order", CHOCO_ORDERS)
 
 
 def check_d2_config(cfg, errs: list) -> None:

@@ -1,0 +1,38 @@
+"""The study scripts' statistics: one convention, the sample standard deviation (ddof = 1)."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _script(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments",
+                                                                   f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_nonblocking_study_uses_the_sample_standard_deviation():
+  nb = _script("reproduce_nonblocking")
+  s = nb._stats([1.0, None, 2.0, 3.0])
+  assert (s["mean"], s["std"], s["reached"]) == (2.0, 1.0, 3)  # ddof = 0 would give 0.816
+  assert nb._stats([1.5, None])["std"] is None  # no spread from one seed
+  assert nb._fmt(nb._stats([1.5, None])) == "1.50x (1/2)"
+
+
+def test_committed_nonblocking_tables_are_ddof_1():
+  with open(os.path.join(ROOT, "docs", "nonblocking", "results.json")) as f:
+    cells = json.load(f)["cells"]
+  checked = 0
+  for r in cells:
+    got = [v for v in r["speedup"]["per_seed"] if v is not None]
+    if len(got) > 1:
+      assert r["speedup"]["std"] == pytest.approx(np.std(got, ddof=1))
+      checked += 1
+  assert checked >= 10
