@@ -538,7 +538,9 @@ def sparse_all_gather(values: jax.Array, indices: jax.Array, d: int,
                      "of the same length [cap]")
   if isinstance(d, bool) or int(d) != d or d < 0:
     raise ValueError(f"d={d!r} is not allowed: it must be an integer >= 0")
+  from nbsgd_jax import compression  # densify drops padding and negative indices
+  if values.shape[0] >= d:  # a message as long as the vector: the same sum, O(d) memory
+    return lax.psum(compression.densify(values, indices.astype(jnp.int32), int(d)), axis_name)
   all_values = all_gather(values, axis_name).reshape(-1)  # [n * cap]
   all_indices = all_gather(indices.astype(jnp.int32), axis_name).reshape(-1)
-  from nbsgd_jax import compression  # densify drops padding and negative indices
   return compression.densify(all_values, all_indices, int(d))

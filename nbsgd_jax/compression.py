@@ -350,13 +350,21 @@ def gaussian_k_with_count(x: Array, key: Optional[Array] = None, *, density: flo
                           correction: str = "bracket") -> tuple[Array, Array, Array]:
   """Gaussian-k with a fixed-capacity output and the number actually selected.
 
-  Selection is ``|x_i| > thr`` with thr from ``gaussian_threshold``.  The selected
-  entries are compacted, in increasing index order, into cap = min(d,
-  ceil(capacity_factor * k)) slots, k = ``num_selected(d, density)`` (with the default
-  4/3 this covers the band [2k/3, 4k/3] of both corrections: the paper's k is
-  max(floor(d density), 1) <= k); if count > cap the selected entries with the largest
-  indices are dropped (no magnitude ordering; the reference sends all of them).  Unused
-  slots hold index d and value 0.
+  Selection is ``|x_i| > thr`` with thr from ``gaussian_threshold``.
+
+  * ``correction="bracket"``: the selected entries are compacted, in increasing index
+    order, into cap = min(d, ceil(capacity_factor * k)) slots, k = ``num_selected(d,
+    density)`` (the default 4/3 covers the band [2k/3, 4k/3] the bisection ends in); if
+    count > cap the selected entries with the largest indices are dropped. Unused slots
+    hold index d and value 0.
+  * ``correction="paper"``: everything the reference loop selects is sent, as the
+    reference does (hclhkbu/GaussianK-SGD ``GaussianCompressor.compress`` returns every
+    index above the last threshold). The loop's fixed x0.5 / x1.5 steps can end far
+    outside the band (5.3k and 26k measured on error-fed vectors), so no capacity below d
+    is safe: the message is d long, slot i holds ``(x_i, i)`` when selected and ``(0, d)``
+    otherwise (``capacity_factor`` is not used); the bytes counted are those of the
+    selected entries, and the sparse all-gather of a d-long message is a ``psum`` of the
+    densified vectors (:func:`nbsgd_jax.collectives.sparse_all_gather`).
 
   Compaction avoids a d-long cumsum/nonzero/top_k (slow on XLA:CPU): per-block
   counts over blocks of ``block_size`` (fused with the counting pass), a cumsum
@@ -378,8 +386,8 @@ def gaussian_k_with_count(x: Array, key: Optional[Array] = None, *, density: flo
       32 for density <= 0.002 else 8).
     correction: ``"bracket"`` (default) or ``"paper"``, see ``gaussian_threshold``.
   Returns:
-    values [cap], indices int32 [cap], count (int32 scalar, selected before
-    truncation).  With density 1: (x, arange(d), d).
+    values [cap], indices int32 [cap] (cap = d for ``"paper"``), count (int32 scalar,
+    selected before truncation).  With density 1: (x, arange(d), d).
   Raises:
     ValueError: bad x, density, capacity_factor, rounds, block_size or correction.
   """
@@ -398,6 +406,10 @@ def gaussian_k_with_count(x: Array, key: Optional[Array] = None, *, density: flo
   cap = int(min(d, math.ceil(round(capacity_factor * k, 6))))
   s = int(block_size or _default_block_size(density))
   thr, count, counts = _threshold_and_block_counts(x, density, rounds, s, correction)
+  if correction == "paper":  # the reference's whole selection, in place (docstring)
+    mask = jnp.abs(x) > thr
+    return (jnp.where(mask, x, jnp.zeros_like(x)),
+            jnp.where(mask, jnp.arange(d, dtype=jnp.int32), jnp.int32(d)), count)
   nb = counts.shape[0]
 
   # 1. List the non-empty blocks (in order) in cap slots; padding block id nb.

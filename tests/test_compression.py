@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from nbsgd_jax import codecs
 from nbsgd_jax import compression as C
 
 
@@ -305,23 +306,31 @@ def test_gaussian_paper_is_the_reference_loop_in_float64():
 
 
 def test_gaussian_k_paper_selects_the_reference_indexes():
+  """The paper mode sends exactly the reference loop's index set, also where the loop ends
+  above 4k/3 (a fixed ceil(4k/3) capacity used to drop the largest indices there)."""
   f = jax.jit(C.gaussian_k_with_count, static_argnames=("density", "rounds", "correction"))
-  truncated = 0
+  above = 0
   for x, density in _reference_vectors():
     ref_idx, _, k_ref = _gaussian_compressor_reference(x, density)
     vals, idx, count = f(jnp.asarray(x), density=density, rounds=3, correction="paper")
-    cap = idx.shape[0]
-    assert cap >= 4 * k_ref / 3  # the message holds the reference's whole band
     assert int(count) == ref_idx.size
-    n = min(ref_idx.size, cap)
-    truncated += ref_idx.size > cap
-    idx = np.asarray(idx)
-    np.testing.assert_array_equal(idx[:n], ref_idx[:n])
-    np.testing.assert_array_equal(np.asarray(vals)[:n], x[ref_idx[:n]])
-    assert np.all(idx[n:] == x.size)
-  # above the band the reference sends every selected entry; the fixed-capacity message
-  # keeps the lowest indices (gaussian_k_with_count's docstring)
-  assert truncated == 10, truncated  # of the 11 that end outside the band, 10 above it
+    idx, vals = np.asarray(idx), np.asarray(vals)
+    sent = idx < x.size
+    np.testing.assert_array_equal(idx[sent], ref_idx)
+    np.testing.assert_array_equal(vals[sent], x[ref_idx])
+    assert np.all(vals[~sent] == 0)
+    above += 3 * ref_idx.size > 4 * k_ref
+  assert above == 10, above  # of the 11 that end outside the band, 10 above it
+
+
+def test_gaussian_k_paper_on_a_t15_vector_sends_the_whole_selection():
+  x = np.random.default_rng(8).standard_t(1.5, 30000).astype(np.float32)  # 61 for k = 30
+  ref_idx, _, k_ref = _gaussian_compressor_reference(x, 0.001)
+  assert 3 * ref_idx.size > 4 * k_ref  # the loop ends above the band: more than ceil(4k/3)
+  codec = codecs.make_codec("gaussian_k", density=0.001, correction="paper", rounds=3)
+  dense, nbytes = codec.compress(jnp.asarray(x), None)
+  np.testing.assert_array_equal(np.flatnonzero(np.asarray(dense)), ref_idx)
+  assert float(nbytes) == ref_idx.size * 8  # (float32 value, int32 index) per sent entry
 
 
 def test_gaussian_rounds_defaults_and_paper_bounds():
