@@ -34,6 +34,7 @@ from nbsgd_jax.axis import AXIS
 from nbsgd_jax.communications import (AllReduce, Communication, CompressedGossip, Gossip,
                                       Matchings, MessageAllGather, SparseAllGather)
 from nbsgd_jax.transforms import decentralized as D
+from nbsgd_jax.transforms.decentralized import check_d2_mixing  # noqa: F401 (its old home)
 
 
 class Recipe(NamedTuple):
@@ -280,25 +281,6 @@ def gossip_pga(b: Builder) -> Recipe:
   t = D.gossip_pga(b.optimizer("local"), g, avg, b.cfg.dpsgd.order)
   return Recipe(t, decentralized=True, gossip=g, primary=g,
                 planner=b.fixed_periods(b.cfg.gossip_pga.period))
-
-
-def check_d2_mixing(phases, mixing: str) -> None:
-  """D^2 needs a static W with ``lambda_min(W) > -1/3`` (Tang et al. 2018, Theorem 1);
-  ``(I + W) / 2`` always has ``lambda_min >= 0``.
-
-  Raises:
-    ValueError: a time-varying W, or ``mixing='w'`` and ``lambda_min(W) <= -1/3``.
-  """
-  if len(phases) != 1:
-    raise ValueError("config.algorithm='d2' is not allowed with a time-varying topology: D^2 "
-                     "and Exact Diffusion are defined for a static W")
-  if mixing != "w":
-    return
-  lam = float(np.min(np.linalg.eigvalsh((phases[0] + phases[0].T) / 2)))
-  if lam <= -1 / 3 + 1e-12:
-    raise ValueError(f"config.d2.mixing='w' is not allowed with this W: lambda_min(W) = "
-                     f"{lam:.4f} <= -1/3 (Tang et al. 2018, Theorem 1); use d2.mixing='lazy' "
-                     "(Exact Diffusion's (I + W) / 2)")
 
 
 def _local_sgd_reason(cfg) -> Optional[str]:

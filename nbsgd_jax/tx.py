@@ -55,6 +55,7 @@ from nbsgd_jax import codecs, collectives
 from nbsgd_jax import topology as topology_lib
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import varying_like
+from nbsgd_jax.config import DPSGD_ORDERS
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip, SparseAllGather
 from nbsgd_jax.communications.sparse import MessageAllGather
 from nbsgd_jax.transforms import decentralized as D
@@ -222,7 +223,7 @@ def check_compressor(compressor: Any, owner: str) -> Any:
     raise TypeError(f"{owner}(compressor={compressor!r}) cannot be called as "
                     f"compressor(x, key) ({e}): {expected}") from None
   except ValueError:  # no signature (a builtin): trust it
-    pass
+    return compressor
   return compressor
 
 
@@ -364,7 +365,8 @@ def gossip(topology: Topologyish, *, axis_name: Any, order: str = "atc",
   """
   owner = "tx.gossip"
   phases = _phases(topology, owner, weights)
-  T.gossip_step(optax.identity(), Gossip([np.eye(1)]), order)  # checks order
+  if order not in DPSGD_ORDERS:
+    raise ValueError(f"{owner}(order={order!r}) is not allowed: use one of {list(DPSGD_ORDERS)}")
   make = lambda n: T.gossip_step(optax.identity(), Gossip(phases(n), axis_name), order)
   return to_optax(_sized(make, T.no_state, axis_name, owner), axis_name=axis_name,
                   needs_params=True, name=owner)
@@ -439,9 +441,8 @@ def d2(topology: Topologyish, *, axis_name: Any, mixing: str = "lazy"
   init = D.d2(optax.identity(), None).init
 
   def make(n):
-    from nbsgd_jax.recipes import check_d2_mixing
     ws = phases(n)
-    check_d2_mixing(ws, mixing)
+    D.check_d2_mixing(ws, mixing)
     if mixing == "lazy":
       ws = [(w + np.eye(n)) / 2 for w in ws]
     return D.d2(optax.identity(), Gossip(ws, axis_name))

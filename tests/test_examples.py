@@ -1,5 +1,6 @@
 """The examples a user copies (examples/), and your own model and data through train()."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -46,7 +47,9 @@ def test_own_model_by_name_through_the_cli(tmp_path):
     config.import_modules(cfg)
 
 
+@functools.lru_cache(maxsize=None)
 def _example():
+  """examples/own_model.py, loaded once (it registers its model and data set)."""
   spec = importlib.util.spec_from_file_location("own_model", os.path.join(EXAMPLES, "own_model.py"))
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)

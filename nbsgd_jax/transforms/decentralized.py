@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
@@ -202,6 +203,25 @@ def gossip_pga(local, gossip, average, order: str = "atc") -> WorkerTransform:
     return replace_params(params, avg), state, merge_reports(report, comm)
 
   return WorkerTransform(local.init, update, inner.communications + (average,))
+
+
+def check_d2_mixing(phases, mixing: str) -> None:
+  """D^2 needs a static W with ``lambda_min(W) > -1/3`` (Tang et al. 2018, Theorem 1);
+  ``(I + W) / 2`` always has ``lambda_min >= 0``.
+
+  Raises:
+    ValueError: a time-varying W, or ``mixing='w'`` and ``lambda_min(W) <= -1/3``.
+  """
+  if len(phases) != 1:
+    raise ValueError("config.algorithm='d2' is not allowed with a time-varying topology: D^2 "
+                     "and Exact Diffusion are defined for a static W")
+  if mixing != "w":
+    return
+  lam = float(np.min(np.linalg.eigvalsh((phases[0] + phases[0].T) / 2)))
+  if lam <= -1 / 3 + 1e-12:
+    raise ValueError(f"config.d2.mixing='w' is not allowed with this W: lambda_min(W) = "
+                     f"{lam:.4f} <= -1/3 (Tang et al. 2018, Theorem 1); use d2.mixing='lazy' "
+                     "(Exact Diffusion's (I + W) / 2)")
 
 
 # ----------------------------------------------------------------------------- config
