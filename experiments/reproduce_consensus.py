@@ -113,6 +113,8 @@ def finished_run(workdir: str, cfg) -> dict | None:
           stored.setdefault(k, v)
 
     fill(old, defaults)
+    for c in (old, new):
+      c.pop("overwrite", None)  # how the run was started, not what it is
     same = old == new
     with open(os.path.join(workdir, "summary.json")) as f:
       summary = json.load(f)
@@ -161,7 +163,9 @@ def run_setting(a, n: int, partition: str) -> dict:
     t = time.time()
     s = finished_run(wd, make_config(a, n, partition, algo, **kw)) if a.reuse else None
     if s is None:
-      s = train.train(make_config(a, n, partition, algo, **kw), wd)
+      cfg = make_config(a, n, partition, algo, **kw)
+      cfg.overwrite = True  # replace what an earlier invocation left in the workdir
+      s = train.train(cfg, wd)
     steps = read_steps(wd) if algo != "allreduce" else []
     xi = [r["consensus_distance"] for r in steps]
     targets = [r["target"] for r in steps[:phase_end] if r.get("target") is not None]

@@ -151,13 +151,14 @@ def communication(a) -> dict:
 # ----------------------------------------------------------------------------- (c)
 
 
-def mnist_config(a, algorithm, **kw):
+def mnist_config(a, algorithm, lr: float = 0.05, **kw):
+  """The mnist10k CNN run of (c): 8 workers, batch 32, ``lr`` cosine, momentum 0.9."""
   c = config_lib.default_config()
   c.algorithm = algorithm
   c.num_workers = 8
   c.model = "cnn"
   c.batch_size = 32
-  c.learning_rate = 0.05
+  c.learning_rate = lr
   c.lr_schedule = "cosine"
   c.momentum = 0.9
   c.weight_decay = 5e-4
@@ -169,16 +170,22 @@ def mnist_config(a, algorithm, **kw):
   return config_lib.override(c, kw)
 
 
-def mnist(a) -> dict:
-  runs = {
-      "local SGD tau=1": mnist_config(a, "local_sgd", **{"local_sgd.tau": 1}),
-      "local SGD tau=4": mnist_config(a, "local_sgd", **{"local_sgd.tau": 4}),
-      "local SGD tau=16": mnist_config(a, "local_sgd", **{"local_sgd.tau": 16}),
-      "post-local SGD (tau 1 -> 16)": mnist_config(
-          a, "local_sgd", **{"local_sgd.tau": 16, "local_sgd.schedule": "post_local",
-                             "local_sgd.switch_step": a.mnist_steps // 4}),
-      "DiLoCo H=16": mnist_config(a, "diloco", **{"diloco.inner_steps": 16}),
+def mnist_runs(steps: int) -> dict:
+  """(c)'s runs: name -> (algorithm, overrides) for :func:`mnist_config`."""
+  return {
+      "local SGD tau=1": ("local_sgd", {"local_sgd.tau": 1}),
+      "local SGD tau=4": ("local_sgd", {"local_sgd.tau": 4}),
+      "local SGD tau=16": ("local_sgd", {"local_sgd.tau": 16}),
+      "post-local SGD (tau 1 -> 16)": (
+          "local_sgd", {"local_sgd.tau": 16, "local_sgd.schedule": "post_local",
+                        "local_sgd.switch_step": steps // 4}),
+      "DiLoCo H=16": ("diloco", {"diloco.inner_steps": 16}),
   }
+
+
+def mnist(a) -> dict:
+  runs = {name: mnist_config(a, algo, **kw)
+          for name, (algo, kw) in mnist_runs(a.mnist_steps).items()}
   out = {}
   for name, cfg in runs.items():
     t = time.time()
@@ -287,7 +294,8 @@ def markdown(res, a) -> str:
   lines += ["", f"Best fixed schedule: {cm['best_fixed']}.", ""]
   if res.get("mnist"):
     lines += ["(c) mnist10k CNN, 8 workers, batch 32, lr 0.05 cosine, momentum 0.9 (local), "
-              f"weight decay 5e-4, {a.mnist_steps} steps:", "",
+              f"weight decay 5e-4, {a.mnist_steps} steps, seed {a.seed} (one run each; "
+              "3 seeds with tuned rates: experiments/tune_seeds.py local_sgd):", "",
               "| run | test acc. | rounds | MB sent / worker | sim time (s) |",
               "|---|---:|---:|---:|---:|"]
     for name, v in res["mnist"].items():

@@ -86,3 +86,13 @@ def index_at_least(name: str, value: Any, low: int) -> int:
   if v < low:
     raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
   return int(v)
+
+
+def period_within_run(cfg, errs: list, key: str, active: bool) -> None:
+  """A communication period ``cfg[key]`` (steps) longer than ``cfg.num_steps`` when
+  ``active``: the run would never communicate (0 rounds, 0 bytes)."""
+  period, steps = cfg.get(key), cfg.get("num_steps")
+  if active and is_int(period) and is_int(steps) and steps >= 1 and period > steps:
+    errs.append(f"config.{key}={period} is not allowed with config.num_steps={steps}: the run "
+                f"would end before its first communication (0 rounds, 0 bytes); use at most "
+                f"{steps}")

@@ -499,12 +499,29 @@ def message_bytes(num_values: int, value_bytes: int = 4,
 # ----------------------------------------------------------------------------- config
 
 
+def check_model(cfg, shapes: list, errs: list) -> None:
+  """compression.* against the model's parameter ``shapes`` (one worker's, unbatched): a
+  PowerSGD rank that sends more than the dense message."""
+  if cfg.compression.name == "powersgd":
+    from nbsgd_jax.transforms.powersgd import rank_error
+    why = rank_error(cfg.compression.rank, shapes)
+    if why:
+      errs.append(f"config.compression.rank={cfg.compression.rank} is not allowed: {why}")
+
+
+MAX_LEVELS = 2 ** 23  # QSGD's s: a level |x| / ||x|| * s is computed in float32
+
+
 def check_config(cfg, errs: list) -> None:
   """compression.*, all of them whatever compression.name is."""
   from nbsgd_jax.config import COMPRESSIONS
   checks.choice(cfg, errs, "compression.name", COMPRESSIONS)
   checks.number(cfg, errs, "compression.density", 0, lo_open=True, hi=1)
-  checks.integer(cfg, errs, "compression.levels", 1, note="qsgd's s")
+  if checks.integer(cfg, errs, "compression.levels", 1, note="qsgd's s") and (
+      cfg.compression.levels > MAX_LEVELS):
+    errs.append(f"config.compression.levels={cfg.compression.levels} is not allowed: it must "
+                f"be at most {MAX_LEVELS} (2^23: float32 resolves no finer levels; more only "
+                "cost bits)")
   checks.integer(cfg, errs, "compression.bucket_size", 1)
   checks.integer(cfg, errs, "compression.rank", 1, note="PowerSGD's r")
   # gaussian_rounds 0 is the correction's default (DEFAULT_ROUNDS), so paper's rounds >= 1

@@ -17,6 +17,7 @@ per problem, each naming the key, the value and what is allowed:
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import math
 import sys
@@ -152,6 +153,8 @@ def default_config() -> ml_collections.ConfigDict:
                                  # models are mixed); False: one set, less memory
   c.seed = 0                     # init, data order and partition seed
   c.progress = True              # tqdm progress bar
+  c.overwrite = False            # replace a different run found in the workdir (its records and
+                                 # checkpoints); False: refuse it
   c.tensorboard = False          # also write workdir/tensorboard event files (tensorboardX):
                                  # the same scalars as metrics.jsonl
   c.checkpoint_every = 0         # steps between orbax checkpoints in workdir/checkpoints (a
@@ -253,8 +256,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.diloco.outer_momentum = 0.9  # outer momentum (0: plain SGD)
   c.diloco.outer_nesterov = True  # Nesterov outer momentum
   c.consensus = ml_collections.ConfigDict()  # consensus distance (Kong et al. 2021)
-  c.consensus.control = False    # recipes that gossip (dpsgd, matcha): gossip again while
-                                 # Xi > target
+  c.consensus.control = False    # recipes that gossip every step (recipes.gossip_recipes():
+                                 # D-PSGD, MATCHA, CHOCO, gradient tracking, D^2, Gossip-PGA):
+                                 # gossip again while Xi > target
   c.consensus.target = 0.0       # absolute target Xi (parameter units); 0: use target_ratio
   c.consensus.target_ratio = 0.0  # target = ratio x reference run's Xi at each step
   c.consensus.reference_workdir = ""  # the reference run (its steps.jsonl or metrics.jsonl)
@@ -333,6 +337,21 @@ def flatten_dict(d: dict, prefix: str = "") -> dict:
   return out
 
 
+def unknown_key_errors(keys) -> list[str]:
+  """One line per dotted key in ``keys`` that ``default_config()`` lacks, with the closest
+  known key: ``config.learnin_rate is not a configuration key (did you mean
+  config.learning_rate?)``."""
+  known = list(flatten_dict(default_config().to_dict()))
+  known += sorted({k.rsplit(".", 1)[0] for k in known if "." in k})  # the sections
+  errors = []
+  for key in keys:
+    if key not in known:
+      close = difflib.get_close_matches(key, known, n=1)
+      errors.append(f"config.{key} is not a configuration key"
+                    + (f" (did you mean config.{close[0]}?)" if close else ""))
+  return errors
+
+
 class ConfigError(ValueError):
   """Bad configuration; ``.errors`` holds one line per problem."""
 
@@ -384,7 +403,8 @@ def check_top_level(cfg, errs: list) -> None:
       cfg.cluster.get("clock") == "wall"):
     errs.append(f"config.steps_per_dispatch={cfg.steps_per_dispatch} is not allowed with "
                 "config.cluster.clock='wall': each step is timed on the host; use 1")
-  for key in ("nesterov", "progress", "tensorboard", "double_buffer", "eval_worker_accuracy"):
+  for key in ("nesterov", "progress", "tensorboard", "double_buffer", "eval_worker_accuracy",
+              "overwrite"):
     checks.boolean(cfg, errs, key)
   for key in ("data_dir", "data_path", "data_cache", "imports"):
     checks.string(cfg, errs, key)
@@ -476,9 +496,16 @@ SECTION_CHECKS: dict[str, str] = {
 }
 
 
-def section_check(name: str) -> Callable:
-  """The check function of a section of :data:`SECTION_CHECKS`."""
-  module, function = SECTION_CHECKS[name].split(":")
+# Checks of the values that depend on the model: ``check(cfg, shapes, errs)`` with the
+# parameter shapes of one worker (run by ``nbsgd_jax.run.setup.check_model_fit``).
+MODEL_CHECKS: dict[str, str] = {
+    "compression": "nbsgd_jax.compression:check_model",
+}
+
+
+def section_check(name: str, table: dict | None = None) -> Callable:
+  """The check function of a section of :data:`SECTION_CHECKS` (or of ``table``)."""
+  module, function = (SECTION_CHECKS if table is None else table)[name].split(":")
   return getattr(importlib.import_module(module), function)
 
 
@@ -535,13 +562,16 @@ def _combination_errors(cfg) -> list:
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Check a configuration before any compilation: every section (:data:`SECTION_CHECKS`),
-  non-finite floats, then the combinations of sections (:func:`_combination_errors`).
+  """Check a configuration before any compilation: keys ``default_config()`` lacks (a typo),
+  every section (:data:`SECTION_CHECKS`), non-finite floats, then the combinations of sections
+  (:func:`_combination_errors`).
 
   Raises:
     ConfigError: one line per problem, ``config.KEY=VALUE is not allowed: ...``, all at once.
   """
-  errs: list = []
+  errs: list = unknown_key_errors(flatten_dict(cfg.to_dict()))
+  if errs:  # a typo: the other checks would read the default instead
+    raise ConfigError(errs)
   for name in SECTION_CHECKS:
     check = section_check(name)
     check(cfg, errs)
@@ -659,10 +689,27 @@ def inactive_warnings(cfg: ml_collections.ConfigDict) -> list[str]:
   return lines
 
 
+def odd_warnings(cfg: ml_collections.ConfigDict) -> list[str]:
+  """One line per value that is allowed but probably not meant (the run is still
+  meaningful): a warm-up longer than the run, a dispatch size that does not divide
+  ``eval_every`` (each shorter block compiles once more)."""
+  lines = []
+  if cfg.warmup_steps > cfg.num_steps:
+    lines.append(f"config.warmup_steps={cfg.warmup_steps} is longer than the run "
+                 f"(config.num_steps={cfg.num_steps}): the learning rate never reaches "
+                 f"config.learning_rate={cfg.learning_rate}")
+  k = cfg.steps_per_dispatch
+  if k > 1 and cfg.eval_every % k:
+    lines.append(f"config.steps_per_dispatch={k} does not divide config.eval_every="
+                 f"{cfg.eval_every}: every shorter block before an evaluation compiles once "
+                 "more")
+  return lines
+
+
 def warn_inactive(cfg: ml_collections.ConfigDict, stream: TextIO | None = None) -> list[str]:
-  """Print :func:`inactive_warnings` to ``stream`` (default ``sys.stderr``), each line as
-  ``warning: LINE``; returns the lines."""
-  lines = inactive_warnings(cfg)
+  """Print :func:`inactive_warnings` and :func:`odd_warnings` to ``stream`` (default
+  ``sys.stderr``), each line as ``warning: LINE``; returns the lines."""
+  lines = inactive_warnings(cfg) + odd_warnings(cfg)
   for line in lines:
     print(f"warning: {line}", file=stream or sys.stderr)
   return lines

@@ -258,6 +258,8 @@ def check_config(cfg, errs: list) -> None:
   for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0), ("num_comm", 0)):
     checks.integer(cfg, errs, f"local_sgd.{key}", lo)
   checks.number(cfg, errs, "local_sgd.alpha", 0)
+  checks.period_within_run(cfg, errs, "local_sgd.tau", cfg.get("algorithm") == "local_sgd"
+                           and cfg.local_sgd.get("schedule") != "post_local")
   if (checks.boolean(cfg, errs, "local_sgd.offset_optimum") and cfg.local_sgd.offset_optimum
       and cfg.get("dataset") not in PROBLEMS):
     errs.append(f"config.local_sgd.offset_optimum=True is not allowed with config.dataset="

@@ -12,11 +12,10 @@ Exit status: 0 the run finished; 2 bad configuration or command line (an unknown
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -53,12 +52,6 @@ def _summary_table(summary: dict) -> str:
 
 
 
-def _config_keys() -> list[str]:
-  """Every dotted key of ``default_config()`` (sections included)."""
-  from nbsgd_jax import config_doc
-  return [k for k, _ in config_doc.config_keys()]
-
-
 def _flag_errors(message: str) -> list[str]:
   """absl's ``flag --config.KEY=VALUE: why`` (a value of the wrong type) in the style of
   ``nbsgd_jax.config.validate``; other flag errors as they are."""
@@ -76,15 +69,10 @@ def _flag_errors(message: str) -> list[str]:
 
 
 def _unknown_keys(argv: list[str]) -> list[str]:
-  known = _config_keys()
-  errors = []
-  for arg in argv[1:]:
-    m = re.match(r"--?(?:no)?config\.([^=]+)", arg)
-    if m and m.group(1) not in known:
-      close = difflib.get_close_matches(m.group(1), known, n=1)
-      errors.append(f"config.{m.group(1)} is not a configuration key"
-                    + (f" (did you mean config.{close[0]}?)" if close else ""))
-  return errors
+  from nbsgd_jax import config as config_lib
+  keys = [m.group(1) for m in (re.match(r"--?(?:no)?config\.([^=]+)", arg) for arg in argv[1:])
+          if m]
+  return config_lib.unknown_key_errors(keys)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -101,9 +89,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
     errors = _flag_errors(str(e))
   except (AttributeError, KeyError) as e:  # an unknown --config.KEY
     errors = _unknown_keys(argv) or [" ".join(f"--config: {e}".split())]
-  except OSError as e:  # the config file
+  except Exception as e:  # pylint: disable=broad-except  (the config file: missing, not Python, raising)
     path = next((a.split("=", 1)[1] for a in argv if re.match(r"--?config=", a)), "")
-    reason = [l.strip() for l in str(e).splitlines() if l.strip()][-1]
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [""]
+    reason = lines[-1] if isinstance(e, OSError) else f"{type(e).__name__}: {lines[-1]}"
     errors = [f"--config={path} could not be loaded: {reason}"]
   for line in errors:
     print(f"error: {line}", file=sys.stderr)
@@ -129,6 +118,8 @@ def main(argv):
     except ValueError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
+  if not flags.FLAGS["verbosity"].present:  # orbax's and JAX's INFO lines: --verbosity=0 shows them
+    logging.set_verbosity(logging.WARNING)
   try:
     summary = train_lib.train(_CONFIG.value, _WORKDIR.value)
   except config_lib.ConfigError as e:
@@ -138,6 +129,10 @@ def main(argv):
   except train_lib.TrainingDiverged as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(3)
+  except KeyboardInterrupt:  # the records are whole (written line by line), files closed
+    print(f"error: interrupted; {_WORKDIR.value} holds the records so far; the same command "
+          "resumes from the last checkpoint (config.checkpoint_every)", file=sys.stderr)
+    sys.exit(130)
   import jax
   if jax.process_index() == 0:  # multihost: process 0 reports (and wrote the files)
     print(_summary_table(summary))

@@ -218,7 +218,32 @@ def test_refused_config_leaves_the_workdir_alone_and_new_runs_drop_stale_files(t
   with pytest.raises(config_lib.ConfigError, match="reference_workdir"):
     train.train(bad, str(wd))
   assert {p: (wd / p).read_bytes() for p in before} == before
-  # a new run without per-step logging, stopped by divergence before its summary
+  # another run is refused (nothing touched) unless config.overwrite
+  other = small_cfg(learning_rate=1e30, num_steps=4, eval_every=4)
+  with pytest.raises(config_lib.ConfigError, match="holds a run with learning_rate=0.05; use "
+                     "another workdir, or config.overwrite=True"):
+    train.train(other, str(wd))
+  assert {p: (wd / p).read_bytes() for p in before} == before
+  # with it: a new run without per-step logging, stopped by divergence before its summary
+  other.overwrite = True
   with pytest.raises(train.TrainingDiverged):
-    train.train(small_cfg(learning_rate=1e30, num_steps=4, eval_every=4), str(wd))
+    train.train(other, str(wd))
   assert not (wd / "summary.json").exists() and not (wd / "steps.jsonl").exists()
+
+
+def test_a_finished_run_is_not_trained_again(tmp_path):
+  """The last step is checkpointed; the same run again returns its summary, trains nothing
+  and leaves the records as they were."""
+  cfg = small_cfg(num_steps=8, eval_every=4, checkpoint_every=4)
+  first = train.train(cfg, str(tmp_path))
+  assert checkpoint_lib.Checkpointer(str(tmp_path)).latest_step() == 8
+  records = (tmp_path / "metrics.jsonl").read_bytes()
+  seen = []
+  again = train.train(cfg, str(tmp_path), hooks=(lambda step, state, s: seen.append(step),))
+  assert seen == []
+  assert (tmp_path / "metrics.jsonl").read_bytes() == records
+  assert again["test_accuracy"] == first["test_accuracy"]
+  assert [r["step"] for r in again["history"]] == [0, 4, 8]
+  (tmp_path / "summary.json").unlink()  # killed after the last checkpoint, before the summary
+  resumed = train.train(cfg, str(tmp_path), hooks=(lambda step, state, s: seen.append(step),))
+  assert seen == [8] and resumed["test_accuracy"] == first["test_accuracy"]

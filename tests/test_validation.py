@@ -125,6 +125,7 @@ CASES = [
     bad("local_sgd.alpha", -0.5),
     bad("local_sgd.max_tau", -1),
     bad("diloco.inner_steps", 0),
+    bad("compression.levels", 2 ** 31),  # once an OverflowError inside the jitted codec
     bad("problem.dim", 0),
     bad("problem.condition", 0.5),
     bad("lr_time_scale", 0.0),
@@ -214,6 +215,12 @@ CASES = [
           "allowed: no worker can finish", "deadline before any mini-batch"),
     cross({"cluster.slowdown": (1.0, 2.0)}, "config.cluster.slowdown=[1.0, 2.0] is not "
           "allowed: it must be a list of length num_workers=8", "slowdown not one per worker"),
+    cross({"algorithm": "diloco", "num_steps": 20}, "config.diloco.inner_steps=50 is not "
+          "allowed with config.num_steps=20: the run would end before its first communication",
+          "DiLoCo period longer than the run"),
+    cross({"algorithm": "local_sgd", "local_sgd.tau": 30, "num_steps": 20},
+          "config.local_sgd.tau=30 is not allowed with config.num_steps=20",
+          "local SGD period longer than the run"),
 ]
 
 LINE = re.compile(r"^config\.[a-z_][a-z_0-9]*(\.[a-z_0-9]+)?[= ]")
@@ -353,4 +360,60 @@ def test_cli_rejects_what_the_flag_parser_cannot_read(tmp_path, config, args, ex
   """Rejected while the flags are parsed (absl alone: exit 1 or a traceback)."""
   r = run_main(tmp_path, *args, config=config)
   assert error_lines(r) == expected, r.stderr
+  assert not (tmp_path / "run").exists()
+
+
+def test_train_refuses_a_key_the_defaults_lack_with_the_clis_message(tmp_path):
+  """The Python API is as strict as the command line: a typo is not trained with defaults."""
+  from nbsgd_jax import train
+  cfg = config_lib.default_config()
+  cfg.learnin_rate = 0.3
+  cfg.choco.ordr = "x"
+  with pytest.raises(config_lib.ConfigError) as e:
+    train.train(cfg, str(tmp_path / "run"))
+  assert e.value.errors == [
+      "config.choco.ordr is not a configuration key (did you mean config.choco.order?)",
+      "config.learnin_rate is not a configuration key (did you mean config.learning_rate?)"]
+  assert not (tmp_path / "run").exists()
+
+
+def test_cli_names_an_unusable_workdir_and_an_unreadable_config_file(tmp_path):
+  (tmp_path / "afile").write_text("not a directory")
+  r = run_main(tmp_path, f"--workdir={tmp_path / 'afile' / 'sub'}", "--config.num_steps=1")
+  assert error_lines(r) == [f"error: workdir '{tmp_path / 'afile' / 'sub'}' cannot be used: "
+                            "Not a directory (a part of the path is a file)"]
+  r = run_main(tmp_path, config="README.md")
+  assert len(error_lines(r)) == 1
+  assert re.match(r"error: --config=README.md could not be loaded: SyntaxError: .*README.md, "
+                  r"line \d+", error_lines(r)[0]), r.stderr
+  assert not (tmp_path / "run").exists()
+
+
+def test_odd_values_are_warned_not_refused():
+  cfg = config_lib.override(config_lib.default_config(), {
+      "warmup_steps": 2000, "steps_per_dispatch": 3, "algorithm": "local_sgd",
+      "local_sgd.schedule": "post_local", "local_sgd.tau": 5000})  # post-local: tau after
+  config_lib.validate(cfg)
+  assert config_lib.odd_warnings(cfg) == [
+      "config.warmup_steps=2000 is longer than the run (config.num_steps=1000): the learning "
+      "rate never reaches config.learning_rate=0.05",
+      "config.steps_per_dispatch=3 does not divide config.eval_every=100: every shorter block "
+      "before an evaluation compiles once more"]
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ({"algorithm": "allreduce", "compression.name": "powersgd", "compression.rank": 100000},
+     # 784-32-10: 32 (784 + 32) + 10 (32 + 10) + 42 sent at full rank, 25,088 + 320 + 42 dense
+     "config.compression.rank=100000 is not allowed: it would send 26,574 entries per step, the "
+     "dense message 25,450 (the model's matrices have smaller sides 10 to 32)"),
+    ({"algorithm": "streaming_diloco", "streaming_diloco.fragments": 5, "diloco.inner_steps": 5},
+     "config.streaming_diloco.fragments=5 is not allowed: the model has 4 parameter arrays"),
+])
+def test_values_that_do_not_fit_the_model_are_refused_before_anything_is_written(
+    tmp_path, overrides, expected):
+  from nbsgd_jax import train
+  from tests.test_train import small_cfg
+  with pytest.raises(config_lib.ConfigError) as e:
+    train.train(small_cfg(**overrides), str(tmp_path / "run"))
+  assert len(e.value.errors) == 1 and e.value.errors[0].startswith(expected), e.value.errors
   assert not (tmp_path / "run").exists()

@@ -22,7 +22,8 @@ from nbsgd_jax import metrics as metrics_lib
 from nbsgd_jax.run import evaluation as evaluation_lib
 from nbsgd_jax.run import setup as setup_lib
 from nbsgd_jax.run.evaluation import TrainingDiverged
-from nbsgd_jax.run.records import Records, check_same_run, check_tensorboard
+from nbsgd_jax.run import records as records_lib
+from nbsgd_jax.run.records import Records, check_tensorboard
 from nbsgd_jax.run.stopwatch import Stopwatch
 from nbsgd_jax.transforms.base import is_summed
 
@@ -170,9 +171,8 @@ def _open_checkpoints(cfg, workdir, stack):
   from nbsgd_jax import checkpoint as checkpoint_lib
   ckpt = checkpoint_lib.Checkpointer(workdir)  # every process takes part
   stack.callback(ckpt.close)
-  resume = ckpt.latest_step()
+  resume = ckpt.latest_step()  # this run's: records_lib.check_workdir refused another's
   if resume is not None:
-    check_same_run(cfg, workdir)
     if jax.process_index() == 0:
       print(f"resuming from the checkpoint of step {resume} in {ckpt.directory}",
             file=sys.stderr, flush=True)
@@ -224,12 +224,22 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
 def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
   from tqdm.auto import tqdm
   s = setup_lib.setup(cfg, model=model, data=data)
+  setup_lib.check_model_fit(s)
   host = setup_lib.make_host(s)  # may refuse the config: before any file is touched
   if cfg.tensorboard and workdir:
     check_tensorboard()
   main_process = jax.process_index() == 0
   if main_process:
     config_lib.warn_inactive(cfg)
+  if workdir:
+    finished = records_lib.check_workdir(cfg, workdir)
+    if finished is not None:
+      if main_process:
+        print(f"workdir {workdir!r} holds this run, finished at step {finished['step']}: "
+              "nothing to train (config.overwrite=True trains it again)", file=sys.stderr)
+      return finished
+    records_lib.clear_workdir(cfg, workdir)
+    records_lib.make_workdir(workdir)
   ckpt, resume = _open_checkpoints(cfg, workdir, stack)
   per_step = (cfg.consensus.log_every_step or cfg.consensus.control
               or cfg.cluster.clock == "wall")
@@ -266,8 +276,8 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
       bar.set_postfix({k: f"{rec[k]:.4g}" for k in ("train_loss", "test_accuracy", "gap")
                        if k in rec})
       stopped = stop_reason(cfg, rec)
-      if (ckpt is not None and done % cfg.checkpoint_every == 0 and done < cfg.num_steps
-          and stopped is None):
+      if ckpt is not None and (done % cfg.checkpoint_every == 0 or done == cfg.num_steps
+                               or stopped is not None):  # the last step too: a re-run is done
         ckpt.save(done, run.state, {"host": host.state_dict(), "wall": watch.seconds})
       watch.resume()
     bar.update(done - step)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Optional
+import shutil
+from typing import Any, Optional
 
 import ml_collections
 
@@ -38,27 +39,90 @@ class MetricsWriter:
     self._f.close()
 
 
-def check_same_run(cfg: ml_collections.ConfigDict, workdir: str) -> None:
-  """Resuming needs the config of the checkpointed run (``workdir/config.json``).
+OUTPUT_KEYS = ("progress", "tensorboard", "overwrite")  # change what is shown, not the run
+RUN_FILES = ("config.json", "metrics.jsonl", "steps.jsonl", "summary.json", "tensorboard",
+             checkpoint_lib.CHECKPOINT_DIR)
 
-  Raises:
-    ConfigError: naming the keys that differ.
-  """
-  path = os.path.join(workdir, "config.json")
+
+def config_diff(old: dict, cfg: ml_collections.ConfigDict) -> list[tuple[str, Any, Any]]:
+  """``(key, old value, new value)`` for every dotted key where the stored config ``old``
+  (``config.json``) and ``cfg`` differ, :data:`OUTPUT_KEYS` aside."""
+  a = config_lib.flatten_dict(old)
+  b = config_lib.flatten_dict(json.loads(cfg.to_json_best_effort()))
+  return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+          if a.get(k) != b.get(k) and k not in OUTPUT_KEYS]
+
+
+def _read_json(path: str):
   try:
     with open(path) as f:
-      old = json.load(f)
+      return json.load(f)
   except (OSError, ValueError):
-    return  # no readable record of the old config: trust the checkpoint
-  new = json.loads(cfg.to_json_best_effort())
-  a, b = config_lib.flatten_dict(old), config_lib.flatten_dict(new)
-  diff = sorted(k for k in set(a) | set(b)
-                if a.get(k) != b.get(k) and k not in ("progress", "tensorboard"))  # outputs only
-  if diff:
+    return None
+
+
+def check_workdir(cfg: ml_collections.ConfigDict, workdir: str) -> Optional[dict]:
+  """What ``workdir`` holds, before anything is written: None to train (a new or empty
+  workdir, or this run unfinished: resumed from its checkpoint or started again), or this
+  run's summary (with ``history``) when it finished (``summary.json`` written).
+
+  Raises:
+    ConfigError: ``workdir`` is a file, or it holds another run (one line per differing
+      key) and ``cfg.overwrite`` is False.
+  """
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise config_lib.ConfigError([f"workdir {workdir!r} cannot be used: it is a file"])
+  old = _read_json(os.path.join(workdir, "config.json"))
+  if old is None:
+    return None
+  diff = config_diff(old, cfg)
+  if diff and not cfg.overwrite:
     raise config_lib.ConfigError([
-        f"config.{k}={b.get(k)!r} is not allowed: workdir {workdir!r} holds checkpoints of a "
-        f"run with {k}={a.get(k)!r}; use a new workdir to start another run"
-        for k in diff])
+        f"config.{k}={new!r} is not allowed: workdir {workdir!r} holds a run with {k}={was!r}; "
+        "use another workdir, or config.overwrite=True to replace that run"
+        for k, was, new in diff])
+  if diff:
+    return None
+  summary = _read_json(os.path.join(workdir, "summary.json"))
+  if summary is None:
+    return None
+  summary["history"] = checkpoint_lib.read_records(os.path.join(workdir, "metrics.jsonl"),
+                                                   summary.get("step", cfg.num_steps))
+  return summary
+
+
+def make_workdir(workdir: str) -> None:
+  """Create ``workdir`` and its parents.
+
+  Raises:
+    ConfigError: one line naming the path and the reason (a part of it is a file, no
+      permission, a read-only or virtual file system).
+  """
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, ".write_test")
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    why = e.strerror or type(e).__name__
+    if isinstance(e, NotADirectoryError):
+      why += " (a part of the path is a file)"
+    raise config_lib.ConfigError([f"workdir {workdir!r} cannot be used: {why}"]) from None
+
+
+def clear_workdir(cfg: ml_collections.ConfigDict, workdir: str) -> None:
+  """With ``cfg.overwrite``, remove the record files and checkpoints of another run
+  (:data:`RUN_FILES`) from ``workdir``; nothing else is touched."""
+  old = _read_json(os.path.join(workdir, "config.json"))
+  if not (cfg.overwrite and old is not None and config_diff(old, cfg)):
+    return
+  for name in RUN_FILES:
+    path = os.path.join(workdir, name)
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+    elif os.path.exists(path):
+      os.remove(path)
 
 
 def check_tensorboard() -> None:
@@ -98,7 +162,7 @@ class Records:
           os.path.join(checkpoint_dir, "metrics.jsonl"), resume_step)
     if not workdir:
       return
-    os.makedirs(workdir, exist_ok=True)
+    make_workdir(workdir)
     files_lib.atomic_write(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
     path = os.path.join(workdir, "metrics.jsonl")
     if resumed:  # drop the records after the checkpoint (and a torn line)

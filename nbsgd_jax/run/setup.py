@@ -403,6 +403,31 @@ def _problem(cfg):
   return prob
 
 
+def check_model_fit(s: Setup) -> None:
+  """The config against the model, abstractly (nothing is computed or compiled): the
+  :data:`~nbsgd_jax.config.MODEL_CHECKS` on one worker's parameter shapes, then the
+  transform's state on them (streaming DiLoCo's fragments need as many parameter arrays).
+
+  Raises:
+    ConfigError: one line per value that does not fit the model (named).
+  """
+  params, _ = jax.eval_shape(s.task.init)
+  shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
+  errs: list = []
+  for name in config_lib.MODEL_CHECKS:
+    config_lib.section_check(name, config_lib.MODEL_CHECKS)(s.cfg, shapes, errs)
+  if errs:
+    raise config_lib.ConfigError(errs)
+  try:
+    jax.eval_shape(s.recipe.transform.init, params)
+  except ValueError as e:  # a transform that cannot be built on this model says why
+    line = str(e).splitlines()[0]
+    if "is not allowed" not in line:
+      raise
+    raise config_lib.ConfigError([line if line.startswith("config.") else f"config.{line}"]
+                                 ) from None
+
+
 def init_state(s: Setup) -> TrainState:
   """Identical initial models on every worker (seeded), each with its own transform state."""
   n = s.cfg.num_workers

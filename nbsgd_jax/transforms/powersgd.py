@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 
 from nbsgd_jax.transforms.base import WorkerTransform
@@ -61,6 +62,22 @@ def orthogonalize(p: jax.Array, eps: float = 1e-8) -> jax.Array:
 def _rank(x, rank: int) -> int:
   m = as_matrix(x)
   return min(m.shape[0], m.shape[1], rank)
+
+
+def rank_error(rank: int, shapes) -> str | None:
+  """Why rank ``r`` is pointless for a model with parameter ``shapes``, or None: PowerSGD
+  must send fewer entries than the dense message, i.e. the sum over matrices (a leaf of
+  ``ndim >= 2``, as :func:`as_matrix`) of ``min(r, rows, cols) (rows + cols)`` plus the
+  vectors must stay below the number of parameters (at full rank it sends more)."""
+  sides = [min(s[-1], int(np.prod(s[:-1]))) for s in shapes if len(s) >= 2]
+  dense = sum(int(np.prod(s)) for s in shapes)
+  sent = sum(min(rank, s[-1], int(np.prod(s[:-1]))) * (s[-1] + int(np.prod(s[:-1])))
+             if len(s) >= 2 else int(np.prod(s)) for s in shapes)
+  if not sides or sent < dense:
+    return None
+  return (f"it would send {sent:,} entries per step, the dense message {dense:,} (the "
+          f"model's matrices have smaller sides {min(sides)} to {max(sides)}); use a rank "
+          f"well below {max(sides)}")
 
 
 def powersgd(rank: int, allreduce, seed: int = 0, use_residual: bool = True,

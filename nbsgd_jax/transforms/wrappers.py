@@ -332,6 +332,8 @@ def check_diloco_config(cfg, errs: list) -> None:
   checks.number(cfg, errs, "diloco.outer_lr", 0, lo_open=True)
   checks.number(cfg, errs, "diloco.outer_momentum", 0, hi=1, hi_open=True)
   checks.boolean(cfg, errs, "diloco.outer_nesterov")
+  checks.period_within_run(cfg, errs, "diloco.inner_steps",
+                           cfg.get("algorithm") in ("diloco", "streaming_diloco"))
 
 
 def check_dpsgd_config(cfg, errs: list) -> None:
