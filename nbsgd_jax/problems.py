@@ -443,6 +443,6 @@ def check_config(cfg, errs: list) -> None:
   checks.number(cfg, errs, "problem.condition", 1)
   checks.boolean(cfg, errs, "problem.full_batch")
   shards, n = cfg.problem.get("shards"), cfg.get("num_workers")
-  if checks.is_int(shards) and shards and checks.is_int(n) and n >= 1 and shards % n:
+  if checks.is_int(shards) and shards > 0 and checks.is_int(n) and n >= 1 and shards % n:
     errs.append(f"config.problem.shards={shards} is not allowed with config.num_workers={n}: "
                 "it must be a multiple of num_workers (0: num_workers)")

@@ -215,6 +215,25 @@ CASES = [
           "allowed: no worker can finish", "deadline before any mini-batch"),
     cross({"cluster.slowdown": (1.0, 2.0)}, "config.cluster.slowdown=[1.0, 2.0] is not "
           "allowed: it must be a list of length num_workers=8", "slowdown not one per worker"),
+    # every other key of docs/config.md, one bad value each
+    bad("augment.stats", "bogus"), bad("choco.order", "first"), bad("cluster.clock", "sundial"),
+    bad("cluster.delay_shift", -1.0), bad("cluster.emulate", "yes"),
+    bad("cluster.measure_time_per_example", "yes"), bad("cluster.step_overhead", -1.0),
+    bad("consensus.critical", "yes"), bad("consensus.critical_ema", 1.5),
+    bad("consensus.critical_form", "exact"), bad("consensus.log_every_step", "yes"),
+    bad("consensus.smoothness", -1.0), bad("consensus.smoothness_every", 0),
+    bad("consensus.smoothness_iters", 0), bad("consensus.until_step", -1),
+    bad("conv_impl", "fft"), bad("data_cache", 3), bad("data_path", 3),
+    bad("double_buffer", "yes"), bad("eval_worker_accuracy", "yes"), bad("grad_clip", -1.0),
+    bad("imports", 3), bad("lm.num_layers", 0), bad("local_sgd.num_comm", -1),
+    bad("local_sgd.offset_optimum", "yes"), bad("local_sgd.switch_step", -1),
+    bad("lr_min", -0.1), bad("nonblocking.unroll", "yes"), bad("overwrite", "yes"),
+    bad("pool_impl", "max"), bad("problem.examples_per_worker", 0),
+    bad("problem.full_batch", "yes"), bad("problem.heterogeneity", -1.0),
+    bad("problem.l2", -1.0), bad("problem.noise", -1.0), bad("problem.seed", -1),
+    bad("problem.shards", -1), bad("steps_per_dispatch", 0), bad("stop_sim_time", -1.0),
+    bad("stop_train_loss", -1.0), bad("topology_cols", -1), bad("topology_seed", -1),
+    bad("weight_decay_on", "biases"),
     cross({"algorithm": "diloco", "num_steps": 20}, "config.diloco.inner_steps=50 is not "
           "allowed with config.num_steps=20: the run would end before its first communication",
           "DiLoCo period longer than the run"),
@@ -254,6 +273,13 @@ def malformed(overrides):
       assert key in node, k  # the table names real keys
       node[key] = v
   return cfg
+
+
+def test_table_has_a_bad_value_for_every_key_of_the_reference():
+  """Every key of docs/config.md (``default_config()``) is the subject of some case's error."""
+  keys = set(config_lib.flatten_dict(config_lib.default_config().to_dict()))
+  named = {re.match(r"config\.([\w.]+)[= ]", p.values[1]).group(1) for p in CASES}
+  assert keys <= named, sorted(keys - named)
 
 
 def test_table_is_large_and_covers_every_section():
@@ -417,3 +443,12 @@ def test_values_that_do_not_fit_the_model_are_refused_before_anything_is_written
     train.train(small_cfg(**overrides), str(tmp_path / "run"))
   assert len(e.value.errors) == 1 and e.value.errors[0].startswith(expected), e.value.errors
   assert not (tmp_path / "run").exists()
+
+
+def test_more_train_loss_examples_than_the_data_has_is_a_warning():
+  from nbsgd_jax.run import setup as setup_lib
+  from tests.test_train import small_cfg
+  s = setup_lib.setup(small_cfg(eval_train_examples=20000))
+  assert setup_lib.check_model_fit(s) == [
+      "config.eval_train_examples=20000 is more than the 8,000 training examples: train_loss "
+      "is measured on all of them"]

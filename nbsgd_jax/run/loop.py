@@ -224,13 +224,15 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
 def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
   from tqdm.auto import tqdm
   s = setup_lib.setup(cfg, model=model, data=data)
-  setup_lib.check_model_fit(s)
+  fit_warnings = setup_lib.check_model_fit(s)
   host = setup_lib.make_host(s)  # may refuse the config: before any file is touched
   if cfg.tensorboard and workdir:
     check_tensorboard()
   main_process = jax.process_index() == 0
   if main_process:
     config_lib.warn_inactive(cfg)
+    for line in fit_warnings:
+      print(f"warning: {line}", file=sys.stderr)
   if workdir:
     finished = records_lib.check_workdir(cfg, workdir)
     if finished is not None:

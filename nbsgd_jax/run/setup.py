@@ -403,10 +403,14 @@ def _problem(cfg):
   return prob
 
 
-def check_model_fit(s: Setup) -> None:
-  """The config against the model, abstractly (nothing is computed or compiled): the
-  :data:`~nbsgd_jax.config.MODEL_CHECKS` on one worker's parameter shapes, then the
-  transform's state on them (streaming DiLoCo's fragments need as many parameter arrays).
+def check_model_fit(s: Setup) -> list[str]:
+  """The config against the model and the data, abstractly (nothing is computed or
+  compiled): the :data:`~nbsgd_jax.config.MODEL_CHECKS` on one worker's parameter shapes,
+  then the transform's state on them (streaming DiLoCo's fragments need as many parameter
+  arrays).
+
+  Returns:
+    warning lines (odd, not wrong): ``eval_train_examples`` above the training set.
 
   Raises:
     ConfigError: one line per value that does not fit the model (named).
@@ -426,6 +430,11 @@ def check_model_fit(s: Setup) -> None:
       raise
     raise config_lib.ConfigError([line if line.startswith("config.") else f"config.{line}"]
                                  ) from None
+  labels = getattr(s.dataset, "train_labels", None)
+  if labels is not None and s.cfg.eval_train_examples > len(labels):
+    return [f"config.eval_train_examples={s.cfg.eval_train_examples} is more than the "
+            f"{len(labels):,} training examples: train_loss is measured on all of them"]
+  return []
 
 
 def init_state(s: Setup) -> TrainState:
