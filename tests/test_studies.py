@@ -1,5 +1,6 @@
 """The study scripts' statistics: one convention, the sample standard deviation (ddof = 1)."""
 
+import argparse
 import importlib.util
 import json
 import os
@@ -36,3 +37,23 @@ def test_committed_nonblocking_tables_are_ddof_1():
       assert r["speedup"]["std"] == pytest.approx(np.std(got, ddof=1))
       checked += 1
   assert checked >= 10
+
+
+@pytest.mark.parametrize("study", ["sparsification", "local_sgd"])
+def test_committed_multi_seed_tables_are_rendered_from_their_records(study):
+  """docs/STUDY/seeds/results.md is what experiments/tune_seeds.py writes from the committed
+  results.json; every table row names its seeds and has at least 3."""
+  ts = _script("tune_seeds")
+  out = os.path.join(ROOT, "docs", study, "seeds")
+  with open(os.path.join(out, "results.json")) as f:
+    results = json.load(f)
+  a = argparse.Namespace(**{**results["args"], "out": out})
+  rows = ts.table(results["records"], list(ts.study_runs(study)), a.lrs, a.seeds)
+  with open(os.path.join(out, "results.md")) as f:
+    assert f.read() == ts.markdown(rows, a)
+  assert len(rows) == len(ts.study_runs(study))
+  for r in rows:
+    assert len(r["seeds"]) >= 3, r["run"]
+    got = [x for x in r["test_accuracy"] if x is not None]
+    if len(got) > 1:
+      assert r["std"] == pytest.approx(np.std(got, ddof=1))

@@ -452,3 +452,11 @@ def test_more_train_loss_examples_than_the_data_has_is_a_warning():
   assert setup_lib.check_model_fit(s) == [
       "config.eval_train_examples=20000 is more than the 8,000 training examples: train_loss "
       "is measured on all of them"]
+
+
+def test_the_guides_example_error_is_the_one_the_code_gives():
+  cfg = config_lib.override(config_lib.default_config(), {"algorithm": "sgdx"})
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg)
+  with open(os.path.join(ROOT, "docs", "guide.md")) as f:
+    assert f"\nerror: {e.value.errors[0]}\n" in f.read()
