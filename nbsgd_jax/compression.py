@@ -499,16 +499,6 @@ def message_bytes(num_values: int, value_bytes: int = 4,
 # ----------------------------------------------------------------------------- config
 
 
-def check_model(cfg, shapes: list, errs: list) -> None:
-  """compression.* against the model's parameter ``shapes`` (one worker's, unbatched): a
-  PowerSGD rank that sends more than the dense message."""
-  if cfg.compression.name == "powersgd":
-    from nbsgd_jax.transforms.powersgd import rank_error
-    why = rank_error(cfg.compression.rank, shapes)
-    if why:
-      errs.append(f"config.compression.rank={cfg.compression.rank} is not allowed: {why}")
-
-
 MAX_LEVELS = 2 ** 23  # QSGD's s: a level |x| / ||x|| * s is computed in float32
 
 

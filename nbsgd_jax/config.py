@@ -499,7 +499,7 @@ SECTION_CHECKS: dict[str, str] = {
 # Checks of the values that depend on the model: ``check(cfg, shapes, errs)`` with the
 # parameter shapes of one worker (run by ``nbsgd_jax.run.setup.check_model_fit``).
 MODEL_CHECKS: dict[str, str] = {
-    "compression": "nbsgd_jax.compression:check_model",
+    "compression.rank": "nbsgd_jax.transforms.powersgd:check_model",
 }
 
 

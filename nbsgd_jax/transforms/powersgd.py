@@ -80,6 +80,15 @@ def rank_error(rank: int, shapes) -> str | None:
           f"well below {max(sides)}")
 
 
+def check_model(cfg, shapes: list, errs: list) -> None:
+  """compression.rank against the model's parameter ``shapes`` (one worker's): a PowerSGD
+  rank that sends more than the dense message (:func:`rank_error`)."""
+  if cfg.compression.get("name") == "powersgd":
+    why = rank_error(cfg.compression.rank, shapes)
+    if why:
+      errs.append(f"config.compression.rank={cfg.compression.rank} is not allowed: {why}")
+
+
 def powersgd(rank: int, allreduce, seed: int = 0, use_residual: bool = True,
              weight_by: str = "count") -> WorkerTransform:
   """PowerSGD's compressed mean (module docstring), a reducer.
