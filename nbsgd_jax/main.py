@@ -130,8 +130,10 @@ def main(argv):
     print(f"error: {e}", file=sys.stderr)
     sys.exit(3)
   except KeyboardInterrupt:  # the records are whole (written line by line), files closed
+    again = ("resumes from the last checkpoint" if _CONFIG.value.checkpoint_every else
+             "starts it again (config.checkpoint_every=0: no checkpoints)")
     print(f"error: interrupted; {_WORKDIR.value} holds the records so far; the same command "
-          "resumes from the last checkpoint (config.checkpoint_every)", file=sys.stderr)
+          f"{again}", file=sys.stderr)
     sys.exit(130)
   import jax
   if jax.process_index() == 0:  # multihost: process 0 reports (and wrote the files)

@@ -247,3 +247,27 @@ def test_a_finished_run_is_not_trained_again(tmp_path):
   (tmp_path / "summary.json").unlink()  # killed after the last checkpoint, before the summary
   resumed = train.train(cfg, str(tmp_path), hooks=(lambda step, state, s: seen.append(step),))
   assert seen == [8] and resumed["test_accuracy"] == first["test_accuracy"]
+
+
+def test_ctrl_c_stops_with_one_line_and_whole_records(tmp_path):
+  """SIGINT (Ctrl-C) mid-run: exit 130, one ``error:`` line and no traceback; the records
+  written so far parse."""
+  import time
+  wd = tmp_path / "run"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "nbsgd_jax.main", "--config=experiments/configs/quickstart.py",
+       f"--workdir={wd}", "--config.num_steps=100000", "--config.eval_every=5",
+       "--config.progress=False"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 120
+  while proc.poll() is None and time.time() < deadline and not (
+      (wd / "metrics.jsonl").exists() and len(_records(wd / "metrics.jsonl")) >= 2):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err[-2000:]
+  assert "Traceback" not in err
+  assert [l for l in err.splitlines() if l.startswith("error:")] == [
+      f"error: interrupted; {wd} holds the records so far; the same command starts it again "
+      "(config.checkpoint_every=0: no checkpoints)"]
+  assert len(_records(wd / "metrics.jsonl")) >= 2
