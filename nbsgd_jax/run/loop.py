@@ -240,7 +240,8 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
         print(f"workdir {workdir!r} holds this run, finished at step {finished['step']}: "
               "nothing to train (config.overwrite=True trains it again)", file=sys.stderr)
       return finished
-    records_lib.clear_workdir(cfg, workdir)
+    if main_process:  # the files of another run (config.overwrite)
+      records_lib.clear_workdir(cfg, workdir)
     records_lib.make_workdir(workdir)
   ckpt, resume = _open_checkpoints(cfg, workdir, stack)
   per_step = (cfg.consensus.log_every_step or cfg.consensus.control

@@ -100,7 +100,7 @@ def make_workdir(workdir: str) -> None:
   """
   try:
     os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, ".write_test")
+    probe = os.path.join(workdir, f".write_test.{os.getpid()}")  # one per process
     with open(probe, "w"):
       pass
     os.remove(probe)
