@@ -4,6 +4,7 @@ stops every process when one fails."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -84,8 +85,9 @@ def test_two_processes_match_single_process_mesh_and_resume(tmp_path):
          "gossip_steps", "target"))
   assert any(r["gossip_steps"] > 0 for r in _records(workdir, "steps.jsonl"))
 
-  # resume: the newest checkpoint is step 8 (none is written at the last step); started
-  # again, both processes restore it and the run ends with the same records
+  # resume: killed after the checkpoint of step 8 (the one of the last step, 12, removed);
+  # started again, both processes restore it and the run ends with the same records
+  shutil.rmtree(workdir / "checkpoints" / "12")
   os.remove(workdir / "summary.json")
   with open(workdir / "metrics.jsonl", "a") as f:
     f.write('{"step": 13, "torn')  # a torn line, as from a kill during a write

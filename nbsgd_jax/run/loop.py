@@ -243,6 +243,9 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
     if main_process:  # the files of another run (config.overwrite)
       records_lib.clear_workdir(cfg, workdir)
     records_lib.make_workdir(workdir)
+    if jax.process_count() > 1:  # no process opens the checkpoints before they are cleared
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("nbsgd_jax: workdir ready")
   ckpt, resume = _open_checkpoints(cfg, workdir, stack)
   per_step = (cfg.consensus.log_every_step or cfg.consensus.control
               or cfg.cluster.clock == "wall")
