@@ -425,3 +425,24 @@ def test_gaussian_paper_steps_miss_the_band_where_bracket_lands(seed):
   assert not 2 * k_ref <= 3 * int(n_paper) <= 4 * k_ref
   assert 2 * k <= 3 * int(n_bracket) <= 4 * k
   assert _threshold_reference(np.asarray(x), 0.01, 8)[1] == int(n_bracket)
+
+
+def test_gaussian_k_paper_sends_the_reference_index_set_on_the_audits_vectors():
+  """The audit's set: 40 vectors, Laplace, t(3) and t(1.5), d 10^4 to 10^6, density 0.001 to
+  0.05; the paper mode sends exactly the indices the reference loop selects (12 of them end
+  above 4k/3, where a capacity of ceil(4k/3) dropped entries)."""
+  f = jax.jit(C.gaussian_k_with_count, static_argnames=("density", "rounds", "correction"))
+  rng = np.random.default_rng(40)
+  draws = (rng.laplace, lambda size: rng.standard_t(3.0, size),
+           lambda size: rng.standard_t(1.5, size))
+  above = 0
+  for i in range(40):
+    d, density = (10**4, 10**5, 10**6)[i % 3], (0.001, 0.01, 0.05)[(i // 3) % 3]
+    x = draws[(i // 9) % 3](size=d).astype(np.float32)
+    ref_idx, _, k = _gaussian_compressor_reference(x, density)
+    _, idx, count = f(jnp.asarray(x), density=density, rounds=3, correction="paper")
+    idx = np.asarray(idx)
+    assert int(count) == ref_idx.size, i
+    np.testing.assert_array_equal(idx[idx < d], ref_idx)
+    above += 3 * ref_idx.size > 4 * k
+  assert above == 12, above
