@@ -153,8 +153,10 @@ def default_config() -> ml_collections.ConfigDict:
                                  # models are mixed); False: one set, less memory
   c.seed = 0                     # init, data order and partition seed
   c.progress = True              # tqdm progress bar
-  c.overwrite = False            # replace a different run found in the workdir (its records and
-                                 # checkpoints); False: refuse it
+  c.overwrite = False            # replace the run the workdir holds (its records and
+                                 # checkpoints; the same run starts again from step 0); False:
+                                 # this run finished is not trained again, unfinished it
+                                 # resumes, another run is refused
   c.tensorboard = False          # also write workdir/tensorboard event files (tensorboardX):
                                  # the same scalars as metrics.jsonl
   c.checkpoint_every = 0         # steps between orbax checkpoints in workdir/checkpoints (a

@@ -247,6 +247,10 @@ def test_a_finished_run_is_not_trained_again(tmp_path):
   (tmp_path / "summary.json").unlink()  # killed after the last checkpoint, before the summary
   resumed = train.train(cfg, str(tmp_path), hooks=(lambda step, state, s: seen.append(step),))
   assert seen == [8] and resumed["test_accuracy"] == first["test_accuracy"]
+  cfg.overwrite = True  # trained again from step 0, the old checkpoints gone
+  seen.clear()
+  again = train.train(cfg, str(tmp_path), hooks=(lambda step, state, s: seen.append(step),))
+  assert seen == list(range(9)) and again["test_accuracy"] == first["test_accuracy"]
 
 
 def test_ctrl_c_stops_with_one_line_and_whole_records(tmp_path):

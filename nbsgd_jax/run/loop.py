@@ -240,7 +240,7 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
         print(f"workdir {workdir!r} holds this run, finished at step {finished['step']}: "
               "nothing to train (config.overwrite=True trains it again)", file=sys.stderr)
       return finished
-    if main_process:  # the files of another run (config.overwrite)
+    if main_process:  # the files of the run there (config.overwrite)
       records_lib.clear_workdir(cfg, workdir)
     records_lib.make_workdir(workdir)
     if jax.process_count() > 1:  # no process opens the checkpoints before they are cleared

@@ -63,8 +63,9 @@ def _read_json(path: str):
 
 def check_workdir(cfg: ml_collections.ConfigDict, workdir: str) -> Optional[dict]:
   """What ``workdir`` holds, before anything is written: None to train (a new or empty
-  workdir, or this run unfinished: resumed from its checkpoint or started again), or this
-  run's summary (with ``history``) when it finished (``summary.json`` written).
+  workdir; this run unfinished: resumed from its checkpoint or started again; anything with
+  ``cfg.overwrite``), or this run's summary (with ``history``) when it finished
+  (``summary.json`` written).
 
   Raises:
     ConfigError: ``workdir`` is a file, or it holds another run (one line per differing
@@ -73,16 +74,14 @@ def check_workdir(cfg: ml_collections.ConfigDict, workdir: str) -> Optional[dict
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise config_lib.ConfigError([f"workdir {workdir!r} cannot be used: it is a file"])
   old = _read_json(os.path.join(workdir, "config.json"))
-  if old is None:
+  if old is None or cfg.overwrite:
     return None
   diff = config_diff(old, cfg)
-  if diff and not cfg.overwrite:
+  if diff:
     raise config_lib.ConfigError([
         f"config.{k}={new!r} is not allowed: workdir {workdir!r} holds a run with {k}={was!r}; "
         "use another workdir, or config.overwrite=True to replace that run"
         for k, was, new in diff])
-  if diff:
-    return None
   summary = _read_json(os.path.join(workdir, "summary.json"))
   if summary is None:
     return None
@@ -112,10 +111,10 @@ def make_workdir(workdir: str) -> None:
 
 
 def clear_workdir(cfg: ml_collections.ConfigDict, workdir: str) -> None:
-  """With ``cfg.overwrite``, remove the record files and checkpoints of another run
-  (:data:`RUN_FILES`) from ``workdir``; nothing else is touched."""
-  old = _read_json(os.path.join(workdir, "config.json"))
-  if not (cfg.overwrite and old is not None and config_diff(old, cfg)):
+  """With ``cfg.overwrite``, remove the record files and checkpoints of the run ``workdir``
+  holds (:data:`RUN_FILES`), so that this one starts from step 0; nothing else is
+  touched."""
+  if not cfg.overwrite:
     return
   for name in RUN_FILES:
     path = os.path.join(workdir, name)
