@@ -4,7 +4,7 @@ He & Dube, "Accelerating Parallel Stochastic Gradient Descent via Non-blocking M
 (arXiv 2211.00889). Claim: up to 2x less time to the same training loss than D-PSGD and
 MATCHA on heterogeneous workers.
 
-    python experiments/reproduce_nonblocking.py --quick --out runs/nb_quick   # < 10 min
+    python experiments/reproduce_nonblocking.py --quick --out docs/nonblocking/quick   # < 10 min
     python experiments/reproduce_nonblocking.py --out docs/nonblocking         # the study
 
 The study (docs/nonblocking.md has the set-up, the rule and the numbers):
