@@ -57,3 +57,17 @@ def test_committed_multi_seed_tables_are_rendered_from_their_records(study):
     got = [x for x in r["test_accuracy"] if x is not None]
     if len(got) > 1:
       assert r["std"] == pytest.approx(np.std(got, ddof=1))
+
+
+def test_the_main_jobs_figures_are_the_committed_run():
+  """README, the guide and results.md quote docs/main_job/summary.json (the main job's files)."""
+  with open(os.path.join(ROOT, "docs", "main_job", "summary.json")) as f:
+    s = json.load(f)
+  assert (s["algorithm"], s["num_workers"], s["step"]) == ("dpsgd", 8, 600)
+  acc = f"{100 * s['test_accuracy']:.2f}% test accuracy"
+  for doc in ("README.md", os.path.join("docs", "guide.md"), os.path.join("docs", "results.md")):
+    with open(os.path.join(ROOT, doc)) as f:
+      text = " ".join(f.read().split()).replace("**", "")
+    assert acc in text, doc
+  with open(os.path.join(ROOT, "docs", "results.md")) as f:
+    assert f"train loss {s['train_loss']:.4f}" in " ".join(f.read().split())
