@@ -150,7 +150,8 @@ def test_every_algorithm_trains_on_cifar_shaped_data():
   failed = {}
   with tfds.testing.mock_data(num_examples=32):
     for algorithm in config_lib.ALGORITHMS:
-      extra = {"diloco.inner_steps": 2} if "diloco" in algorithm else {}
+      extra = ({"diloco.inner_steps": 2} if "diloco" in algorithm else
+               {"local_sgd.tau": 2} if algorithm == "local_sgd" else {})  # a period in the run
       summary = train.train(cifar_cfg(algorithm=algorithm, model="mlp", mlp_hidden=(16,),
                                       **extra))
       if not (summary["steps"] == 2 and math.isfinite(summary["train_loss"])):
