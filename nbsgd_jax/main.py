@@ -138,7 +138,8 @@ def main(argv):
   import jax
   if jax.process_index() == 0:  # multihost: process 0 reports (and wrote the files)
     print(_summary_table(summary))
-    print(f"wrote {_WORKDIR.value}/config.json, metrics.jsonl, summary.json")
+    if not summary.get("finished_before"):  # a finished run was only read back
+      print(f"wrote {_WORKDIR.value}/config.json, metrics.jsonl, summary.json")
 
 
 if __name__ == "__main__":

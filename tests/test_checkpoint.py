@@ -242,7 +242,8 @@ def test_a_finished_run_is_not_trained_again(tmp_path):
   again = train.train(cfg, str(tmp_path), hooks=(lambda step, state, s: seen.append(step),))
   assert seen == []
   assert (tmp_path / "metrics.jsonl").read_bytes() == records
-  assert again["test_accuracy"] == first["test_accuracy"]
+  assert again["test_accuracy"] == first["test_accuracy"] and again["finished_before"]
+  assert "finished_before" not in first
   assert [r["step"] for r in again["history"]] == [0, 4, 8]
   (tmp_path / "summary.json").unlink()  # killed after the last checkpoint, before the summary
   resumed = train.train(cfg, str(tmp_path), hooks=(lambda step, state, s: seen.append(step),))

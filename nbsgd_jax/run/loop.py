@@ -211,7 +211,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
       evaluated and recorded as the built-in data sets are; with ``config.dataset="arrays"``.
 
   Returns:
-    the summary dict (last evaluation plus run facts), with ``history`` (every evaluation).
+    the summary dict (last evaluation plus run facts), with ``history`` (every evaluation);
+    when ``workdir`` already holds this run finished, the stored one, read back (nothing is
+    trained or written), with ``finished_before: True``.
 
   Raises:
     ConfigError: bad configuration, before anything is compiled or written.
@@ -239,7 +241,7 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
       if main_process:
         print(f"workdir {workdir!r} holds this run, finished at step {finished['step']}: "
               "nothing to train (config.overwrite=True trains it again)", file=sys.stderr)
-      return finished
+      return {**finished, "finished_before": True}
     if main_process:  # the files of the run there (config.overwrite)
       records_lib.clear_workdir(cfg, workdir)
     records_lib.make_workdir(workdir)
