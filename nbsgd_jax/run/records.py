@@ -100,8 +100,7 @@ def make_workdir(workdir: str) -> None:
   try:
     os.makedirs(workdir, exist_ok=True)
     probe = os.path.join(workdir, f".write_test.{os.getpid()}")  # one per process
-    with open(probe, "w"):
-      pass
+    open(probe, "w").close()
     os.remove(probe)
   except OSError as e:
     why = e.strerror or type(e).__name__
