@@ -96,3 +96,22 @@ def period_within_run(cfg, errs: list, key: str, active: bool) -> None:
     errs.append(f"config.{key}={period} is not allowed with config.num_steps={steps}: the run "
                 f"would end before its first communication (0 rounds, 0 bytes); use at most "
                 f"{steps}")
+
+
+def register(registry: dict, kind: str, name: Any, fn: Any, reserved: Sequence[str],
+             role: str, call: str, prefix: str = "") -> None:
+  """``registry[name] = fn`` for ``register_<kind>`` (a model, a data set).
+
+  Raises:
+    ValueError: ``name`` is not a non-empty string, is one of ``reserved`` or starts with
+      ``prefix``; ``fn`` (its ``role``, called as ``call``) is not callable.
+  """
+  if (not isinstance(name, str) or not name or name in reserved
+      or (prefix and name.startswith(prefix))):
+    extra = f" nor '{prefix}<name>'" if prefix else ""
+    raise ValueError(f"register_{kind}(name={name!r}) is not allowed: give a new name (not "
+                     f"one of {list(reserved)}{extra})")
+  if not callable(fn):
+    raise ValueError(f"register_{kind}({name!r}, {role}={fn!r}): the {role} must be callable "
+                     f"as {call}")
+  registry[name] = fn

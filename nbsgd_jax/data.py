@@ -131,14 +131,9 @@ def register_dataset(name: str, loader) -> None:
     ValueError: ``name`` is a built-in data set, ``"arrays"``, starts with ``"tfds:"`` or is
       not a non-empty string; ``loader`` is not callable.
   """
-  builtin = IMAGE_DATASETS + TEXT_DATASETS + ("least_squares", "logistic", GIVEN)
-  if not isinstance(name, str) or not name or name in builtin or name.startswith("tfds:"):
-    raise ValueError(f"register_dataset(name={name!r}) is not allowed: give a new name (not "
-                     f"one of {list(builtin)} nor 'tfds:<name>')")
-  if not callable(loader):
-    raise ValueError(f"register_dataset({name!r}, loader={loader!r}): the loader must be "
-                     "callable as loader(cfg)")
-  REGISTRY[name] = loader
+  checks.register(REGISTRY, "dataset", name, loader,
+                  IMAGE_DATASETS + TEXT_DATASETS + ("least_squares", "logistic", GIVEN),
+                  "loader", "loader(cfg)", prefix="tfds:")
 
 
 def _integer_labels(y: Any, field: str, n: int) -> np.ndarray:

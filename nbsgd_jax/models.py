@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from nbsgd_jax import checks
 from nbsgd_jax import per_worker
 
 
@@ -215,13 +216,8 @@ def register_model(name: str, factory) -> None:
     ValueError: ``name`` is a built-in model or ``"module"``, or not a non-empty string;
       ``factory`` is not callable.
   """
-  if not isinstance(name, str) or not name or name in MODELS or name == GIVEN:
-    raise ValueError(f"register_model(name={name!r}) is not allowed: give a new name (not one "
-                     f"of {list(MODELS) + [GIVEN]})")
-  if not callable(factory):
-    raise ValueError(f"register_model({name!r}, factory={factory!r}): the factory must be "
-                     "callable as factory(num_classes, cfg)")
-  REGISTRY[name] = factory
+  checks.register(REGISTRY, "model", name, factory, MODELS + (GIVEN,), "factory",
+                  "factory(num_classes, cfg)")
 
 
 def model_names() -> tuple:
