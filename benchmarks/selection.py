@@ -1,4 +1,4 @@
-"""Time the sparsifiers of nbsgd_jax.compression side by side.
+"""Time the sparsifiers of nbsgd_jax.codecs.sparse side by side.
 
 Times lax.top_k (exact Top-k), gaussian_k, random_k, lax.approx_max_k on |x|
 (default recall_target) and the one-pass floor jnp.abs(x).max() on random normal
@@ -25,7 +25,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
-from nbsgd_jax import compression as C  # noqa: E402
+from nbsgd_jax.codecs import sparse as C  # noqa: E402
 
 
 def _methods(density: float, d: int):

@@ -499,7 +499,7 @@ def framework(backend: str, n: int, b: int, steps: int, reps: int) -> list:
     for t in range(steps):
       i = host.inputs(t)
       state, _ = step_fn(state, s.worker_data, train.device_context(s, i),
-                         i.get("period_end", True))
+                         i.period_end)
     jax.block_until_ready(state)
     return (time.perf_counter() - t0) / steps, state
 

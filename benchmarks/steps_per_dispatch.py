@@ -49,7 +49,7 @@ def seconds_per_step(cfg, reps: int) -> float:
     t0 = time.perf_counter()
     for first in range(0, cfg.num_steps, k):
       inputs = [host.inputs(t) for t in range(first, min(first + k, cfg.num_steps))]
-      keys = tuple(i.get("period_end", True) for i in inputs)
+      keys = tuple(i.period_end for i in inputs)
       if k == 1:
         state, _ = one(state, s.worker_data, train.device_context(s, inputs[0]), keys[0])
       else:

@@ -111,7 +111,7 @@ def job(n: int, backend: str, algorithm: str, model: str, batch_size: int,
 def timing_plan(n: int, edges, budget: float):
   """MATCHA's plan for timing only: the real matchings, ``p_j = budget``, ``alpha = 1 / (M +
   1)`` (no SDP; module docstring)."""
-  from nbsgd_jax import matcha as matcha_lib
+  from nbsgd_jax.host import matcha as matcha_lib
   ms = matcha_lib.matching_decomposition(n, edges)
   return matcha_lib.MatchaPlan(n=n, matchings=ms, probs=np.full(len(ms), float(budget)),
                                alpha=1.0 / (len(ms) + 1), rho=float("nan"), laplacians=None)
@@ -121,7 +121,7 @@ class Cell:
   """One (algorithm, backend, n) of the benchmark: its set-up, host parts and program."""
 
   def __init__(self, cfg, exact_matcha: bool = True):
-    from nbsgd_jax import matcha as matcha_lib
+    from nbsgd_jax.host import matcha as matcha_lib
     exact = matcha_lib.plan
     if not exact_matcha:
       matcha_lib.plan = timing_plan
@@ -130,7 +130,7 @@ class Cell:
     finally:
       matcha_lib.plan = exact
     self.host = train.make_host(self.s)
-    self.step = train.make_train_step(self.s, self.host)
+    self.step = train.make_train_step(self.s)
     self.times: list = []
     self.host_times: list = []
 
@@ -149,7 +149,7 @@ class Cell:
       inputs = host.inputs(t)
       ctx = train.device_context(s, inputs)
       h += time.perf_counter() - th
-      state, out = self.step(state, s.worker_data, ctx, inputs.get("period_end", True),
+      state, out = self.step(state, s.worker_data, ctx, inputs.period_end,
                              inputs=inputs)
       pending.append((t, inputs, out))
     outs = s.backend.fetch([o for _, _, o in pending])

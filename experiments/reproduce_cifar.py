@@ -320,7 +320,7 @@ def time_steps(cfg, steps: int) -> dict:
   def one(state, t):
     i = host.inputs(t)
     return step_fn(state, s.worker_data, train.device_context(s, i),
-                   i.get("period_end", True))[0]
+                   i.period_end)[0]
 
   t = time.perf_counter()
   state = jax.block_until_ready(one(state, 0))

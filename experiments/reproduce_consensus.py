@@ -12,7 +12,7 @@ labels), the LeNet-style CNN on mnist10k, ring topology, trains: centralized SGD
 (``allreduce``), D-PSGD (``dpsgd``, logging Xi every step: the reference run) and D-PSGD with
 consensus control, target = ratio x the reference run's Xi at each step (``--ratios``) or
 c x the critical consensus distance Gamma_t estimated on the fly (``--critical_scales``,
-:class:`nbsgd_jax.consensus.CriticalTarget`, constants ``--critical_form``), always and only in
+:class:`nbsgd_jax.host.targets.CriticalTarget`, constants ``--critical_form``), always and only in
 the first phase. Phases are Kong et al.'s: the intervals between the decays of a step
 learning-rate schedule (``--schedule step --milestones 0.5 0.75``, optional ``--warmup``), so
 phase 1 ends at the first decay; ``--schedule cosine`` takes the first ``--phase`` of the
@@ -75,7 +75,7 @@ def first_phase_end(a) -> int:
   2021, Sec. 4: phases are the intervals between learning-rate decays), else ``--phase`` of
   the steps."""
   if a.schedule == "step":
-    return int(round(a.milestones[0] * a.steps))  # nbsgd_jax.run.setup.milestone_step
+    return int(round(a.milestones[0] * a.steps))  # nbsgd_jax.optim.milestone_step
   return int(a.phase * a.steps)
 
 

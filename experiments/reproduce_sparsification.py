@@ -49,7 +49,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 
-from nbsgd_jax import compression  # noqa: E402
+from nbsgd_jax.codecs import sparse as compression  # noqa: E402
 from nbsgd_jax import config as config_lib  # noqa: E402
 from nbsgd_jax import transforms as transforms_lib  # noqa: E402
 from nbsgd_jax import train  # noqa: E402

@@ -40,6 +40,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from jax import lax
 
 from nbsgd_jax import checks
@@ -383,3 +384,28 @@ def make_augment(
     return normalize(x, m, s)
 
   return augment
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def augment_defaults() -> ml_collections.ConfigDict:
+  """``config.augment.*`` with their defaults: on-device input augmentation of image batches."""
+  s = ml_collections.ConfigDict()
+  s.crop_padding = 0             # pixels of zero padding before a random crop back to H x W
+                                 # (CIFAR recipes: 4; 0: off)
+  s.flip = False                 # random horizontal flip (p = 0.5 per example)
+  s.normalize = False            # per-channel (x - mean_c) / std_c with augment.stats
+  s.stats = "auto"               # channel statistics of normalize: auto (the data set's
+                                 # published ones for cifar10 / cifar100, else computed from
+                                 # the training images) | data (computed) | cifar10 | cifar100
+  return s
+
+
+def check_config(cfg, errs: list) -> None:
+  """augment.*: crop padding, flip, normalisation (channel statistics known for the data
+  set)."""
+  checks.integer(cfg, errs, "augment.crop_padding", 0, note="0: no random crop")
+  checks.boolean(cfg, errs, "augment.flip")
+  checks.boolean(cfg, errs, "augment.normalize")
+  checks.choice(cfg, errs, "augment.stats", STATS_CHOICES)

@@ -24,6 +24,11 @@ def is_num(v: Any) -> bool:
   return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+def not_allowed(field: str, value: Any, why: str) -> ValueError:
+  """``ValueError("FIELD=VALUE is not allowed: WHY")``, the one form of a bad value's error."""
+  return ValueError(f"{field}={value!r} is not allowed: {why}")
+
+
 
 def choice(cfg, errs: Errors, key: str, allowed: Sequence) -> bool:
   v = cfg.get(key)

@@ -37,6 +37,8 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from nbsgd_jax.matchings import matching_decomposition, matching_permutation
+
 PyTree = Any
 MatrixLike = Union[np.ndarray, Any]  # a numpy [n, n] array or an object with ``.mixing_matrix``
 
@@ -340,14 +342,13 @@ def gossip_rounds(mixing_matrix: MatrixLike) -> list[tuple[list[int], np.ndarray
   off = _off_diagonal(w)
   if not np.array_equal(off, off.T) or len(shifts) <= int(off.sum(axis=1).max(initial=0)):
     return shifts
-  from nbsgd_jax import matcha  # host-side colouring; no solver needed
   rows, cols = np.nonzero(np.triu(off, 1))
-  matchings = matcha.matching_decomposition(n, list(zip(rows.tolist(), cols.tolist())))
+  matchings = matching_decomposition(n, list(zip(rows.tolist(), cols.tolist())))
   if len(matchings) >= len(shifts):
     return shifts
   rounds = []
   for m in matchings:
-    perm = matcha.matching_permutation(n, m)
+    perm = matching_permutation(n, m)
     idx = np.arange(n)
     weights = np.where(np.asarray(perm) != idx, w[idx, perm], 0.0)
     rounds.append((list(perm), weights))
@@ -502,6 +503,22 @@ def gossip_bytes(num_bytes: float, topology_or_matrix: MatrixLike) -> float:
 # ---------------------------------------------------------------------------------------
 
 
+def densify(values: jax.Array, indices: jax.Array, d: int) -> jax.Array:
+  """Scatter a sparse message back to a dense vector.
+
+  Args:
+    values: [m] values.
+    indices: [m] int indices; entries outside [0, d) (e.g. padding d, or negative ones,
+      which ``.at[]`` would otherwise wrap around) are dropped; duplicates accumulate.
+    d: length of the dense vector.
+  Returns:
+    [d] vector of values.dtype.
+  """
+  indices = jnp.asarray(indices).astype(jnp.int32)
+  indices = jnp.where(indices < 0, d, indices)
+  return jnp.zeros((d,), values.dtype).at[indices].add(values, mode="drop")
+
+
 def sparse_all_gather(values: jax.Array, indices: jax.Array, d: int,
                       axis_name: str = DEFAULT_AXIS) -> jax.Array:
   """Sum of every worker's sparse message, densified: all-gather then scatter-add.
@@ -538,9 +555,8 @@ def sparse_all_gather(values: jax.Array, indices: jax.Array, d: int,
                      "of the same length [cap]")
   if isinstance(d, bool) or int(d) != d or d < 0:
     raise ValueError(f"d={d!r} is not allowed: it must be an integer >= 0")
-  from nbsgd_jax import compression  # densify drops padding and negative indices
   if values.shape[0] >= d:  # a message as long as the vector: the same sum, O(d) memory
-    return lax.psum(compression.densify(values, indices.astype(jnp.int32), int(d)), axis_name)
+    return lax.psum(densify(values, indices.astype(jnp.int32), int(d)), axis_name)
   all_values = all_gather(values, axis_name).reshape(-1)  # [n * cap]
   all_indices = all_gather(indices.astype(jnp.int32), axis_name).reshape(-1)
-  return compression.densify(all_values, all_indices, int(d))
+  return densify(all_values, all_indices, int(d))

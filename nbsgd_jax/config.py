@@ -25,36 +25,36 @@ from typing import Any, Callable, NamedTuple, TextIO
 
 import ml_collections
 
+from nbsgd_jax import augment as augment_lib
 from nbsgd_jax import checks
-from nbsgd_jax import cluster as cluster_lib  # numpy only
-from nbsgd_jax import data as data_lib  # numpy only
+from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax import codecs as codecs_lib
+from nbsgd_jax import consensus as consensus_lib
+from nbsgd_jax import data as data_lib
+from nbsgd_jax import models as models_lib
+from nbsgd_jax import problems as problems_lib
+from nbsgd_jax import recipes as recipes_lib
+from nbsgd_jax import topology as topology_lib
+# the choice lists, each owned by its module (config.X for the docs, scripts and tests)
+from nbsgd_jax.data import SCHEMES as PARTITIONS
+from nbsgd_jax.models import COMPUTE_DTYPES, MODELS, NORMS
+from nbsgd_jax.optim import LR_SCHEDULES, OPTIMIZERS, WEIGHT_DECAY_ON
+from nbsgd_jax.per_worker import CONV_IMPLS, POOL_IMPLS
+from nbsgd_jax.recipes import Section
+from nbsgd_jax.problems import PROBLEMS as SYNTHETIC  # with their known F*
+from nbsgd_jax import backends as backends_lib
+from nbsgd_jax.backends import BACKENDS  # noqa: F401
+from nbsgd_jax.topology import MIXING_WEIGHTS, TOPOLOGIES  # noqa: F401
+from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS  # noqa: F401
 
-# the built-in recipes (nbsgd_jax.recipes.REGISTRY also holds those registered from outside)
-ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha", "local_sgd", "diloco",
-              "choco_sgd", "gradient_tracking", "d2", "gossip_pga", "streaming_diloco")
-TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete", "star",
-              "erdos_renyi", "matcha_graph0")
-MIXING_WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
-BACKENDS = ("simulate", "mesh", "multihost")
-MODELS = ("logreg", "mlp", "cnn", "resnet", "transformer")
-NORMS = ("batch", "group")
-COMPUTE_DTYPES = ("float32", "bfloat16")
-CONV_IMPLS = ("batched", "per_worker")  # nbsgd_jax.per_worker
-POOL_IMPLS = ("window", "reshape")
-OPTIMIZERS = ("sgd", "adamw")
-PARTITIONS = ("iid", "dirichlet")
-DPSGD_ORDERS = ("parallel", "atc")
-LR_SCHEDULES = ("constant", "cosine", "inverse_time", "step")
-WEIGHT_DECAY_ON = ("all", "matrices")
-SYNTHETIC = ("least_squares", "logistic")  # nbsgd_jax.problems, with their known F*
-COMPRESSIONS = ("none", "top_k", "gaussian_k", "random_k", "qsgd", "sign", "bf16",
-                "powersgd")
+# the built-in algorithms (recipes.REGISTRY also holds those registered from outside)
+ALGORITHMS = tuple(recipes_lib.REGISTRY)
 
 
-def default_config() -> ml_collections.ConfigDict:
-  """Every configuration key with its default (units in the comments)."""
+def _setup_defaults() -> ml_collections.ConfigDict:
+  """The top-level keys of the algorithm, workers, backend, model and data."""
   c = ml_collections.ConfigDict()
-  c.algorithm = "dpsgd"          # one of ALGORITHMS
+  c.algorithm = "dpsgd"          # a registered algorithm (recipes.REGISTRY)
   c.num_workers = 8              # workers n
   c.topology = "ring"            # communication graph of decentralized algorithms
                                  # (matcha_graph0: MATCHA's 8-node Erdos-Renyi graph 0)
@@ -86,19 +86,6 @@ def default_config() -> ml_collections.ConfigDict:
   c.norm_groups = 2              # groups of norm=group (divides 16)
   c.compute_dtype = "float32"    # float32 | bfloat16: the model's compute dtype (parameters,
                                  # gradients, optimizer state and messages stay float32)
-  c.lm = ml_collections.ConfigDict()  # model=transformer: sizes of the language model
-  c.lm.context = 64              # tokens per training sequence T (and positions learned)
-  c.lm.num_layers = 2            # transformer blocks
-  c.lm.d_model = 128             # width
-  c.lm.num_heads = 4             # attention heads (divide d_model)
-  c.augment = ml_collections.ConfigDict()  # on-device input augmentation of image batches
-  c.augment.crop_padding = 0     # pixels of zero padding before a random crop back to H x W
-                                 # (CIFAR recipes: 4; 0: off)
-  c.augment.flip = False         # random horizontal flip (p = 0.5 per example)
-  c.augment.normalize = False    # per-channel (x - mean_c) / std_c with augment.stats
-  c.augment.stats = "auto"       # channel statistics of normalize: auto (the data set's
-                                 # published ones for cifar10 / cifar100, else computed from
-                                 # the training images) | data (computed) | cifar10 | cifar100
   c.dataset = "mnist10k"         # images: mnist10k (embedded) | image_folder | cifar10 |
                                  # cifar100 (data_path) | tfds:<name>; text (model=transformer):
                                  # tiny_shakespeare (embedded) | text_file (data_path) |
@@ -114,6 +101,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.data_dir = ""                # tfds data_dir ("" = tfds default)
   c.partition = "iid"            # iid | dirichlet (over labels)
   c.dirichlet_alpha = 0.5        # concentration of the Dirichlet partition (> 0)
+  return c
+
+
+def _training_defaults() -> ml_collections.ConfigDict:
+  """The top-level keys of the optimizer, the schedule, evaluation and the run's records."""
+  c = ml_collections.ConfigDict()
   c.batch_size = 32              # examples per worker per step
   c.learning_rate = 0.05         # SGD step size (peak value of the schedule)
   c.lr_schedule = "constant"     # constant | cosine (decay to 0 at num_steps) |
@@ -162,142 +155,23 @@ def default_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 0         # steps between orbax checkpoints in workdir/checkpoints (a
                                  # multiple of eval_every; 0: none); a run started again in
                                  # the same workdir resumes from the newest one
-  c.dpsgd = ml_collections.ConfigDict()
-  c.dpsgd.order = "atc"          # atc: local step, then gossip (the reference codes: MATCHA's
-                                 # train_mpi.py, Koloskova et al. 2020) | parallel (Lian et
-                                 # al. Eq. 2: gossip x while computing g(x), overlapped)
-  c.cluster = ml_collections.ConfigDict()  # simulated cluster behind sim_time (He & Dube)
-  c.cluster.scenario = "homogeneous"  # homogeneous | one_slow | lognormal (worker speeds)
-  c.cluster.slowdown = ()        # explicit per-worker slowdown factors (overrides scenario)
-  c.cluster.slow_factor = 4.0    # one_slow: slowdown of the last worker
-  c.cluster.spread = 0.5         # lognormal: sigma of log slowdown
-  c.cluster.time_per_example = 1e-3  # s of forward + backward per example at slowdown 1
-  c.cluster.measure_time_per_example = False  # True: time_per_example is timed on this
-                                 # device at start (the run's model and batch), in summary.json
-  c.cluster.overhead = 0.0       # s per mini-batch on top (launch, data), not slowed down
-  c.cluster.step_overhead = 0.0  # s per step after the computation (the update, dispatch and
-                                 # host sync around the collective), not slowed down
-  c.cluster.delay_per = "iteration"  # iteration: one straggler delay per worker per step |
-                                     # minibatch: one per mini-batch
-  c.cluster.delay = "none"       # none | shifted_exponential | bernoulli_exponential
-  c.cluster.delay_mean = 0.0     # s, mean of the exponential part of a straggler delay
-  c.cluster.delay_shift = 0.0    # s, shift of shifted_exponential
-  c.cluster.delay_prob = 0.0     # probability of a delay (bernoulli_exponential)
-  c.cluster.latency = 1e-4       # s per message (alpha of the alpha-beta model)
-  c.cluster.bandwidth = 1e9      # bytes/s (1 / beta)
-  c.cluster.seed = 0             # seed of the delays and of lognormal speeds
-  c.cluster.clock = "simulated"  # simulated: counts and sim_time from this model | wall:
-                                 # each process runs its mini-batches against its own wall
-                                 # clock (backend=multihost; deadlines in real seconds)
-  c.cluster.emulate = True       # wall: each process sleeps so that its mini-batch times
-                                 # follow this model (stragglers on homogeneous hardware)
-  c.cluster.failures = ""        # simulated failures "worker:start:duration,...": the worker
-                                 # is down for those steps (every algorithm)
-  c.nonblocking = ml_collections.ConfigDict()  # Non-blocking SGD (He & Dube 2022)
-  c.nonblocking.enabled = False  # accumulate only the mini-batches finished by the deadline
-  c.nonblocking.num_minibatches = 4  # M: mini-batches per worker batch (divides batch_size)
-  c.nonblocking.deadline = "fastest"  # fastest | kth:K | adaptive | seconds (e.g. "0.05")
-  c.nonblocking.adaptive_k = 2.0  # adaptive: deadline = median + k * MAD of finishing times
-  c.nonblocking.window = 10      # steps of finishing times behind adaptive (and, on the wall
-                                 # clock, fastest / kth:K)
-  c.nonblocking.deadline_group = "all"  # all: one deadline for every worker | neighbours:
-                                        # each worker's over itself and its neighbours
-  c.nonblocking.unroll = True    # unroll the loop over the M mini-batches (XLA CPU runs
-                                 # convolutions in a rolled loop ~20x slower); False: a rolled
-                                 # lax.scan, one mini-batch's activations live at a time
-  c.compression = ml_collections.ConfigDict()  # codecs (nbsgd_jax.codecs), error feedback
-  c.compression.name = "none"    # none | top_k | gaussian_k | random_k | qsgd | sign | bf16 |
-                                 # powersgd (allreduce*, local_sgd, diloco only): the
-                                 # gradients of allreduce*, the model differences of
-                                 # local_sgd / diloco, CHOCO-SGD's x - x_hat
-  c.compression.density = 0.01   # k / d of the sparse codecs, in (0, 1]
-  c.compression.levels = 16      # qsgd: levels s per sign (1 + ceil(log2(s + 1)) bits/entry)
-  c.compression.bucket_size = 512  # qsgd: entries per norm (one float32 each)
-  c.compression.rank = 2         # powersgd: rank r of each matrix's approximation
-  c.compression.error_feedback = True  # keep the unsent residual and add it next step
-  c.compression.flatten = True   # one selection over the whole model (False: per layer)
-  c.compression.gaussian_rounds = 0  # gaussian_k, 0: the correction's default. bracket: max
-                                     # threshold corrections toward k (default 8); paper:
-                                     # max thresholds evaluated, GaussianK-SGD's loop bound
-                                     # (default 3, its GaussianCompressor)
-  c.compression.gaussian_correction = "bracket"  # bracket | paper (GaussianK-SGD's loop:
-                                                 # x0.5 / x1.5 steps only)
-  c.local_sgd = ml_collections.ConfigDict()  # LUPA-SGD (Haddadpour et al. 2019)
-  c.local_sgd.tau = 4            # local steps per communication period (tau_0 of ada_lupa)
-  c.local_sgd.schedule = "fixed"  # fixed | ada_lupa | linear | post_local (see local_sgd.py)
-  c.local_sgd.alpha = 0.1        # linear: tau_i = ceil(tau (1 + alpha (i + 1))), i = 0, 1, ..
-                                 # (the released code's ramp, see local_sgd.py)
-  c.local_sgd.num_comm = 0       # linear: > 0 derives alpha = 2 / (num_comm + 1) * num_steps /
-                                 # (num_comm tau) as the released main.py --num-comm (alpha
-                                 # ignored); 0: use alpha
-  c.local_sgd.switch_step = 0    # post_local: tau = 1 before this step, then tau
-  c.local_sgd.max_tau = 0        # cap on any period (0: none)
-  c.local_sgd.averaging = "mean"  # mean (exact average) | gossip (one step over topology)
-  c.local_sgd.opt_state = "keep"  # at a sync: keep local | average | reset the optimizer state
-  c.local_sgd.offset_optimum = False  # ada_lupa: observe F - F* (synthetic problems) not F
-  c.choco = ml_collections.ConfigDict()  # CHOCO-SGD (Koloskova et al. 2019)
-  c.choco.gamma = 0.5            # consensus step size, in (0, 1]; tune it with the codec
-  c.choco.order = "paper"        # paper: Algorithm 2 (compress, then consensus) | released:
-                                 # epfml/ChocoSGD's codes (consensus on the last copies, then
-                                 # compress the new model's difference)
-                                 # (smaller for stronger compression)
-  c.d2 = ml_collections.ConfigDict()  # D^2 (Tang et al. 2018) / Exact Diffusion
-  c.d2.mixing = "lazy"           # lazy: (I + W) / 2 (Exact Diffusion) | w: W itself (needs
-                                 # lambda_min(W) > -1/3)
-  c.gossip_pga = ml_collections.ConfigDict()  # Gossip-PGA (Chen et al. 2021)
-  c.gossip_pga.period = 8        # H: a global average instead of the gossip every H steps
-  c.streaming_diloco = ml_collections.ConfigDict()  # Streaming DiLoCo (Douillard et al. 2025)
-  c.streaming_diloco.fragments = 2  # P: contiguous groups of parameter arrays, one synchronised
-                                    # every diloco.inner_steps / P steps (P must divide H)
-  c.streaming_diloco.delay = 0   # tau: inner steps a fragment's all-reduce overlaps (0: none;
-                                 # 0 <= tau < H / P)
-  c.streaming_diloco.alpha = 0.0  # mixing factor at landing: x <- alpha x + (1 - alpha) global
-  c.diloco = ml_collections.ConfigDict()  # DiLoCo (Douillard et al. 2023)
-  c.diloco.inner_steps = 50      # H: inner steps per round
-  c.diloco.outer_lr = 0.7        # outer SGD learning rate
-  c.diloco.outer_momentum = 0.9  # outer momentum (0: plain SGD)
-  c.diloco.outer_nesterov = True  # Nesterov outer momentum
-  c.consensus = ml_collections.ConfigDict()  # consensus distance (Kong et al. 2021)
-  c.consensus.control = False    # recipes that gossip every step (recipes.gossip_recipes():
-                                 # D-PSGD, MATCHA, CHOCO, gradient tracking, D^2, Gossip-PGA):
-                                 # gossip again while Xi > target
-  c.consensus.target = 0.0       # absolute target Xi (parameter units); 0: use target_ratio
-  c.consensus.target_ratio = 0.0  # target = ratio x reference run's Xi at each step
-  c.consensus.reference_workdir = ""  # the reference run (its steps.jsonl or metrics.jsonl)
-  c.consensus.critical = False   # target = critical_scale x the critical consensus distance
-                                 # Gamma_t, estimated on the fly (nbsgd_jax.consensus.CriticalTarget)
-  c.consensus.critical_scale = 1.0  # c in target = c Gamma_t
-  c.consensus.critical_form = "paper"  # Gamma_t's constants: paper (Kong et al. Prop. 3.1,
-                                 # ||grad f||^2 / (8 L^2) + eta sigma^2 / (L n)) | derived
-  c.consensus.critical_ema = 0.9  # moving-average decay of the gradient statistics behind
-                                  # Gamma_t, in [0, 1) (0: the last step's only)
-  c.consensus.smoothness = 0.0   # L of Gamma_t; 0: estimated (Hessian power iteration)
-  c.consensus.smoothness_every = 100  # re-estimate L every this many steps
-  c.consensus.smoothness_iters = 20  # power iterations (Hessian-vector products) per estimate
-  c.consensus.until_step = 0     # control only steps < until_step (0: always)
-  c.consensus.max_gossip_steps = 5  # K: extra gossip steps per training step at most
-  c.consensus.measure = "exact"  # exact (all-reduce of the model) | sketch (r coordinates)
-  c.consensus.sketch_size = 1024  # r, coordinates of a sketch measurement
-  c.consensus.log_every_step = False  # write workdir/steps.jsonl (Xi of every step)
-  c.consensus.per_layer = False  # add consensus_distance_layers to every evaluation
-  c.problem = ml_collections.ConfigDict()  # synthetic PL problems (dataset least_squares |
-                                           # logistic; Haddadpour et al. 2019)
-  c.problem.examples_per_worker = 256  # examples of each of problem.shards shards
-  c.problem.shards = 0           # shards the problem is drawn with (0: num_workers); a
-                                 # multiple of num_workers: consecutive shards are merged, so
-                                 # runs with different num_workers share one global problem
-  c.problem.dim = 10             # features d
-  c.problem.noise = 0.1          # least_squares: std of the target noise
-  c.problem.l2 = 0.01            # l2 regularisation of the objective
-  c.problem.heterogeneity = 0.0  # h: shift of each shard's feature mean (0: iid)
-  c.problem.condition = 10.0     # least_squares: condition number of the feature covariance
-  c.problem.seed = 0             # seed of the problem's data
-  c.problem.full_batch = False   # every step on the worker's whole shard (exact local
-                                 # gradients; batch_size is not used)
-  c.matcha = ml_collections.ConfigDict()
-  c.matcha.budget = 0.5          # communication budget C_b in (0, 1]: expected fraction of
-                                 # matchings active per step (1 = D-PSGD with W = I - alpha L)
-  c.matcha.seed = 0              # seed of the shared Bernoulli activations
+  return c
+
+
+# the top-level keys, in the order of docs/config.md
+TOP_LEVEL = (_setup_defaults, _training_defaults)
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every configuration key with its default (units in the comments): the top-level keys
+  (:data:`TOP_LEVEL`), the components' sections (:data:`SECTIONS`) and the algorithms' own
+  (:data:`nbsgd_jax.recipes.SECTIONS`)."""
+  c = ml_collections.ConfigDict()
+  for part in TOP_LEVEL:
+    for key, value in part().items():
+      c[key] = value
+  for name, section in {**SECTIONS, **recipes_lib.SECTIONS}.items():
+    c[name] = section.defaults()
   return c
 
 
@@ -460,55 +334,42 @@ def _check_dataset(cfg, errs: list) -> None:
                 f"language model reads text ({list(data_lib.TEXT_DATASETS)} or tfds:<name>)")
 
 
-def partial_minibatches(cfg) -> bool:
-  """Whether a step's batch is split into ``nonblocking.num_minibatches`` mini-batches of which
-  some may be dropped: with Non-blocking SGD (:func:`nbsgd_jax.run.setup.gradient_source`)."""
-  return cfg.nonblocking.get("enabled") is True
-
-
-def counted_steps(cfg) -> bool:
-  """Whether workers may contribute unequal work to a step: with Non-blocking SGD, and with
-  simulated failures (a failed worker contributes nothing). Means are then count-weighted and
-  the optimizer skips idle steps (:class:`nbsgd_jax.recipes.Builder`)."""
-  fails = cfg.cluster.get("failures")
-  return partial_minibatches(cfg) or (isinstance(fails, str) and bool(fails.strip()))
-
-
-# One entry per section, each check beside its component (``module:function``, imported when
-# a config is validated); a new component adds its line here.
-SECTION_CHECKS: dict[str, str] = {
-    "top_level": "nbsgd_jax.config:check_top_level",
-    "topology": "nbsgd_jax.topology:check_config",
-    "backend": "nbsgd_jax.run.backends:check_config",
-    "cluster": "nbsgd_jax.cluster:check_config",
-    "nonblocking": "nbsgd_jax.cluster:check_nonblocking_config",
-    "compression": "nbsgd_jax.compression:check_config",
-    "local_sgd": "nbsgd_jax.local_sgd:check_config",
-    "diloco": "nbsgd_jax.transforms.wrappers:check_diloco_config",
-    "consensus": "nbsgd_jax.consensus:check_config",
-    "matcha": "nbsgd_jax.matcha:check_config",
-    "dpsgd": "nbsgd_jax.transforms.wrappers:check_dpsgd_config",
-    "choco": "nbsgd_jax.transforms.decentralized:check_choco_config",
-    "d2": "nbsgd_jax.transforms.decentralized:check_d2_config",
-    "gossip_pga": "nbsgd_jax.transforms.decentralized:check_gossip_pga_config",
-    "streaming_diloco": "nbsgd_jax.transforms.wrappers:check_streaming_diloco_config",
-    "problem": "nbsgd_jax.problems:check_config",
-    "lm": "nbsgd_jax.models:check_lm_config",
-    "augment": "nbsgd_jax.run.task:check_augment_config",
+# The sections of the framework's components: each one's defaults and check beside the code
+# that reads it (an algorithm's own sections come with its registration: recipes.SECTIONS).
+SECTIONS: dict[str, Section] = {
+    "lm": Section(models_lib.lm_defaults, models_lib.check_lm_config,
+                     'model=transformer: sizes of the language model'),
+    "augment": Section(augment_lib.augment_defaults, augment_lib.check_config,
+                     'on-device input augmentation of image batches'),
+    "dpsgd": Section(recipes_lib.dpsgd_defaults, recipes_lib.check_dpsgd_config,
+                     "D-PSGD's order of the local step and the gossip (every recipe that gossips)"),
+    "cluster": Section(cluster_lib.cluster_defaults, cluster_lib.check_config,
+                     'simulated cluster behind sim_time (He & Dube)'),
+    "nonblocking": Section(cluster_lib.nonblocking_defaults, cluster_lib.check_nonblocking_config,
+                     'Non-blocking SGD (He & Dube 2022)'),
+    "compression": Section(codecs_lib.compression_defaults, codecs_lib.check_config,
+                     'codecs (nbsgd_jax.codecs), error feedback'),
+    "consensus": Section(consensus_lib.consensus_defaults, consensus_lib.check_config,
+                     'consensus distance (Kong et al. 2021)'),
+    "problem": Section(problems_lib.problem_defaults, problems_lib.check_config,
+                     'synthetic PL problems (dataset least_squares | logistic; Haddadpour et al. 2019)'),
 }
 
 
-# Checks of the values that depend on the model: ``check(cfg, shapes, errs)`` with the
-# parameter shapes of one worker (run by ``nbsgd_jax.run.setup.check_model_fit``).
-MODEL_CHECKS: dict[str, str] = {
-    "compression.rank": "nbsgd_jax.transforms.powersgd:check_model",
+# The checks of the top-level keys (each beside the code that reads them).
+SECTION_CHECKS: dict[str, Callable[[ml_collections.ConfigDict, list], None]] = {
+    "top_level": check_top_level,
+    "topology": topology_lib.check_config,
+    "backend": backends_lib.check_config,
 }
 
 
-def section_check(name: str, table: dict | None = None) -> Callable:
-  """The check function of a section of :data:`SECTION_CHECKS` (or of ``table``)."""
-  module, function = (SECTION_CHECKS if table is None else table)[name].split(":")
-  return getattr(importlib.import_module(module), function)
+def section_checks() -> dict[str, Callable[[ml_collections.ConfigDict, list], None]]:
+  """Every check: the top-level keys' (:data:`SECTION_CHECKS`), the components' sections'
+  (:data:`SECTIONS`) and the algorithms' own (:data:`nbsgd_jax.recipes.SECTIONS`, registered
+  algorithms included)."""
+  sections = {**SECTIONS, **recipes_lib.SECTIONS}
+  return {**SECTION_CHECKS, **{name: section.check for name, section in sections.items()}}
 
 
 def _check_finite(cfg, errs: list) -> None:
@@ -528,7 +389,7 @@ def _check_finite(cfg, errs: list) -> None:
 def model_names() -> tuple:
   """Built-in, registered (:func:`nbsgd_jax.models.register_model`) and ``"module"`` (a flax
   module given to ``train(model=...)``)."""
-  return importlib.import_module("nbsgd_jax.models").model_names()
+  return models_lib.model_names()
 
 
 def import_modules(cfg) -> None:
@@ -550,17 +411,16 @@ def import_modules(cfg) -> None:
 def algorithm_names() -> list[str]:
   """The registered recipes (:data:`nbsgd_jax.recipes.REGISTRY`; a recipe registered from
   outside the package counts)."""
-  return list(importlib.import_module("nbsgd_jax.recipes").REGISTRY)
+  return list(recipes_lib.REGISTRY)
 
 
 def _combination_errors(cfg) -> list:
   """The combinations of sections that are mathematically undefined for ``cfg.algorithm``:
   the recipe registry decides (:func:`nbsgd_jax.recipes.combination_errors`; it sees ``cfg``
   before the values are known to be good)."""
-  recipes = importlib.import_module("nbsgd_jax.recipes")
-  if cfg.get("algorithm") not in recipes.REGISTRY:
+  if cfg.get("algorithm") not in recipes_lib.REGISTRY:
     return []  # reported by the algorithm check
-  return list(recipes.combination_errors(cfg))
+  return list(recipes_lib.combination_errors(cfg))
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
@@ -574,8 +434,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   errs: list = unknown_key_errors(flatten_dict(cfg.to_dict()))
   if errs:  # a typo: the other checks would read the default instead
     raise ConfigError(errs)
-  for name in SECTION_CHECKS:
-    check = section_check(name)
+  for check in section_checks().values():
     check(cfg, errs)
   _check_finite(cfg, errs)
   errs.extend(_combination_errors(cfg))
@@ -604,23 +463,12 @@ CRITICAL_KEYS = tuple(f"consensus.{k}" for k in (
     "smoothness_iters"))
 
 # One entry per section that can be off; a key under two switches is named by the first off.
+# The algorithms' own sections are off while another algorithm runs (switches()).
 SWITCHES = (
-    Switch(("compression.*",), "compression.name", lambda v: v != "none"),
+    Switch(("compression.*",), "compression.name", lambda v: v != codecs_lib.NONE),
     Switch(("nonblocking.*",), "nonblocking.enabled", lambda v: v is True),
-    Switch(("local_sgd.*",), "algorithm", lambda v: v == "local_sgd"),
-    Switch(("diloco.*",), "algorithm", lambda v: v in ("diloco", "streaming_diloco")),
-    Switch(("streaming_diloco.*",), "algorithm", lambda v: v == "streaming_diloco"),
-    Switch(("choco.*",), "algorithm", lambda v: v == "choco_sgd"),
-    Switch(("d2.*",), "algorithm", lambda v: v == "d2"),
-    Switch(("gossip_pga.*",), "algorithm", lambda v: v == "gossip_pga"),
-    Switch(("compression.levels", "compression.bucket_size"), "compression.name",
-           lambda v: v == "qsgd"),
-    Switch(("compression.rank",), "compression.name", lambda v: v == "powersgd"),
-    Switch(("compression.density",), "compression.name",
-           lambda v: v in ("top_k", "gaussian_k", "random_k")),
-    Switch(("matcha.*",), "algorithm", lambda v: v == "matcha"),
     Switch(("dpsgd.order",), "algorithm",
-           lambda v: v in importlib.import_module("nbsgd_jax.recipes").gossip_recipes()),
+           lambda v: v in recipes_lib.gossip_recipes()),
     Switch(CONTROL_KEYS, "consensus.control", lambda v: v is True),
     Switch(CRITICAL_KEYS, "consensus.critical", lambda v: v is True),
     Switch(("problem.*",), "dataset", lambda v: v in SYNTHETIC),
@@ -652,6 +500,21 @@ SWITCHES = (
 )
 
 
+def switches() -> list[Switch]:
+  """:data:`SWITCHES` with one more per algorithm section (:data:`nbsgd_jax.recipes.
+  SECTIONS`: on while an algorithm registered with it runs) and one per
+  ``compression.*`` key a codec reads (:data:`nbsgd_jax.codecs.REGISTRY`: on while a codec
+  that reads it runs)."""
+  owned = [Switch((f"{name}.*",), "algorithm",
+                  lambda v, name=name: v in recipes_lib.section_owners(name))
+           for name in recipes_lib.SECTIONS]
+  codec_keys = dict.fromkeys(k for spec in codecs_lib.REGISTRY.values() for k in spec.keys)
+  read = [Switch((f"compression.{k}",), "compression.name",
+                 lambda v, k=k: v in codecs_lib.REGISTRY and k in codecs_lib.REGISTRY[v].keys)
+          for k in codec_keys]
+  return list(SWITCHES[:2]) + owned + read + list(SWITCHES[2:])
+
+
 def _switched_keys(switch: Switch, default: ml_collections.ConfigDict) -> list[str]:
   keys = []
   for key in switch.keys:
@@ -668,7 +531,7 @@ def inactive_keys(cfg: ml_collections.ConfigDict) -> set[str]:
   """The dotted keys of the sections that are off in ``cfg`` (:data:`SWITCHES`): what a run
   does not depend on (e.g. to compare runs whatever those keys hold)."""
   default, out = default_config(), set()
-  for switch in SWITCHES:
+  for switch in switches():
     if not switch.on(cfg.get(switch.switch)):
       out.update(_switched_keys(switch, default))
   return out
@@ -679,7 +542,7 @@ def inactive_warnings(cfg: ml_collections.ConfigDict) -> list[str]:
   (:data:`SWITCHES`): ``config.KEY=VALUE has no effect: config.SWITCH=VALUE``. Raises
   nothing for bad values (``validate`` reports those)."""
   default, lines, named = default_config(), [], set()
-  for switch in SWITCHES:
+  for switch in switches():
     state = cfg.get(switch.switch)
     if switch.on(state):
       continue
@@ -718,7 +581,7 @@ def warn_inactive(cfg: ml_collections.ConfigDict, stream: TextIO | None = None) 
 
 
 def make_cluster(cfg: ml_collections.ConfigDict, time_per_example: float | None = None):
-  """The :class:`nbsgd_jax.cluster.Cluster` of ``cfg.cluster`` (:func:`nbsgd_jax.cluster.
+  """The :class:`nbsgd_jax.host.cluster.Cluster` of ``cfg.cluster`` (:func:`nbsgd_jax.host.cluster.
   from_config`).
 
   Raises:

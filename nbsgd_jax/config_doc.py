@@ -7,8 +7,9 @@ Every key of :func:`nbsgd_jax.config.default_config` (dotted, nested sections in
 
 * **default** and **type**: the value ``default_config()`` holds (``ConfigDict`` is
   type-safe: a key keeps its default's type; an int is accepted where the default is a float);
-* **meaning**: the comment beside the key in the source of ``default_config()``, with the
-  comment-only lines that continue it (read with :mod:`tokenize`, so the comments are the only
+* **meaning**: the comment beside the key where its default is set (the functions of
+  :data:`nbsgd_jax.config.TOP_LEVEL` and each section's ``defaults``), with the comment-only lines
+  that continue it (read with :mod:`tokenize`, so the comments are the only
   place the descriptions are written);
 * **allowed**: what :func:`nbsgd_jax.config.validate` accepts, in its own words. Each key is
   given a few bad values in turn (``None``, ``-1``, ``""``, NaN; :data:`PROBES`) on an
@@ -44,6 +45,7 @@ import ml_collections
 
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import files as files_lib
+from nbsgd_jax import recipes as recipes_lib
 
 # Bad values given to every key in turn; validate's messages for the key say what is allowed.
 PROBES = (None, -1, "", float("nan"))
@@ -240,10 +242,24 @@ def unit_of(comment: str) -> str:
   return "-"
 
 
+def config_comments() -> dict[str, str]:
+  """The comment of every key of ``default_config()``, in the order of ``docs/config.md``:
+  the top-level keys (:data:`nbsgd_jax.config.TOP_LEVEL`), then each section's ``doc`` and
+  the comments in the source of its ``defaults`` (:data:`nbsgd_jax.config.SECTIONS`, then
+  the algorithms' own, :data:`nbsgd_jax.recipes.SECTIONS`)."""
+  out: dict[str, str] = {}
+  for part in config_lib.TOP_LEVEL:
+    out.update(source_comments(part))
+  for name, section in {**config_lib.SECTIONS, **recipes_lib.SECTIONS}.items():
+    out[name] = section.doc
+    out.update({f"{name}.{k}": v for k, v in source_comments(section.defaults).items()})
+  return out
+
+
 def collect(func: Callable = config_lib.default_config) -> list[KeyDoc]:
   """A :class:`KeyDoc` for every key of ``func()`` (``default_config``), in the order of
   ``func``'s source."""
-  comments = source_comments(func)
+  comments = config_comments() if func is config_lib.default_config else source_comments(func)
   order = {k: i for i, k in enumerate(comments)}  # source order; keys set elsewhere last
   keys = config_keys(func())
   keys.sort(key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
@@ -296,7 +312,8 @@ def render(docs: Sequence[KeyDoc]) -> str:
       "`nonblocking.num_minibatches` with non-blocking on) are checked too but not listed here; a bad value stops "
       "the run before compilation with one `error:` line per problem.",
       "* **unit**: as the comment names it; `-`: none (a count, a factor, a name).",
-      "* **meaning**: the comment beside the key in `default_config()`.",
+      "* **meaning**: the comment beside the key where its default is set (`config.TOP_LEVEL`, "
+      "each section's `defaults`).",
       "",
   ]
   header = ["| key | default | type | allowed | unit | meaning |", "|---|---|---|---|---|---|"]

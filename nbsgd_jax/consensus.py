@@ -15,9 +15,9 @@ Two programs live here:
   all-reduce of the model, or a sketch, one all-reduce of ``r`` sampled coordinates) and
   :func:`control` (the loop above, a ``lax.while_loop`` whose predicate is the same on every
   worker because Xi comes from an all-reduce);
-* on the host: :class:`TargetSchedule`, the per-step target (absolute, a ratio of a
+* on the host (:mod:`nbsgd_jax.host.targets`): ``TargetSchedule``, the per-step target (absolute, a ratio of a
   reference run's Xi curve, only before ``until_step``, or off = ``inf``), and
-  :class:`CriticalTarget`, the critical consensus distance ``Gamma_t`` estimated from measured
+  ``CriticalTarget``, the critical consensus distance ``Gamma_t`` estimated from measured
   quantities (gradient norm and noise from a sketch all-reduce of the gradients,
   :func:`gradient_stats`; smoothness L from Hessian power iteration,
   :func:`smoothness_estimate`).
@@ -52,14 +52,13 @@ simulated clock (:class:`nbsgd_jax.transforms.consensus.ControlRounds`).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ml_collections
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
@@ -288,76 +287,7 @@ def control(params: Any, mix: Callable, inputs: Any, num_workers: int, c: Contro
   return p, gossip + measured, aux
 
 
-# ----------------------------------------------------------------------------- host
-
-
-def _reference_curve(workdir: str) -> tuple[np.ndarray, np.ndarray]:
-  """(steps, Xi) of a finished run: ``steps.jsonl`` (per step) if present, else the
-  evaluations in ``metrics.jsonl``."""
-  for name, key in (("steps.jsonl", "consensus_distance"), ("metrics.jsonl",
-                                                            "consensus_distance")):
-    path = os.path.join(workdir, name)
-    if os.path.exists(path):
-      steps, xi = [], []
-      with open(path) as f:
-        for line in f:
-          line = line.strip()
-          if not line:
-            continue
-          rec = json.loads(line)
-          if rec.get(key) is not None:
-            steps.append(rec["step"])
-            xi.append(rec[key])
-      if steps:
-        return np.asarray(steps, np.float64), np.asarray(xi, np.float64)
-  raise ValueError(f"consensus.reference_workdir={workdir!r} is not allowed: it holds no "
-                   "steps.jsonl or metrics.jsonl with consensus_distance values")
-
-
-class TargetSchedule:
-  """The target Xi of each step, on the host (``inf``: no control at that step).
-
-  Args:
-    target: absolute target Xi (> 0), or 0 to use ``target_ratio``.
-    target_ratio: target = ratio x the reference run's Xi at that step (linear
-      interpolation between its records; constant beyond them), > 0; needs
-      ``reference_workdir``.
-    reference_workdir: a finished run's workdir.
-    until_step: control only the steps < until_step (0: always).
-
-  Raises:
-    ValueError: neither or both of target / target_ratio, negative values, or a reference
-      run without consensus distances (the message names the field).
-  """
-
-  def __init__(self, target: float = 0.0, target_ratio: float = 0.0,
-               reference_workdir: str = "", until_step: int = 0):
-    if target < 0 or target_ratio < 0:
-      raise ValueError(f"consensus.target={target!r} / consensus.target_ratio="
-                       f"{target_ratio!r} are not allowed: they must be >= 0")
-    if (target > 0) == (target_ratio > 0):
-      raise ValueError("consensus control needs exactly one of consensus.target (absolute Xi) "
-                       f"and consensus.target_ratio (x a reference run); got target={target!r}, "
-                       f"target_ratio={target_ratio!r}")
-    if until_step < 0:
-      raise ValueError(f"consensus.until_step={until_step!r} is not allowed: it must be >= 0")
-    self.target, self.ratio, self.until_step = float(target), float(target_ratio), until_step
-    self._curve = None
-    if self.ratio > 0:
-      if not reference_workdir:
-        raise ValueError("consensus.target_ratio needs consensus.reference_workdir (a finished "
-                         "run's workdir)")
-      self._curve = _reference_curve(reference_workdir)
-
-  def at(self, step: int) -> float:
-    """Target Xi for (0-based) ``step``; ``inf`` where control is off. The reference curve
-    is read at ``step + 1`` (the Xi after the step)."""
-    if self.until_step and step >= self.until_step:
-      return math.inf
-    if self._curve is None:
-      return self.target
-    steps, xi = self._curve
-    return self.ratio * float(np.interp(step + 1, steps, xi))
+# ----------------------------------------------------------------------------- Gamma_t
 
 
 CRITICAL_FORMS = ("derived", "paper")
@@ -392,94 +322,37 @@ def critical_distance_sq(grad_sq: float, noise: float, step_size: float, smoothn
 
 # The target while no gradient statistics exist yet (the first controlled step): finite, so
 # the step measures Xi and the gradients, but never binding.
-NO_CONSTRAINT = float(np.finfo(np.float32).max)
-
-
-class CriticalTarget:
-  """Target ``c Gamma_t`` from measured quantities, on the host.
-
-  Step t's target uses the gradient statistics up to step t - 1 (:func:`gradient_stats`, read
-  back from the step's ``aux``), the step size of step t and the latest smoothness estimate;
-  the first controlled step has target :data:`NO_CONSTRAINT` (it only measures). One step's
-  sketch statistics are noisy (``grad_sq`` is often clipped to 0 when the noise term
-  dominates), so they are averaged: an exponential moving average with decay ``ema`` over the
-  controlled steps (``s <- ema s + (1 - ema) s_new``, started at the first observation; 0 uses
-  the last step's only). The expected gradient norm and noise change slowly with the model,
-  so the average trades little bias for much less variance.
-
-  Args:
-    num_workers: n.
-    scale: c > 0.
-    smoothness: L > 0, or 0 to take :meth:`set_smoothness` values (estimates).
-    until_step: control only the steps < until_step (0: always).
-    ema: decay of the moving average of the gradient statistics, in [0, 1).
-    form: ``Gamma_t``'s constants, ``"derived"`` (default) or ``"paper"`` (Kong et al.'s
-      Prop. 3.1), see :func:`critical_distance_sq`.
-
-  Raises:
-    ValueError: bad values (the message names the field).
-  """
-
-  def __init__(self, num_workers: int, scale: float = 1.0, smoothness: float = 0.0,
-               until_step: int = 0, ema: float = 0.0, form: str = "derived"):
-    if form not in CRITICAL_FORMS:
-      raise ValueError(f"form={form!r} is not allowed: use one of {list(CRITICAL_FORMS)}")
-    self.form = form
-    if not 0 <= ema < 1:
-      raise ValueError(f"consensus.critical_ema={ema!r} is not allowed: it must be in [0, 1)")
-    if not scale > 0:
-      raise ValueError(f"consensus.critical_scale={scale!r} is not allowed: it must be > 0")
-    if smoothness < 0:
-      raise ValueError(f"consensus.smoothness={smoothness!r} is not allowed: it must be >= 0")
-    if until_step < 0:
-      raise ValueError(f"consensus.until_step={until_step!r} is not allowed: it must be >= 0")
-    self.n, self.scale, self.until_step = num_workers, float(scale), until_step
-    self.smoothness = float(smoothness) if smoothness > 0 else None
-    self._given = smoothness > 0
-    self.ema = float(ema)
-    self._stats = None
-
-  def set_smoothness(self, value: float) -> None:
-    """A new estimate of L (ignored when L was given, and when it is not a finite positive
-    number, e.g. from a model with dead units: the previous estimate stays)."""
-    value = float(value)
-    if not self._given and math.isfinite(value) and value > 0:
-      self.smoothness = value
-
-  def state_dict(self) -> dict:
-    """JSON-serialisable state (checkpoints)."""
-    return {"smoothness": self.smoothness, "stats": self._stats}
-
-  def load_state_dict(self, d: dict) -> None:
-    """Continue from :meth:`state_dict`'s output."""
-    self.smoothness = d["smoothness"]
-    self._stats = None if d["stats"] is None else tuple(d["stats"])
-
-  def observe(self, grad_sq: float, noise: float) -> None:
-    """The gradient statistics of the step just taken (into the moving average)."""
-    new = (float(grad_sq), float(noise))
-    if self._stats is None:
-      self._stats = new
-    else:
-      self._stats = tuple(self.ema * a + (1.0 - self.ema) * b for a, b in zip(self._stats, new))
-
-  @property
-  def stats(self) -> Optional[tuple]:
-    """The averaged ``(grad_sq, noise)`` behind the next target, or None."""
-    return self._stats
-
-  def at(self, step: int, step_size: float) -> float:
-    """Target Xi of (0-based) ``step`` with effective step size ``step_size``; ``inf`` where
-    control is off, :data:`NO_CONSTRAINT` before any statistics or smoothness exist."""
-    if self.until_step and step >= self.until_step:
-      return math.inf
-    if self._stats is None or self.smoothness is None:
-      return NO_CONSTRAINT
-    return self.scale * math.sqrt(critical_distance_sq(*self._stats, step_size,
-                                                       self.smoothness, self.n, self.form))
 
 
 # ----------------------------------------------------------------------------- config
+
+
+def consensus_defaults() -> ml_collections.ConfigDict:
+  """``config.consensus.*`` with their defaults: consensus distance (Kong et al. 2021)."""
+  s = ml_collections.ConfigDict()
+  s.control = False              # recipes that gossip every step (recipes.gossip_recipes():
+                                 # D-PSGD, MATCHA, CHOCO, gradient tracking, D^2, Gossip-PGA):
+                                 # gossip again while Xi > target
+  s.target = 0.0                 # absolute target Xi (parameter units); 0: use target_ratio
+  s.target_ratio = 0.0           # target = ratio x reference run's Xi at each step
+  s.reference_workdir = ""       # the reference run (its steps.jsonl or metrics.jsonl)
+  s.critical = False             # target = critical_scale x the critical consensus distance
+                                 # Gamma_t, estimated on the fly (nbsgd_jax.host.targets.CriticalTarget)
+  s.critical_scale = 1.0         # c in target = c Gamma_t
+  s.critical_form = "paper"      # Gamma_t's constants: paper (Kong et al. Prop. 3.1,
+                                 # ||grad f||^2 / (8 L^2) + eta sigma^2 / (L n)) | derived
+  s.critical_ema = 0.9           # moving-average decay of the gradient statistics behind
+                                  # Gamma_t, in [0, 1) (0: the last step's only)
+  s.smoothness = 0.0             # L of Gamma_t; 0: estimated (Hessian power iteration)
+  s.smoothness_every = 100       # re-estimate L every this many steps
+  s.smoothness_iters = 20        # power iterations (Hessian-vector products) per estimate
+  s.until_step = 0               # control only steps < until_step (0: always)
+  s.max_gossip_steps = 5         # K: extra gossip steps per training step at most
+  s.measure = "exact"            # exact (all-reduce of the model) | sketch (r coordinates)
+  s.sketch_size = 1024           # r, coordinates of a sketch measurement
+  s.log_every_step = False       # write workdir/steps.jsonl (Xi of every step)
+  s.per_layer = False            # add consensus_distance_layers to every evaluation
+  return s
 
 
 def check_config(cfg, errs: list) -> None:

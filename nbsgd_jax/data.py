@@ -1,6 +1,13 @@
-"""Image classification data sets and their partition across workers.
+"""Data sets in host memory and their partition across workers (the module to import).
 
-Everything here is host-side numpy; the trainer moves the stacked shards to devices.
+Everything here is host-side numpy; the trainer moves the stacked shards to devices. This
+module holds the image classification sets, your own data (:class:`ArrayDataset`,
+:class:`TokenDataset`, :func:`register_dataset`) and the partition of examples; it
+re-exports the text data sets of :mod:`nbsgd_jax.text_data` (:func:`load_text_dataset`,
+:class:`TextDataset`, :func:`encode_text`, :func:`decode_text`, :func:`partition_text`, ...)
+and the synthetic problems of :mod:`nbsgd_jax.problems`, so ``nbsgd_jax.data.X`` names them
+all. TFDS reading lives in :mod:`nbsgd_jax.tfds_data`, image folders and the CIFAR pickles in
+:mod:`nbsgd_jax.disk_data`.
 
 Data sets (:func:`load_dataset`):
 
@@ -12,8 +19,9 @@ Data sets (:func:`load_dataset`):
   which must stay next to the ``.npz`` wherever it is copied.
 * ``"tfds:<name>"``: any TensorFlow Datasets image classification set with ``image`` and
   ``label`` features and ``train``/``test`` splits, read through ``tfds.data_source``
-  (ArrayRecord random access, no TensorFlow needed). Nothing is downloaded at run time: the
-  data set must already be prepared in ``data_dir`` in ``array_record`` format.
+  (ArrayRecord random access, no TensorFlow needed; :mod:`nbsgd_jax.tfds_data`). Nothing is
+  downloaded at run time: the data set must already be prepared in ``data_dir`` in
+  ``array_record`` format.
 
 Partitions (:func:`partition`):
 
@@ -25,12 +33,6 @@ Partitions (:func:`partition`):
 
 :func:`stack_shards` pads the shards to a common size so that they stack into one
 ``[n, max_size, ...]`` array with a per-worker valid ``size``.
-
-Text (character-level language modelling, :func:`load_text_dataset`): a TFDS text set with a
-``text`` feature and ``train``/``test`` splits (e.g. ``"tfds:tiny_shakespeare"``), read the
-same way as the image sets and tokenised into character ids with a vocabulary built from the
-train split (:class:`TextDataset`, :func:`encode_text`, :func:`decode_text`);
-:func:`partition_text` cuts the train stream into ``n`` equal contiguous chunks ``[n, L]``.
 """
 
 from __future__ import annotations
@@ -43,23 +45,36 @@ import numpy as np
 
 from nbsgd_jax import checks
 from nbsgd_jax import disk_data
+from nbsgd_jax import tfds_data
+# The text data sets (nbsgd_jax.text_data), re-exported: the package names them from here.
+from nbsgd_jax.text_data import (  # noqa: F401
+    TEXT_DATASETS,
+    TEXT_DATASETS_HELP,
+    TEXT_FEATURE,
+    TEXT_SCHEMES,
+    TEXT_TRAIN_FRACTION,
+    UNKNOWN_CHAR,
+    TextDataset,
+    decode_text,
+    encode_text,
+    load_text_dataset,
+    partition_text,
+    split_text,
+)
 
-# Image sources read from config.data_path (nbsgd_jax.disk_data), text sources, and all the
-# names load_dataset / load_text_dataset take besides "tfds:<name>".
+# The names load_dataset takes besides "tfds:<name>" (TEXT_DATASETS: load_text_dataset's), and
+# the image and text sources read from config.data_path (nbsgd_jax.disk_data).
 PATH_IMAGE_DATASETS = ("image_folder", "cifar10", "cifar100")
 IMAGE_DATASETS = ("mnist10k",) + PATH_IMAGE_DATASETS
-TEXT_DATASETS = ("tiny_shakespeare", "text_file")
 PATH_DATASETS = PATH_IMAGE_DATASETS + ("text_file",)
 DATASETS_HELP = (
     "use 'mnist10k', 'image_folder' or 'cifar10' / 'cifar100' (with data_path), or "
     "'tfds:<name>' (e.g. 'tfds:mnist', 'tfds:fashion_mnist', 'tfds:cifar10')"
 )
-TEXT_TRAIN_FRACTION = 0.9  # nanoGPT's shakespeare_char split: first 90 % train, rest validation
 SCHEMES = ("iid", "dirichlet")
 MNIST10K_NUM_TRAIN = 8000
 MNIST10K_SPLIT_SEED = 0
 MAX_DIRICHLET_TRIES = 1000
-_TFDS_CHUNK = 1024
 
 
 class Dataset(NamedTuple):
@@ -248,7 +263,8 @@ def load_dataset(name: str, data_dir: str | None = None, data_path: str | None =
     return Dataset(name, a.train_images, a.train_labels, a.test_images, a.test_labels,
                    len(a.classes))
   if name.startswith("tfds:") and name[len("tfds:"):].strip():
-    return _load_tfds(name, name[len("tfds:"):].strip(), data_dir)
+    return Dataset(name, *tfds_data.read_image_splits(name, name[len("tfds:"):].strip(),
+                                                      data_dir))
   raise ValueError(f"dataset={name!r} is not allowed: {DATASETS_HELP}")
 
 
@@ -269,131 +285,6 @@ def _load_mnist10k() -> Dataset:
       test_labels=labels[test],
       num_classes=10,
   )
-
-
-def _load_tfds(name: str, tfds_name: str, data_dir: str | None) -> Dataset:
-  """Reads the train and test splits of a prepared TFDS data set."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  splits = {}
-  num_classes = None
-  for split in ("train", "test"):
-    try:
-      source = tfds.data_source(tfds_name, split=split, data_dir=data_dir, download=False)
-    except Exception as e:  # pylint: disable=broad-except
-      raise _tfds_error(name, data_dir, f"split {split!r} could not be opened", e) from e
-    images, labels = _read_source(source, name=name, data_dir=data_dir, split=split)
-    splits[split] = (images, labels)
-    if num_classes is None:
-      num_classes = _tfds_num_classes(source)
-  (train_images, train_labels), (test_images, test_labels) = splits["train"], splits["test"]
-  if train_images.shape[1:] != test_images.shape[1:]:
-    raise ValueError(
-        f"dataset={name!r}: train images {train_images.shape[1:]} and test images "
-        f"{test_images.shape[1:]} differ in shape: both splits must share one image shape"
-    )
-  max_label = max(int(train_labels.max(initial=-1)), int(test_labels.max(initial=-1)))
-  if num_classes is None:
-    num_classes = max_label + 1
-  if num_classes < 1 or max_label >= num_classes:
-    raise ValueError(
-        f"dataset={name!r}: labels reach {max_label} but num_classes={num_classes}: labels "
-        f"must lie in [0, num_classes)"
-    )
-  return Dataset(
-      name=name,
-      train_images=train_images,
-      train_labels=train_labels,
-      test_images=test_images,
-      test_labels=test_labels,
-      num_classes=int(num_classes),
-  )
-
-
-def _tfds_error(name: str, data_dir: str | None, what: str, e: Exception) -> ValueError:
-  first_line = (str(e).strip().splitlines() or [""])[0][:300]
-  return ValueError(
-      f"dataset={name!r} with data_dir={data_dir!r}: {what} ({type(e).__name__}: "
-      f"{first_line}). Nothing is downloaded at run time: prepare the data set beforehand in "
-      f"array_record format, e.g. `tfds build {name[len('tfds:'):]} --data_dir=<dir> "
-      f"--file_format=array_record` or tfds.data_source(..., download=True), and pass that "
-      f"data_dir"
-  )
-
-
-def _tfds_num_classes(source: Any) -> int | None:
-  try:
-    n = source.dataset_info.features["label"].num_classes
-  except (AttributeError, KeyError, TypeError):
-    return None
-  return int(n) if isinstance(n, (int, np.integer)) else None
-
-
-def _record_chunks(source: Any, *, name: str, data_dir: str | None, split: str):
-  """``(keys, records)`` of a random-access source, ``_TFDS_CHUNK`` records at a time.
-
-  Batched access where the source has it. `tfds.testing.mock_data` (tfds 4.9.x) installs an
-  unbound `__getitems__` that raises TypeError; per-index access then takes over.
-
-  Raises:
-    ValueError: the source has no length, cannot be read, or returns a wrong count (named).
-  """
-  try:
-    n = len(source)
-  except Exception as e:  # pylint: disable=broad-except
-    raise _tfds_error(name, data_dir, f"split {split!r} has no length", e) from e
-  batched = callable(getattr(source, "__getitems__", None))
-  for start in range(0, n, _TFDS_CHUNK):
-    keys = list(range(start, min(start + _TFDS_CHUNK, n)))
-    try:
-      if batched:
-        try:
-          records = list(source.__getitems__(keys))
-        except TypeError:
-          batched = False
-      if not batched:
-        records = [source[k] for k in keys]
-    except Exception as e:  # pylint: disable=broad-except
-      raise _tfds_error(name, data_dir, f"split {split!r} could not be read", e) from e
-    if len(records) != len(keys):
-      raise ValueError(
-          f"dataset={name!r}: split {split!r} returned {len(records)} records for "
-          f"{len(keys)} keys: a source must return one record per key"
-      )
-    yield keys, records
-
-
-def _read_source(
-    source: Any, *, name: str, data_dir: str | None, split: str
-) -> tuple[np.ndarray, np.ndarray]:
-  """Reads a whole random-access source into uint8 ``[N, H, W, C]`` and int32 ``[N]``."""
-  images, labels = [], []
-  for _, records in _record_chunks(source, name=name, data_dir=data_dir, split=split):
-    try:
-      images.append(np.stack([np.asarray(r["image"]) for r in records]))
-      labels.append(np.asarray([np.asarray(r["label"]) for r in records]))
-    except (KeyError, TypeError, ValueError) as e:
-      raise ValueError(
-          f"dataset={name!r}: split {split!r} records could not be stacked ({e}): records "
-          f"need 'image' and 'label' keys and images of one fixed shape"
-      ) from e
-  if not images:
-    raise ValueError(f"dataset={name!r}: split {split!r} is empty: it needs >= 1 example")
-  x = np.concatenate(images)
-  y = np.concatenate(labels)
-  if x.ndim == 3:
-    x = x[..., None]
-  if x.ndim != 4 or x.dtype != np.uint8:
-    raise ValueError(
-        f"dataset={name!r}: split {split!r} images are {x.dtype} {x.shape[1:]}: images must "
-        f"be uint8 [H, W] or [H, W, C]"
-    )
-  if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
-    raise ValueError(
-        f"dataset={name!r}: split {split!r} labels are {y.dtype} {y.shape[1:]}: labels must "
-        f"be non-negative integer scalars"
-    )
-  return x, y.astype(np.int32)
 
 
 # ------------------------------------------------------------------------- partitioning
@@ -608,303 +499,6 @@ def label_histogram(
       )
     rows.append(np.bincount(y[s.astype(np.int64)], minlength=k).astype(np.int64))
   return np.stack(rows) if rows else np.zeros((0, k), np.int64)
-
-
-# ------------------------------------------------------------------------------- text
-
-TEXT_DATASETS_HELP = ("use 'tiny_shakespeare' (embedded), 'text_file' (with data_path) or "
-                      "'tfds:<name>' for a TFDS text data set (e.g. 'tfds:tiny_shakespeare')")
-TEXT_SCHEMES = ("iid",)
-TEXT_FEATURE = "text"
-UNKNOWN_CHAR = "\ufffd"  # what decode_text writes for the reserved unknown id
-
-
-class TextDataset(NamedTuple):
-  """A character-level language modelling corpus held in host memory.
-
-  Attributes:
-    name: the name given to :func:`load_text_dataset`, e.g. ``"tfds:tiny_shakespeare"``.
-    train_tokens: int32 ``[N_train]``, the train split as character ids in
-      ``[0, len(vocab))``.
-    test_tokens: int32 ``[N_test]``, the test split as character ids in
-      ``[0, vocab_size)``; a character absent from the train split gets the reserved
-      unknown id ``len(vocab) == vocab_size - 1``.
-    vocab: ``str``, the distinct characters (Unicode code points) of the train split sorted
-      by code point; id ``i < len(vocab)`` is character ``vocab[i]``.
-    vocab_size: ``len(vocab) + 1``: the model's number of output classes, the last id being
-      the reserved unknown id (never present in ``train_tokens``).
-  """
-
-  name: str
-  train_tokens: np.ndarray
-  test_tokens: np.ndarray
-  vocab: str
-  vocab_size: int
-
-
-def _code_points(text: str) -> np.ndarray:
-  """uint32 ``[len(text)]``: the Unicode code points of ``text``."""
-  return np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(np.uint32)
-
-
-def encode_text(text: str, vocab: str) -> np.ndarray:
-  """Maps characters to ids of a character vocabulary.
-
-  Args:
-    text: the string to encode.
-    vocab: the vocabulary, distinct characters sorted by code point (e.g.
-      ``TextDataset.vocab``).
-
-  Returns:
-    int32 ``[len(text)]``: ``vocab.index(ch)`` for each character, and the reserved unknown
-    id ``len(vocab)`` for characters not in ``vocab``.
-
-  Raises:
-    ValueError: ``text`` or ``vocab`` is not a ``str``; ``vocab`` is not strictly sorted by
-      code point (it has repeats or is out of order).
-
-  Source: none (character-level tokenisation as in Karpathy's char-rnn / nanoGPT
-  ``shakespeare_char``, with an explicit unknown id).
-  """
-  if not isinstance(text, str):
-    raise ValueError(f"text of type {type(text).__name__} is not allowed: it must be a str")
-  if not isinstance(vocab, str):
-    raise ValueError(f"vocab of type {type(vocab).__name__} is not allowed: it must be a str")
-  table = _code_points(vocab)
-  if np.any(np.diff(table.astype(np.int64)) <= 0):
-    raise ValueError(
-        f"vocab={vocab[:40]!r}... is not allowed: its characters must be distinct and sorted "
-        f"by code point"
-    )
-  cps = _code_points(text)
-  if table.size == 0:
-    return np.zeros(cps.shape, np.int32)
-  ids = np.searchsorted(table, cps)
-  known = table[np.minimum(ids, table.size - 1)] == cps
-  return np.where(known, ids, table.size).astype(np.int32)
-
-
-def decode_text(tokens: np.ndarray, vocab: str) -> str:
-  """Maps ids back to characters; the inverse of :func:`encode_text` on known characters.
-
-  Args:
-    tokens: integer ``[L]`` ids in ``[0, len(vocab)]``.
-    vocab: the vocabulary (e.g. ``TextDataset.vocab``).
-
-  Returns:
-    The string of ``vocab[id]``, with ``UNKNOWN_CHAR`` (U+FFFD) for the unknown id
-    ``len(vocab)``.
-
-  Raises:
-    ValueError: ``tokens`` is not a 1-D integer array of ids in ``[0, len(vocab)]``.
-
-  Source: none.
-  """
-  t = np.asarray(tokens)
-  if t.ndim != 1 or not (t.size == 0 or np.issubdtype(t.dtype, np.integer)):
-    raise ValueError(
-        f"tokens with shape {t.shape} and dtype {t.dtype} is not allowed: tokens must be a "
-        f"1-D integer array"
-    )
-  if t.size and (t.min() < 0 or t.max() > len(vocab)):
-    raise ValueError(
-        f"tokens in [{t.min()}, {t.max()}] is not allowed with a vocab of {len(vocab)} "
-        f"characters: ids must lie in [0, {len(vocab)}] ({len(vocab)} is the unknown id)"
-    )
-  chars = np.asarray(list(vocab) + [UNKNOWN_CHAR], dtype=object)
-  return "".join(chars[t.astype(np.int64)])
-
-
-def load_text_dataset(name: str, data_dir: str | None = None,
-                      data_path: str | None = None) -> TextDataset:
-  """Loads a character-level language modelling corpus into host memory.
-
-  Args:
-    name: ``"tiny_shakespeare"`` (embedded: the char-rnn / nanoGPT text, 1,115,394
-      characters, ``nbsgd_jax/assets/tiny_shakespeare.txt.gz``), ``"text_file"`` (any UTF-8
-      text file at ``data_path``, plain or ``.gz``), both split as nanoGPT's
-      ``shakespeare_char`` (:func:`split_text`: the first 90 % of the characters train, the
-      last 10 % the validation split returned as ``test_tokens``; the vocabulary is every
-      character of the text); or ``"tfds:<name>"``, a TensorFlow Datasets text set with a ``text`` feature (a
-      string, UTF-8 bytes on disk) and ``train``/``test`` splits, e.g.
-      ``"tfds:tiny_shakespeare"`` (whose ``train``, ``validation`` and ``test`` splits each
-      hold ONE example: 1,003,854 / 55,770 / 55,770 characters, 65 distinct in train).
-    data_dir: TFDS data directory (``None``: the TFDS default, ``~/tensorflow_datasets`` or
-      ``$TFDS_DATA_DIR``).
-    data_path: the text file of ``"text_file"``; ignored otherwise.
-
-  Returns:
-    A :class:`TextDataset`. For ``"tfds:*"``: each split's examples are concatenated in record order, with no
-    separator, and decoded as UTF-8. ``vocab`` is the sorted set of characters of the
-    train split; ``train_tokens`` / ``test_tokens`` are int32 ids (see :func:`encode_text`);
-    test characters absent from train map to the reserved unknown id
-    ``vocab_size - 1 == len(vocab)`` rather than raising, so ``vocab_size`` depends on the
-    train split only. The ``validation`` split is not read.
-
-  Raises:
-    ValueError: ``name`` is not ``"tfds:<name>"``; the data set is unknown, not prepared
-      locally in ``data_dir`` or unreadable (nothing is downloaded at run time: prepare it
-      beforehand, e.g. ``tfds build tiny_shakespeare --file_format=array_record``); a record
-      has no ``text`` string or is not valid UTF-8; a split is empty (no characters).
-      Preparing ``tiny_shakespeare`` runs its TFDS builder, which reads the download with
-      ``tf.io.gfile`` and so needs TensorFlow where it is prepared; reading it here does not.
-
-  Source: TFDS ``tiny_shakespeare`` (Karpathy 2015, char-rnn, "The Unreasonable
-  Effectiveness of Recurrent Neural Networks"), read through ``tfds.data_source``
-  (ArrayRecord random access, no TensorFlow needed).
-  """
-  if name == "tiny_shakespeare":
-    resource = importlib.resources.files("nbsgd_jax") / "assets" / "tiny_shakespeare.txt.gz"
-    with importlib.resources.as_file(resource) as path:
-      return split_text(disk_data.read_text(str(path)), name)
-  if name == "text_file":
-    return split_text(disk_data.read_text(data_path), name)
-  if not (isinstance(name, str) and name.startswith("tfds:") and name[len("tfds:"):].strip()):
-    raise ValueError(f"dataset={name!r} is not allowed: {TEXT_DATASETS_HELP}")
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  tfds_name = name[len("tfds:"):].strip()
-  texts = {}
-  for split in ("train", "test"):
-    try:
-      source = tfds.data_source(tfds_name, split=split, data_dir=data_dir, download=False)
-    except Exception as e:  # pylint: disable=broad-except
-      raise _tfds_error(name, data_dir, f"split {split!r} could not be opened", e) from e
-    texts[split] = _read_text_source(source, name=name, data_dir=data_dir, split=split)
-  train_cps = _code_points(texts["train"])
-  vocab = "".join(map(chr, np.unique(train_cps).tolist()))
-  return TextDataset(
-      name=name,
-      train_tokens=encode_text(texts["train"], vocab),
-      test_tokens=encode_text(texts["test"], vocab),
-      vocab=vocab,
-      vocab_size=len(vocab) + 1,
-  )
-
-
-def split_text(text: str, name: str, train_fraction: float = TEXT_TRAIN_FRACTION) -> TextDataset:
-  """A character corpus split as nanoGPT's ``shakespeare_char``.
-
-  Args:
-    text: the whole corpus.
-    name: the data set's name (kept in the result).
-    train_fraction: the leading fraction of the characters that trains, in ``(0, 1)``.
-
-  Returns:
-    A :class:`TextDataset` whose ``train_tokens`` are the first ``int(len(text) *
-    train_fraction)`` characters and ``test_tokens`` the rest (the validation split), with
-    ``vocab`` every distinct character of the whole text sorted by code point (so no
-    validation character is unknown); ``vocab_size = len(vocab) + 1`` keeps the reserved
-    unknown id of :func:`encode_text`.
-
-  Raises:
-    ValueError: a split would hold fewer than 2 characters (one input and its target).
-
-  Source: karpathy/nanoGPT, ``data/shakespeare_char/prepare.py`` (``chars =
-  sorted(list(set(data)))``; ``train_data = data[:int(n*0.9)]``, ``val_data =
-  data[int(n*0.9):]``).
-  """
-  cut = int(len(text) * train_fraction)
-  if cut < 2 or len(text) - cut < 2:
-    raise ValueError(f"dataset={name!r}: the text holds {len(text)} characters: its "
-                     f"{train_fraction:.0%} / {1 - train_fraction:.0%} split needs >= 2 in each")
-  vocab = "".join(map(chr, np.unique(_code_points(text)).tolist()))
-  return TextDataset(name=name, train_tokens=encode_text(text[:cut], vocab),
-                     test_tokens=encode_text(text[cut:], vocab), vocab=vocab,
-                     vocab_size=len(vocab) + 1)
-
-
-def _as_text(value: Any, *, name: str, split: str, index: int) -> str:
-  """A record's ``text`` value (str, bytes, numpy scalar or 0-d array) as a str."""
-  if isinstance(value, np.ndarray) and value.ndim == 0:
-    value = value.item()
-  if isinstance(value, (bytes, np.bytes_)):
-    try:
-      return bytes(value).decode("utf-8")
-    except UnicodeDecodeError as e:
-      raise ValueError(
-          f"dataset={name!r}: split {split!r} record {index} is not valid UTF-8 ({e}): the "
-          f"{TEXT_FEATURE!r} feature must hold UTF-8 text"
-      ) from e
-  if isinstance(value, str):
-    return str(value)
-  raise ValueError(
-      f"dataset={name!r}: split {split!r} record {index} has a {TEXT_FEATURE!r} value of type "
-      f"{type(value).__name__}: it must be a string (str or UTF-8 bytes)"
-  )
-
-
-def _read_text_source(source: Any, *, name: str, data_dir: str | None, split: str) -> str:
-  """Reads and concatenates the ``text`` feature of every record of a random-access source."""
-  pieces = []
-  for keys, records in _record_chunks(source, name=name, data_dir=data_dir, split=split):
-    for k, r in zip(keys, records):
-      try:
-        value = r[TEXT_FEATURE]
-      except (KeyError, TypeError, IndexError):
-        raise ValueError(
-            f"dataset={name!r}: split {split!r} record {k} has no {TEXT_FEATURE!r} feature: "
-            f"a text data set needs a {TEXT_FEATURE!r} string feature"
-        ) from None
-      pieces.append(_as_text(value, name=name, split=split, index=k))
-  text = "".join(pieces)
-  if not text:
-    raise ValueError(
-        f"dataset={name!r}: split {split!r} holds no text: it needs >= 1 character"
-    )
-  return text
-
-
-def partition_text(
-    tokens: np.ndarray, num_workers: int, scheme: str = "iid", min_length: int = 1
-) -> np.ndarray:
-  """Cuts a token stream into equal contiguous shards, one per worker.
-
-  Args:
-    tokens: integer ``[N]`` (e.g. ``TextDataset.train_tokens``).
-    num_workers: ``n >= 1``.
-    scheme: ``"iid"`` only: ``n`` equal contiguous chunks in stream order (no shuffling:
-      sequences must stay contiguous for language modelling; a worker's training windows are
-      drawn from its own chunk). ``"dirichlet"`` is rejected: Dirichlet label skew
-      (:func:`partition`) needs per-example class labels, which a token stream does not
-      have.
-    min_length: every chunk must hold at least this many tokens, ``>= 1`` (e.g.
-      ``seq_len + 1`` so that one input/target window fits).
-
-  Returns:
-    int32 ``[n, L]`` with ``L = N // n``: row ``i`` is ``tokens[i * L:(i + 1) * L]``. The last
-    ``N % n`` tokens are dropped, so every row is fully valid (no padding and no ``sizes``,
-    unlike :func:`stack_shards`). Deterministic: no seed.
-
-  Raises:
-    ValueError: ``tokens`` is not a non-empty 1-D integer array; ``num_workers`` is not an
-      integer ``>= 1``; ``scheme`` is not ``"iid"`` (``"dirichlet"`` with its own message);
-      ``min_length`` is not an integer ``>= 1`` or ``N // n < min_length``.
-
-  Source: none (contiguous per-worker shards of a character stream).
-  """
-  t = np.asarray(tokens)
-  if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer):
-    raise ValueError(
-        f"tokens with shape {t.shape} and dtype {t.dtype} is not allowed: tokens must be a "
-        f"non-empty 1-D integer array"
-    )
-  n = _check_int("num_workers", num_workers, 1)
-  if scheme == "dirichlet":
-    raise ValueError(
-        "scheme='dirichlet' is not allowed for text: Dirichlet label skew needs per-example "
-        "class labels and a token stream has none; use scheme='iid' (equal contiguous chunks)"
-    )
-  if scheme not in TEXT_SCHEMES:
-    raise ValueError(f"scheme={scheme!r} is not allowed for text: use one of {TEXT_SCHEMES}")
-  min_length = _check_int("min_length", min_length, 1)
-  length = t.shape[0] // n
-  if length < min_length:
-    raise ValueError(
-        f"num_workers={n} is not allowed with {t.shape[0]} tokens and min_length={min_length}: "
-        f"each worker's chunk would hold {length} tokens; it needs >= min_length"
-    )
-  return t[: n * length].reshape(n, length).astype(np.int32)
 
 
 # Synthetic PL problems with a known optimum F* (least squares, l2-regularised logistic

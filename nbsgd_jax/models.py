@@ -40,6 +40,7 @@ from typing import Any, NamedTuple, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 from jax import lax
 
 from nbsgd_jax import checks
@@ -201,6 +202,7 @@ class TransformerLM(nn.Module):
 
 
 MODELS = ("logreg", "mlp", "cnn", "resnet", "transformer")
+COMPUTE_DTYPES = ("float32", "bfloat16")  # config.compute_dtype
 IMAGE_MODELS = ("logreg", "mlp", "cnn", "resnet")
 GIVEN = "module"  # config.model of a flax module given to train(model=...)
 REGISTRY: dict = {}  # config.model name -> factory(num_classes, cfg) -> nn.Module
@@ -302,9 +304,18 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
   raise ValueError(f"model={name!r} is not allowed: use one of {list(MODELS)}")
 
 
+def lm_defaults() -> ml_collections.ConfigDict:
+  """``config.lm.*`` with their defaults: model=transformer: sizes of the language model."""
+  s = ml_collections.ConfigDict()
+  s.context = 64                 # tokens per training sequence T (and positions learned)
+  s.num_layers = 2               # transformer blocks
+  s.d_model = 128                # width
+  s.num_heads = 4                # attention heads (divide d_model)
+  return s
+
+
 def check_lm_config(cfg, errs: list) -> None:
   """lm.*: the language model's sizes."""
-  from nbsgd_jax import checks
   ok = [checks.integer(cfg, errs, f"lm.{k}", 1) for k in ("context", "num_layers", "d_model",
                                                           "num_heads")]
   if all(ok) and cfg.lm.d_model % cfg.lm.num_heads:

@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from nbsgd_jax.config import CONV_IMPLS, POOL_IMPLS  # noqa: F401  (the config's choices)
+CONV_IMPLS = ("batched", "per_worker")  # config.conv_impl
+POOL_IMPLS = ("window", "reshape")  # config.pool_impl
 
 
 def per_worker(fn: Callable) -> Callable:

@@ -73,6 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 import scipy.special
+import ml_collections
 
 from nbsgd_jax import checks
 
@@ -432,6 +433,24 @@ def regroup(problem: SyntheticProblem, num_workers: int) -> SyntheticProblem:
 
 
 # ----------------------------------------------------------------------------- config
+
+
+def problem_defaults() -> ml_collections.ConfigDict:
+  """``config.problem.*`` with their defaults: synthetic PL problems (dataset least_squares | logistic; Haddadpour et al. 2019)."""
+  s = ml_collections.ConfigDict()
+  s.examples_per_worker = 256    # examples of each of problem.shards shards
+  s.shards = 0                   # shards the problem is drawn with (0: num_workers); a
+                                 # multiple of num_workers: consecutive shards are merged, so
+                                 # runs with different num_workers share one global problem
+  s.dim = 10                     # features d
+  s.noise = 0.1                  # least_squares: std of the target noise
+  s.l2 = 0.01                    # l2 regularisation of the objective
+  s.heterogeneity = 0.0          # h: shift of each shard's feature mean (0: iid)
+  s.condition = 10.0             # least_squares: condition number of the feature covariance
+  s.seed = 0                     # seed of the problem's data
+  s.full_batch = False           # every step on the worker's whole shard (exact local
+                                 # gradients; batch_size is not used)
+  return s
 
 
 def check_config(cfg, errs: list) -> None:

@@ -29,12 +29,18 @@ import ml_collections
 import numpy as np
 import optax
 
+from nbsgd_jax import checks, codecs, consensus, optim
+from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import periods as local_sgd_lib
+from nbsgd_jax.host import matcha as matcha_lib
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.communications import (AllReduce, Communication, CompressedGossip, Gossip,
                                       Matchings, MessageAllGather, SparseAllGather)
 from nbsgd_jax.transforms import decentralized as D
-from nbsgd_jax.transforms.decentralized import check_d2_mixing  # noqa: F401 (its old home)
+from nbsgd_jax.transforms import powersgd  # noqa: F401  (registers the "powersgd" reducer)
+from nbsgd_jax.transforms.consensus import consensus_control, log_consensus_distance
+from nbsgd_jax.transforms.decentralized import check_d2_mixing
 
 
 class Recipe(NamedTuple):
@@ -47,7 +53,7 @@ class Recipe(NamedTuple):
       every step, and consensus control is refused).
     primary: the step's main communication (Non-blocking SGD's per-neighbourhood deadlines).
     planner: for a recipe that synchronises at period ends (local SGD, DiLoCo, Gossip-PGA),
-      ``loss_offset -> SyncPlanner`` (:mod:`nbsgd_jax.local_sgd`): the host plans the periods
+      ``loss_offset -> SyncPlanner`` (:mod:`nbsgd_jax.host.periods`): the host plans the periods
       (``ctx.period_end``); None: every step is a period end.
   """
 
@@ -66,33 +72,80 @@ class Recipe(NamedTuple):
 Reason = Union[None, str, Callable[[ml_collections.ConfigDict], Optional[str]]]
 
 
+class Section(NamedTuple):
+  """A config section an algorithm owns (``config.<name>.*``): its keys have an effect only
+  while an algorithm registered with it runs.
+
+  Attributes:
+    defaults: ``() -> ConfigDict``, the section's keys with their defaults; the comment beside
+      each key is its documentation (``docs/config.md``).
+    check: ``(cfg, errs) -> None``, appends one line per bad value of the section's keys
+      (run whatever the algorithm: a bad value is an error wherever it is).
+    doc: one line on what the section is (the heading of ``docs/config.md``).
+  """
+
+  defaults: Callable[[], ml_collections.ConfigDict]
+  check: Callable[[ml_collections.ConfigDict, list], None]
+  doc: str = ""
+
+
 class Entry(NamedTuple):
-  """A registered recipe: ``build``, whether it gossips every step (consensus control
-  applies) and why compression does not apply (None: it does)."""
+  """A registered algorithm (:func:`register`)."""
 
   build: Callable[["Builder"], Recipe]
   gossips: bool = False
   no_compression: Reason = None
+  sections: tuple[str, ...] = ()
+  check: Optional[Callable[[ml_collections.ConfigDict, list], None]] = None
 
 
 REGISTRY: dict[str, Entry] = {}
+SECTIONS: dict[str, Section] = {}  # the algorithms' config sections, by name
 GOSSIP_REASON = ("gossip exchanges models, not gradients; compressed gossip needs CHOCO-SGD's "
                  "public copies x_hat")
 
 
-def register(name: str, gossips: bool = False, no_compression: Reason = None) -> Callable:
-  """Decorator: register ``build`` as ``config.algorithm=name``. ``gossips``: the recipe
-  gossips every step and returns its ``Recipe.gossip`` (consensus control applies);
-  ``no_compression``: the mathematical reason compression does not apply (a string, or
-  ``cfg -> str | None``)."""
+def register(name: str, gossips: bool = False, no_compression: Reason = None,
+             sections: Optional[dict[str, Section]] = None,
+             check: Optional[Callable[[ml_collections.ConfigDict, list], None]] = None
+             ) -> Callable:
+  """Decorator: register ``build`` (``Builder -> Recipe``) as ``config.algorithm=name``.
+
+  Args:
+    name: the algorithm's name in ``config.algorithm``.
+    gossips: the recipe gossips every step and returns its ``Recipe.gossip`` (consensus
+      control applies).
+    no_compression: the mathematical reason compression does not apply (a string, or
+      ``cfg -> str | None``); None: it does.
+    sections: ``{section name: Section}``, the config sections only this algorithm (and the
+      others registered with the same section) reads: ``default_config()`` holds them,
+      ``validate`` runs their checks, and their keys changed while another algorithm runs
+      are named as having no effect.
+    check: ``(cfg, errs) -> None``, the rules that hold only while this algorithm runs
+      (e.g. a period no longer than the run); ``validate`` calls it when
+      ``config.algorithm == name``.
+
+  Raises:
+    ValueError: ``name`` registered with another ``build``, or a section name registered
+      with another :class:`Section`.
+  """
 
   def wrap(build):
     if name in REGISTRY and REGISTRY[name].build is not build:
       raise ValueError(f"recipe {name!r} is already registered")
-    REGISTRY[name] = Entry(build, gossips, no_compression)
+    for section, spec in (sections or {}).items():
+      if section in SECTIONS and SECTIONS[section] != spec:
+        raise ValueError(f"config section {section!r} is already registered")
+    SECTIONS.update(sections or {})
+    REGISTRY[name] = Entry(build, gossips, no_compression, tuple(sections or ()), check)
     return build
 
   return wrap
+
+
+def section_owners(section: str) -> list[str]:
+  """The algorithms registered with config section ``section``."""
+  return [n for n, e in REGISTRY.items() if section in e.sections]
 
 
 class Builder:
@@ -101,18 +154,15 @@ class Builder:
   Args:
     cfg: the run's config.
     topology: the :class:`~nbsgd_jax.topology.Topology`.
-    plan: MATCHA's plan (``config.algorithm='matcha'``), or None.
     axis_name: the worker axis of the backend.
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, topology=None, plan=None,
-               axis_name: Any = AXIS):
-    self.cfg, self.topology, self.plan, self.axis_name = cfg, topology, plan, axis_name
+  def __init__(self, cfg: ml_collections.ConfigDict, topology=None, axis_name: Any = AXIS):
+    self.cfg, self.topology, self.axis_name = cfg, topology, axis_name
     self.n = cfg.num_workers
     # mini-batches may be missing (Non-blocking SGD, failures): count-weighted means, skips
-    from nbsgd_jax.config import counted_steps
-    self.weighted = counted_steps(cfg)
-    self.compressed = cfg.compression.name != "none"
+    self.weighted = cluster_lib.counted_steps(cfg)
+    self.compressed = cfg.compression.name != codecs.NONE
     self.compression_used = False
 
   # ------------------------------------------------------------------ optimizers
@@ -121,8 +171,7 @@ class Builder:
     """The local optimizer (weight decay, SGD with momentum); ``skip`` = ``"local"`` /
     ``"global"`` adds the no-step rule of :func:`~nbsgd_jax.transforms.skip_when_idle` when
     mini-batches may be missing."""
-    from nbsgd_jax.run.setup import make_optimizer
-    opt = T.from_optax(make_optimizer(self.cfg))
+    opt = T.from_optax(optim.make_optimizer(self.cfg))
     return T.skip_when_idle(opt, skip) if skip and self.weighted else opt
 
   # ------------------------------------------------------------------ communications
@@ -139,35 +188,30 @@ class Builder:
     return g
 
   def matchings(self) -> Matchings:
-    return Matchings(self.plan, self.n, self.cfg.matcha.seed, self.axis_name)
+    """MATCHA's matchings of the topology's graph (:func:`nbsgd_jax.host.matcha.plan`: the
+    decomposition, probabilities and alpha, solved with cvxpy)."""
+    plan = matcha_lib.plan(self.n, self.topology.edges, self.cfg.matcha.budget)
+    return Matchings(plan, self.n, self.cfg.matcha.seed, self.axis_name)
 
   def fixed_periods(self, tau: int) -> Callable[[float], Any]:
     """A :attr:`Recipe.planner` of periods of ``tau`` steps."""
-    from nbsgd_jax.local_sgd import SyncPlanner
-    return lambda offset: SyncPlanner("fixed", tau)
+    return lambda offset: local_sgd_lib.SyncPlanner("fixed", tau)
 
   # ------------------------------------------------------------------ reducers
 
   def codec(self):
     """The :class:`~nbsgd_jax.codecs.Codec` of ``config.compression`` (marks compression as
     used by the recipe)."""
-    from nbsgd_jax import codecs
     self.compression_used = True
-    c = self.cfg.compression
-    options = ({"rounds": c.gaussian_rounds or None,  # 0: the correction's default
-                "correction": c.gaussian_correction}
-               if c.name == "gaussian_k" else {})
-    return codecs.make_codec(c.name, density=c.density, levels=c.levels,
-                             bucket_size=c.bucket_size, **options)
+    return codecs.from_config(self.cfg.compression)
 
   def _compressed(self, by: str) -> T.WorkerTransform:
     c = self.cfg.compression
-    if c.name == "powersgd":  # a two-round all-reduce, not a codec
-      from nbsgd_jax.transforms.powersgd import powersgd
+    if codecs.REGISTRY[c.name].reducer:  # a reducer of its own (PowerSGD), not a codec
       self.compression_used = True
-      comm = AllReduce(self.n, self.axis_name, "powersgd", self.weighted)
-      return powersgd(c.rank, comm, seed=self.cfg.seed, use_residual=c.error_feedback,
-                      weight_by=by)
+      comm = AllReduce(self.n, self.axis_name, c.name, self.weighted)
+      return codecs.from_config(c)(comm, seed=self.cfg.seed, use_residual=c.error_feedback,
+                                   weight_by=by)
     codec = self.codec()
     comm = (SparseAllGather if codec.sparse else MessageAllGather)(
         self.n, self.axis_name, "sparse_allgather" if codec.sparse else "allgather",
@@ -199,6 +243,137 @@ class Builder:
     return T.mean_of(allreduce, "alive")
 
 
+# ----------------------------------------------------------------------------- config sections
+# The sections the algorithms own (``register(..., sections=...)``): defaults, value checks.
+
+
+def check_diloco_config(cfg, errs: list) -> None:
+  """diloco.*: inner steps and the outer optimizer."""
+  checks.integer(cfg, errs, "diloco.inner_steps", 1, note="H")
+  checks.number(cfg, errs, "diloco.outer_lr", 0, lo_open=True)
+  checks.number(cfg, errs, "diloco.outer_momentum", 0, hi=1, hi_open=True)
+  checks.boolean(cfg, errs, "diloco.outer_nesterov")
+
+
+def dpsgd_defaults() -> ml_collections.ConfigDict:
+  """``config.dpsgd.*`` with their defaults."""
+  s = ml_collections.ConfigDict()
+  s.order = "atc"                # atc: local step, then gossip (the reference codes: MATCHA's
+                                 # train_mpi.py, Koloskova et al. 2020) | parallel (Lian et
+                                 # al. Eq. 2: gossip x while computing g(x), overlapped)
+  return s
+
+
+def check_dpsgd_config(cfg, errs: list) -> None:
+  """dpsgd.order."""
+  checks.choice(cfg, errs, "dpsgd.order", T.wrappers.ORDERS)
+
+
+def _check_diloco_period(cfg, errs: list) -> None:
+  """DiLoCo's first round ends within the run."""
+  checks.period_within_run(cfg, errs, "diloco.inner_steps", True)
+
+
+def check_streaming_diloco_config(cfg, errs: list) -> None:
+  """streaming_diloco.*: fragments P >= 1, overlap tau >= 0, mixing factor alpha in [0, 1]."""
+  checks.number(cfg, errs, "streaming_diloco.alpha", 0, hi=1)
+  checks.integer(cfg, errs, "streaming_diloco.delay", 0, note="tau")
+  checks.integer(cfg, errs, "streaming_diloco.fragments", 1, note="P")
+
+
+def _check_streaming(cfg, errs: list) -> None:
+  """Streaming DiLoCo's first round within the run, P dividing H = diloco.inner_steps and
+  0 <= tau < H / P (a fragment's all-reduce lands before the next one starts)."""
+  _check_diloco_period(cfg, errs)
+  sd, h = cfg.streaming_diloco, cfg.diloco.get("inner_steps")
+  p, tau = sd.get("fragments"), sd.get("delay")
+  if not (checks.is_int(p) and p >= 1 and checks.is_int(h) and h >= 1):
+    return
+  if h % p:
+    errs.append(f"config.streaming_diloco.fragments={p} is not allowed with "
+                f"config.diloco.inner_steps={h}: it must divide H")
+  elif checks.is_int(tau) and tau >= h // p:
+    errs.append(f"config.streaming_diloco.delay={tau} is not allowed with H / P = {h // p}: "
+                f"a fragment's all-reduce must land before the next one starts "
+                f"(0 <= tau < {h // p})")
+
+
+def check_choco_config(cfg, errs: list) -> None:
+  """choco.gamma in (0, 1]; choco.order."""
+  checks.number(cfg, errs, "choco.gamma", 0, lo_open=True, hi=1)
+  checks.choice(cfg, errs, "choco.order", D.CHOCO_ORDERS)
+
+
+def check_d2_config(cfg, errs: list) -> None:
+  """d2.mixing."""
+  checks.choice(cfg, errs, "d2.mixing", D.D2_MIXINGS)
+
+
+def check_gossip_pga_config(cfg, errs: list) -> None:
+  """gossip_pga.period >= 1."""
+  checks.integer(cfg, errs, "gossip_pga.period", 1, note="H")
+
+
+def choco_defaults() -> ml_collections.ConfigDict:
+  """``config.choco.*`` with their defaults: CHOCO-SGD (Koloskova et al. 2019)."""
+  s = ml_collections.ConfigDict()
+  s.gamma = 0.5                  # consensus step size, in (0, 1]; tune it with the codec
+  s.order = "paper"              # paper: Algorithm 2 (compress, then consensus) | released:
+                                 # epfml/ChocoSGD's codes (consensus on the last copies, then
+                                 # compress the new model's difference)
+                                 # (smaller for stronger compression)
+  return s
+
+
+def d2_defaults() -> ml_collections.ConfigDict:
+  """``config.d2.*`` with their defaults: D^2 (Tang et al. 2018) / Exact Diffusion."""
+  s = ml_collections.ConfigDict()
+  s.mixing = "lazy"              # lazy: (I + W) / 2 (Exact Diffusion) | w: W itself (needs
+                                 # lambda_min(W) > -1/3)
+  return s
+
+
+def gossip_pga_defaults() -> ml_collections.ConfigDict:
+  """``config.gossip_pga.*`` with their defaults: Gossip-PGA (Chen et al. 2021)."""
+  s = ml_collections.ConfigDict()
+  s.period = 8                   # H: a global average instead of the gossip every H steps
+  return s
+
+
+def diloco_defaults() -> ml_collections.ConfigDict:
+  """``config.diloco.*`` with their defaults: DiLoCo (Douillard et al. 2023)."""
+  s = ml_collections.ConfigDict()
+  s.inner_steps = 50             # H: inner steps per round
+  s.outer_lr = 0.7               # outer SGD learning rate
+  s.outer_momentum = 0.9         # outer momentum (0: plain SGD)
+  s.outer_nesterov = True        # Nesterov outer momentum
+  return s
+
+
+def streaming_diloco_defaults() -> ml_collections.ConfigDict:
+  """``config.streaming_diloco.*`` with their defaults: Streaming DiLoCo (Douillard et al. 2025)."""
+  s = ml_collections.ConfigDict()
+  s.fragments = 2                # P: contiguous groups of parameter arrays, one synchronised
+                                    # every diloco.inner_steps / P steps (P must divide H)
+  s.delay = 0                    # tau: inner steps a fragment's all-reduce overlaps (0: none;
+                                 # 0 <= tau < H / P)
+  s.alpha = 0.0                  # mixing factor at landing: x <- alpha x + (1 - alpha) global
+  return s
+
+
+DILOCO = Section(diloco_defaults, check_diloco_config, "DiLoCo (Douillard et al. 2023)")
+STREAMING_DILOCO = Section(streaming_diloco_defaults, check_streaming_diloco_config,
+                           "Streaming DiLoCo (Douillard et al. 2025)")
+CHOCO = Section(choco_defaults, check_choco_config, "CHOCO-SGD (Koloskova et al. 2019)")
+D2 = Section(d2_defaults, check_d2_config, "D^2 (Tang et al. 2018) / Exact Diffusion")
+GOSSIP_PGA = Section(gossip_pga_defaults, check_gossip_pga_config,
+                     "Gossip-PGA (Chen et al. 2021)")
+LOCAL_SGD = Section(local_sgd_lib.local_sgd_defaults, local_sgd_lib.check_config,
+                    "LUPA-SGD (Haddadpour et al. 2019)")
+MATCHA = Section(matcha_lib.matcha_defaults, matcha_lib.check_config,
+                 "MATCHA (Wang et al. 2019)")
+
+
 # ----------------------------------------------------------------------------- recipes
 
 
@@ -228,7 +403,8 @@ def dpsgd(b: Builder) -> Recipe:
                 gossip=g, primary=g)
 
 
-@register("matcha", gossips=True, no_compression=GOSSIP_REASON)
+@register("matcha", gossips=True, no_compression=GOSSIP_REASON, sections={"matcha": MATCHA},
+          check=matcha_lib.check_static_graph)
 def matcha(b: Builder) -> Recipe:
   """MATCHA (Wang et al. 2019): gossip over randomly activated matchings; consensus control
   gossips over the static base graph."""
@@ -238,13 +414,15 @@ def matcha(b: Builder) -> Recipe:
 
 
 def _choco_reason(cfg) -> Optional[str]:
-  if cfg.compression.name == "powersgd":
-    return ("CHOCO-SGD compresses each worker's x - x_hat with a codec; PowerSGD's message is "
-            "built by two all-reduces over all workers, which gossip does not have")
+  spec = codecs.REGISTRY.get(cfg.compression.name)
+  if spec is not None and spec.reducer:
+    return (f"CHOCO-SGD compresses each worker's x - x_hat with a codec; "
+            f"{cfg.compression.name!r} is a reducer of its own (PowerSGD's message is built by "
+            "two all-reduces over all workers), which gossip does not have")
   return None
 
 
-@register("choco_sgd", gossips=True, no_compression=_choco_reason)
+@register("choco_sgd", gossips=True, no_compression=_choco_reason, sections={"choco": CHOCO})
 def choco_sgd(b: Builder) -> Recipe:
   """CHOCO-SGD (Koloskova et al. 2019, Algorithm 2): gossip of compressed model differences
   with public copies; consensus control repeats a plain gossip round."""
@@ -265,7 +443,7 @@ def gradient_tracking(b: Builder) -> Recipe:
   return Recipe(t, decentralized=True, gossip=g, primary=g)
 
 
-@register("d2", gossips=True, no_compression=GOSSIP_REASON)
+@register("d2", gossips=True, no_compression=GOSSIP_REASON, sections={"d2": D2})
 def d2(b: Builder) -> Recipe:
   """D^2 (Tang et al. 2018) over W, or Exact Diffusion over (I + W) / 2 (``d2.mixing``)."""
   g = b.gossip(lazy=b.cfg.d2.mixing == "lazy")
@@ -273,7 +451,8 @@ def d2(b: Builder) -> Recipe:
   return Recipe(D.d2(b.optimizer("local"), g), decentralized=True, gossip=g, primary=g)
 
 
-@register("gossip_pga", gossips=True, no_compression=GOSSIP_REASON)
+@register("gossip_pga", gossips=True, no_compression=GOSSIP_REASON,
+          sections={"gossip_pga": GOSSIP_PGA})
 def gossip_pga(b: Builder) -> Recipe:
   """Gossip-PGA (Chen et al. 2021): D-PSGD with a global average every ``gossip_pga.period``
   steps."""
@@ -289,7 +468,8 @@ def _local_sgd_reason(cfg) -> Optional[str]:
   return None
 
 
-@register("local_sgd", no_compression=_local_sgd_reason)
+@register("local_sgd", no_compression=_local_sgd_reason, sections={"local_sgd": LOCAL_SGD},
+          check=local_sgd_lib.check_period)
 def local_sgd(b: Builder) -> Recipe:
   """Local SGD / LUPA-SGD (Haddadpour et al. 2019): local steps, a model average (or one
   gossip round) at every period end."""
@@ -298,7 +478,6 @@ def local_sgd(b: Builder) -> Recipe:
   plain = T.gossip_of(comm) if c.averaging == "gossip" else T.mean_of(comm, "alive")
   reducer = plain if c.averaging == "gossip" else b.model_reducer(comm)
   sync = T.average_models(reducer, c.opt_state, local_init=opt.init, opt_reducer=plain)
-  from nbsgd_jax import local_sgd as local_sgd_lib
   return Recipe(T.periodic(opt, sync), decentralized=True, primary=comm,
                 planner=lambda offset: local_sgd_lib.make_planner(b.cfg, offset))
 
@@ -309,7 +488,7 @@ def _outer(cfg) -> optax.GradientTransformation:
                    nesterov=bool(d.outer_momentum) and d.outer_nesterov)
 
 
-@register("diloco")
+@register("diloco", sections={"diloco": DILOCO}, check=_check_diloco_period)
 def diloco(b: Builder) -> Recipe:
   """DiLoCo (Douillard et al. 2023): H inner steps, then an outer optimizer step on the
   averaged pseudo-gradient."""
@@ -319,19 +498,19 @@ def diloco(b: Builder) -> Recipe:
                 planner=b.fixed_periods(b.cfg.diloco.inner_steps))
 
 
-@register("streaming_diloco")
+@register("streaming_diloco", sections={"diloco": DILOCO, "streaming_diloco": STREAMING_DILOCO},
+          check=_check_streaming)
 def streaming_diloco(b: Builder) -> Recipe:
   """Streaming DiLoCo (Douillard et al. 2025): DiLoCo whose P fragments synchronise in turn,
   one every H / P steps (``diloco.*`` as DiLoCo, ``streaming_diloco.fragments`` = P), each
   all-reduce overlapping ``streaming_diloco.delay`` = tau inner steps, merged with mixing
   factor ``streaming_diloco.alpha``."""
-  from nbsgd_jax.local_sgd import FragmentPlanner
   h, c = b.cfg.diloco.inner_steps, b.cfg.streaming_diloco
   comm = b.allreduce()
   sync = T.streaming_outer_step(b.delta_reducer(comm), _outer(b.cfg), c.fragments, c.delay,
                                 c.alpha)
   return Recipe(T.periodic(b.optimizer("local"), sync), decentralized=True, primary=comm,
-                planner=lambda offset: FragmentPlanner(h, c.fragments, c.delay))
+                planner=lambda offset: local_sgd_lib.FragmentPlanner(h, c.fragments, c.delay))
 
 
 # ----------------------------------------------------------------------------- assembly
@@ -354,9 +533,11 @@ def combination_errors(cfg: ml_collections.ConfigDict) -> list[str]:
   if name not in REGISTRY:
     return [f"config.algorithm={name!r} is not allowed: use one of {list(REGISTRY)}"]
   errs: list = []
+  if REGISTRY[name].check is not None:  # the rules of this algorithm
+    REGISTRY[name].check(cfg, errs)
   reason = _reason(REGISTRY[name], cfg)
-  from nbsgd_jax.config import COMPRESSIONS  # an unknown name is the config's error
-  if cfg.compression.name in COMPRESSIONS and cfg.compression.name != "none" and reason:
+  # an unknown name is the config's error
+  if cfg.compression.name in codecs.REGISTRY and cfg.compression.name != codecs.NONE and reason:
     errs.append(f"config.compression.name={cfg.compression.name!r} is not allowed with "
                 f"config.algorithm={name!r}: {reason}")
   gossipers = gossip_recipes()
@@ -367,8 +548,7 @@ def combination_errors(cfg: ml_collections.ConfigDict) -> list[str]:
   return errs
 
 
-def build(cfg: ml_collections.ConfigDict, topology=None, plan=None,
-          axis_name: Any = AXIS) -> Recipe:
+def build(cfg: ml_collections.ConfigDict, topology=None, axis_name: Any = AXIS) -> Recipe:
   """The recipe of ``cfg.algorithm`` with the cross-cutting pieces applied (module docstring).
 
   Raises:
@@ -378,7 +558,7 @@ def build(cfg: ml_collections.ConfigDict, topology=None, plan=None,
   errs = combination_errors(cfg)
   if errs:
     raise ValueError("\n".join(errs))
-  b = Builder(cfg, topology, plan, axis_name)
+  b = Builder(cfg, topology, axis_name)
   recipe = REGISTRY[cfg.algorithm].build(b)
   if b.compressed and not b.compression_used:
     raise ValueError(f"recipe {cfg.algorithm!r} accepts compression but asked for no reducer")
@@ -387,13 +567,10 @@ def build(cfg: ml_collections.ConfigDict, topology=None, plan=None,
     if recipe.gossip is None:
       raise ValueError(f"recipe {cfg.algorithm!r} is registered with gossips=True but returned "
                        "no Recipe.gossip for consensus control")
-    from nbsgd_jax import consensus
     control = consensus.Control(cs.max_gossip_steps, cs.measure, cs.sketch_size, cfg.seed,
                                 gradient_stats=cs.critical)
-    from nbsgd_jax.transforms.consensus import consensus_control
     recipe = recipe._replace(transform=consensus_control(
         recipe.transform, recipe.gossip, control, cfg.num_workers, cs.log_every_step))
   elif cs.log_every_step and recipe.decentralized:
-    from nbsgd_jax.transforms.consensus import log_consensus_distance
     recipe = recipe._replace(transform=log_consensus_distance(recipe.transform, axis_name))
   return recipe

@@ -52,7 +52,7 @@ import numpy as np
 
 from nbsgd_jax import checks
 
-WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
+WEIGHTS = MIXING_WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,10 +487,10 @@ TOPOLOGIES: dict[str, Callable[..., Topology]] = {
     "ring": ring,
     "torus": torus,
     "exponential": exponential,
+    "one_peer_exponential": one_peer_exponential,
     "complete": complete,
     "star": star,
     "erdos_renyi": erdos_renyi,
-    "one_peer_exponential": one_peer_exponential,
     "matcha_graph0": matcha_graph0,
 }
 FIXED_SIZE = {"matcha_graph0": 8}  # graphs with one number of workers
@@ -575,9 +575,8 @@ def spectral_gap(w: np.ndarray) -> float:
 
 def check_config(cfg, errs: list) -> None:
   """Config check of topology, mixing_weights, topology_* (torus: rows x cols = num_workers)."""
-  from nbsgd_jax import config as config_lib
-  checks.choice(cfg, errs, "topology", config_lib.TOPOLOGIES)
-  checks.choice(cfg, errs, "mixing_weights", config_lib.MIXING_WEIGHTS)
+  checks.choice(cfg, errs, "topology", tuple(TOPOLOGIES))
+  checks.choice(cfg, errs, "mixing_weights", MIXING_WEIGHTS)
   checks.number(cfg, errs, "topology_p", 0, lo_open=True, hi=1)
   checks.integer(cfg, errs, "topology_seed", 0)
   rows_ok = checks.integer(cfg, errs, "topology_rows", 0)

@@ -55,7 +55,7 @@ from nbsgd_jax import codecs, collectives
 from nbsgd_jax import topology as topology_lib
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import varying_like
-from nbsgd_jax.config import DPSGD_ORDERS
+from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip, SparseAllGather
 from nbsgd_jax.communications.sparse import MessageAllGather
 from nbsgd_jax.transforms import decentralized as D
@@ -213,7 +213,7 @@ def check_compressor(compressor: Any, owner: str) -> Any:
   if isinstance(compressor, codecs.Codec):
     return compressor
   expected = ("a compressor is (x [d], key) -> (values [cap], indices [cap]), e.g. "
-              "functools.partial(nbsgd_jax.compression.top_k, density=0.01), or a "
+              "functools.partial(nbsgd_jax.codecs.sparse.top_k, density=0.01), or a "
               "nbsgd_jax.codecs.Codec")
   if not callable(compressor):
     raise TypeError(f"{owner}(compressor={compressor!r}): {expected}")
@@ -309,7 +309,7 @@ def error_feedback(compressor: Any, *, axis_name: Any = None, flatten: bool = Tr
 
   Args:
     compressor: ``(x [d], key) -> (values [cap], indices [cap])`` (padding index ``d``), e.g.
-      ``functools.partial(nbsgd_jax.compression.top_k, density=0.01)``, or a
+      ``functools.partial(nbsgd_jax.codecs.sparse.top_k, density=0.01)``, or a
       :class:`~nbsgd_jax.codecs.Codec` (QSGD, sign).
     axis_name: the worker axis, or None (single worker).
     flatten: compress the raveled tree (True) or each leaf.

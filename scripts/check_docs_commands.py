@@ -7,7 +7,9 @@
 The commands are the lines of the ```bash blocks of ``README.md`` and of every ``docs/*.md``
 but the generated ``docs/config.md`` (:data:`DOCS`: the README, ``docs/guide.md``, then the
 other pages in alphabetical order), ``\\`` continuations joined, blank and ``#`` lines left
-out, in reading order. A page without a ```bash block has no commands. Each command is in one
+out, in reading order, and each ```python block whose info string says ``run`` (```` ```python
+run````: GitHub shows it as Python) as one command ``python -c CODE`` (checked: it compiles).
+A page without such blocks has no commands. Each command is in one
 of four classes, given by explicit lists:
 
 * quick (every command not listed below): ``--run`` runs it; ``tests/test_docs.py`` runs it;
@@ -135,18 +137,25 @@ def extract(markdown: str, doc: str = "") -> list[Command]:
     ValueError: a block is not closed, or ends inside a ``\\`` continuation.
   """
   out: list[Command] = []
-  fence, start, parts = None, 0, []
+  fence, start, parts, code = None, 0, [], None
   for i, raw in enumerate(markdown.splitlines(), 1):
     line = raw.strip()
     if fence is None:
-      m = re.match(r"^(`{3,}|~{3,})\s*([\w+-]*)", line)
+      m = re.match(r"^(`{3,}|~{3,})\s*([\w+-]*)(.*)$", line)
       if m:
         fence = (m.group(1), m.group(2).lower())
+        if fence[1] == "python" and "run" in m.group(3).split():
+          code, start = [], i + 1
       continue
     if line.startswith(fence[0]) and not line[len(fence[0]):].strip():
       if parts:
         raise ValueError(f"{doc}:{start}: the block ends inside a '\\' continuation")
-      fence = None
+      if code is not None:
+        out.append(classify(Command(doc, start, "python -c " + shlex.quote("\n".join(code)))))
+      fence, code = None, None
+      continue
+    if code is not None:
+      code.append(raw)
       continue
     if fence[1] not in FENCES:
       continue
@@ -299,6 +308,12 @@ def check_simple(tokens: list[str], root: str = ROOT) -> list[str]:
     exe = sys.executable if prog in ("python", "python3") else shutil.which(prog)
     if exe is None:
       return [f"{prog}: not found on PATH"]
+    if args[:1] == ["-c"] and len(args) == 2:  # a ```python run block: it compiles
+      try:
+        compile(args[1], "<block>", "exec")
+      except SyntaxError as e:
+        return [f"python -c: {e}"]
+      return []
     if args[:1] == ["-m"] and len(args) >= 2:
       module, rest = args[1], args[2:]
       if importlib.util.find_spec(module) is None:

@@ -9,11 +9,12 @@ import numpy as np
 import optax
 import pytest
 
-from nbsgd_jax import cluster as cl
+from nbsgd_jax.host import cluster as cl
 from nbsgd_jax import host as host_lib
 from nbsgd_jax import train
 from nbsgd_jax.communications import AllReduce, Gossip
 from nbsgd_jax.transforms import gossip_step
+from nbsgd_jax.host.parts import HostInputs
 
 from tests.test_train import small_cfg as train_cfg
 
@@ -121,9 +122,9 @@ def test_a_failed_fastest_worker_sets_no_deadline():
                         host_lib.Workload(c, nonblocking=True, deadline="fastest"),
                         host_lib.Clock(c, [comm])])
   inputs = host.inputs(0)
-  np.testing.assert_array_equal(inputs["count"], [0, 4, 4, 4])
-  assert inputs["deadline"] == pytest.approx(0.080)
-  np.testing.assert_allclose(inputs["compute"], [0.0, 0.08, 0.08, 0.08])
+  np.testing.assert_array_equal(inputs.count, [0, 4, 4, 4])
+  assert inputs.deadline == pytest.approx(0.080)
+  np.testing.assert_allclose(inputs.compute, [0.0, 0.08, 0.08, 0.08])
   report = {"bytes/allreduce": np.zeros(4), "rounds/allreduce": np.ones(4, np.int32)}
   host.observe(0, inputs, report)
   # the live workers: 80 ms + 2 (n - 1) latency = 80 + 6 ms (worker 0 sends nothing)
@@ -142,7 +143,7 @@ def _gossip_clock(order):
                       latency=1.0, bandwidth=1e30)
   comm = gossip_step(optax.sgd(0.1), Gossip([PATH]), order).communications[-1]
   clock = host_lib.Clock(c, [comm])
-  inputs = {"compute": np.array([1.0, 2.0, 4.0]), "active": np.zeros(1, bool)}
+  inputs = HostInputs(0, compute=np.array([1.0, 2.0, 4.0]))
   clock.observe(0, inputs, {"bytes/gossip": np.zeros(3), "rounds/gossip": np.ones(3)}, None)
   return clock.clocks
 
@@ -179,7 +180,7 @@ def test_a_deferred_round_is_waited_for_only_tau_steps_later(latency, expected):
                       latency=latency, bandwidth=1e30)
   comm = AllReduce(2, key="allreduce").deferred(2)
   clock = host_lib.Clock(c, [comm])
-  inputs = {"compute": np.array([1.0, 2.0]), "active": np.zeros(1, bool)}
+  inputs = HostInputs(0, compute=np.array([1.0, 2.0]))
   launch = {"bytes/allreduce": np.zeros(2), "rounds/allreduce": np.ones(2, np.int32)}
   clock.observe(0, inputs, launch, None)
   np.testing.assert_allclose(clock.clocks, [1.0, 2.0])  # nobody waits at the launch

@@ -1,11 +1,11 @@
-"""Tests for nbsgd_jax.cluster (simulated cluster, deadlines, max-plus clock)."""
+"""Tests for nbsgd_jax.host.cluster (simulated cluster, deadlines, max-plus clock)."""
 
 import re
 
 import numpy as np
 import pytest
 
-from nbsgd_jax import cluster as cl
+from nbsgd_jax.host import cluster as cl
 
 # Path graph 0 - 1 - 2 (diagonal left False on purpose: it is treated as True).
 PATH = np.array([[0, 1, 0],

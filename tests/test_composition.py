@@ -16,10 +16,12 @@ from nbsgd_jax import recipes, train
 from nbsgd_jax import transforms as T
 from nbsgd_jax.communications import AllReduce, Communication, Pattern
 
-ALGORITHMS = ("allreduce", "allreduce_ring", "dpsgd", "matcha", "local_sgd", "diloco",
-              "choco_sgd", "gradient_tracking", "d2", "gossip_pga", "streaming_diloco")
-GOSSIP = ("dpsgd", "matcha", "choco_sgd", "gradient_tracking", "d2", "gossip_pga")
-UNCOMPRESSED_GOSSIP = ("dpsgd", "matcha", "gradient_tracking", "d2", "gossip_pga")
+# the registry's lists: every built-in algorithm, those that gossip every step, and of those
+# the ones that exchange plain models (a codec needs CHOCO-SGD's public copies)
+ALGORITHMS = config_lib.ALGORITHMS
+GOSSIP = tuple(recipes.gossip_recipes())
+UNCOMPRESSED_GOSSIP = tuple(n for n in GOSSIP if recipes.REGISTRY[n].no_compression
+                            == recipes.GOSSIP_REASON)
 STEPS = 4
 
 
@@ -64,15 +66,15 @@ def run_cell(cfg, steps=STEPS):
   for t in range(steps):
     inputs = host.inputs(t)
     state, (loss, report) = step_fn(state, s.worker_data, train.device_context(s, inputs),
-                                    inputs.get("period_end", True))
+                                    inputs.period_end)
     report = {k: np.asarray(v) for k, v in report.items()}
     assert np.all(np.isfinite(np.asarray(loss)))
     device = report.get("bytes_sent", np.zeros(cfg.num_workers))
     charged = sum((r.num_bytes for r in clock.rounds(t, inputs, report)),
                   np.zeros(cfg.num_workers))
     np.testing.assert_allclose(charged, device, rtol=1e-6, err_msg=f"step {t}")
-    if "alive" in inputs:  # a failed worker sends nothing
-      assert np.all(device[~inputs["alive"]] == 0)
+    if inputs.alive is not None:  # a failed worker sends nothing
+      assert np.all(device[~inputs.alive] == 0)
     host.observe(t, inputs, report)
   return state, host
 
@@ -197,7 +199,7 @@ def test_error_feedback_api_as_written():
   transforms in ``chain``; against a numpy transcription of p = g + e, s = Top_k(p),
   e <- p - s, u = sgd(s + wd x)."""
   import functools
-  from nbsgd_jax.compression import top_k
+  from nbsgd_jax.codecs.sparse import top_k
   wd, lr = 0.1, 0.5
   tx = T.chain(T.error_feedback(functools.partial(top_k, density=0.25)),
                optax.add_decayed_weights(wd), optax.sgd(lr))
@@ -237,3 +239,15 @@ def test_allreduce_weights_written_once():
                       alive=np.array([True, False, True, True]))
   assert float(comm.weight(ctx, "count")) == pytest.approx(0.5)
   assert AllReduce(4).weight(ctx, "count") is None
+
+
+def test_design_page_states_the_matrix_as_the_test_runs_it():
+  """docs/design.md's figures of the matrix are this file's."""
+  import os
+  import re
+  with open(os.path.join(os.path.dirname(__file__), "..", "docs", "design.md")) as f:
+    text = " ".join(f.read().split())
+  refused = sum(1 for cell in CELLS if refusal(cell[0], cell[2]))
+  m = re.search(r"(\d+) cells, of which the (\d+) that compress a plain gossip are refused",
+                text)
+  assert m and (int(m.group(1)), int(m.group(2))) == (len(CELLS), refused), m

@@ -1,4 +1,4 @@
-"""Tests for nbsgd_jax.compression (Top-k, Gaussian-k, Random-k)."""
+"""Tests for nbsgd_jax.codecs.sparse (Top-k, Gaussian-k, Random-k)."""
 
 import functools
 
@@ -10,7 +10,7 @@ import pytest
 import scipy.stats
 
 from nbsgd_jax import codecs
-from nbsgd_jax import compression as C
+from nbsgd_jax.codecs import sparse as C
 
 
 def _normal(d, seed=0):
@@ -327,7 +327,8 @@ def test_gaussian_k_paper_on_a_t15_vector_sends_the_whole_selection():
   x = np.random.default_rng(8).standard_t(1.5, 30000).astype(np.float32)  # 61 for k = 30
   ref_idx, _, k_ref = _gaussian_compressor_reference(x, 0.001)
   assert 3 * ref_idx.size > 4 * k_ref  # the loop ends above the band: more than ceil(4k/3)
-  codec = codecs.make_codec("gaussian_k", density=0.001, correction="paper", rounds=3)
+  codec = codecs.make_codec("gaussian_k", density=0.001, gaussian_correction="paper",
+                           gaussian_rounds=3)
   dense, nbytes = codec.compress(jnp.asarray(x), None)
   np.testing.assert_array_equal(np.flatnonzero(np.asarray(dense)), ref_idx)
   assert float(nbytes) == ref_idx.size * 8  # (float32 value, int32 index) per sent entry

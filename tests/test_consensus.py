@@ -12,6 +12,7 @@ import pytest
 from nbsgd_jax import collectives, consensus, metrics, topology, train
 from nbsgd_jax import config as config_lib
 from nbsgd_jax.axis import AXIS
+from nbsgd_jax.host import targets
 from nbsgd_jax.communications import Gossip
 from nbsgd_jax.transforms import StepContext
 from nbsgd_jax.transforms.consensus import ControlRounds
@@ -179,10 +180,10 @@ def run_steps_with_targets(cfg, steps):
   host = train.make_host(s)
   for t in range(steps):
     inputs = host.inputs(t)
-    inputs["target"] = np.float32(cfg.consensus.target)
-    inputs["target_value"] = float(cfg.consensus.target)
+    inputs.target = np.float32(cfg.consensus.target)
+    inputs.target_value = float(cfg.consensus.target)
     state, (_, report) = step(state, s.worker_data, train.device_context(s, inputs),
-                              inputs.get("period_end", True))
+                              inputs.period_end)
     report = {k: np.asarray(v) for k, v in report.items()}
     host.observe(t, inputs, report)
     assert int(report["gossip_steps"][0]) == 3  # unreachable target: K steps
@@ -208,7 +209,8 @@ def test_simulator_extra_charges_measurements_and_gossip():
   # consensus control after it: 2 extra gossip rounds and 3 measurements of 500 bytes each
   report = {"gossip_steps": np.full(n, 2, np.int32), "measurements": np.full(n, 3, np.int32),
             "bytes/consensus.gossip": 2 * per_gossip, "bytes/consensus.measure": np.full(n, 1500.0)}
-  clock.observe(0, {**inputs, "compute": np.zeros(n)}, report, None)
+  inputs.compute = np.zeros(n)
+  clock.observe(0, inputs, report, None)
   lat, bw = cfg.cluster.latency, cfg.cluster.bandwidth
   meas = lat * 4 * 3 + 500.0 / bw  # vector + scalar ring all-reduce: 2 * 2(n - 1) messages
   gossip = lat * 2 + 2 * 1000.0 / bw  # two neighbours
@@ -235,7 +237,7 @@ def test_bad_consensus_config(override, needle):
 
 def test_reference_workdir_without_xi(tmp_path):
   with pytest.raises(ValueError, match="holds no steps.jsonl or metrics.jsonl"):
-    consensus.TargetSchedule(target_ratio=0.5, reference_workdir=str(tmp_path))
+    targets.TargetSchedule(target_ratio=0.5, reference_workdir=str(tmp_path))
 
 
 def test_control_on_nonblocking_matcha(tmp_path):
@@ -304,10 +306,10 @@ def test_smoothness_estimate_is_the_top_hessian_eigenvalue():
 
 
 def test_critical_target_schedule():
-  crit = consensus.CriticalTarget(num_workers=4, scale=2.0, smoothness=0.0, until_step=10)
-  assert crit.at(0, 0.1) == consensus.NO_CONSTRAINT  # no statistics, no L yet
+  crit = targets.CriticalTarget(num_workers=4, scale=2.0, smoothness=0.0, until_step=10)
+  assert crit.at(0, 0.1) == targets.NO_CONSTRAINT  # no statistics, no L yet
   crit.observe(grad_sq=8.0, noise=3.0)
-  assert crit.at(1, 0.1) == consensus.NO_CONSTRAINT
+  assert crit.at(1, 0.1) == targets.NO_CONSTRAINT
   crit.set_smoothness(2.0)
   gamma2 = 8.0 / (2 * 2.0 ** 2) + 0.1 * 3.0 / (2.0 * 4)  # closed form
   assert crit.at(1, 0.1) == pytest.approx(2.0 * math.sqrt(gamma2))
@@ -315,14 +317,14 @@ def test_critical_target_schedule():
   for bad in (0.0, float("nan"), float("inf"), -1.0):  # dead units, a broken model
     crit.set_smoothness(bad)
     assert crit.smoothness == 2.0  # the last good estimate stays
-  fixed = consensus.CriticalTarget(num_workers=4, smoothness=5.0)
+  fixed = targets.CriticalTarget(num_workers=4, smoothness=5.0)
   fixed.set_smoothness(1.0)  # a given L is kept
   fixed.observe(1.0, 0.0)
   assert fixed.at(0, 0.1) == pytest.approx(math.sqrt(1.0 / 50.0))
   for kw, needle in (({"scale": 0.0}, "critical_scale"), ({"smoothness": -1.0}, "smoothness"),
                      ({"ema": 1.0}, "critical_ema")):
     with pytest.raises(ValueError, match=needle):
-      consensus.CriticalTarget(num_workers=4, **kw)
+      targets.CriticalTarget(num_workers=4, **kw)
 
 
 def _kong_prop_3_1_gamma_sq(grad_norm_sq, sigma_sq, eta, L, n):
@@ -342,12 +344,12 @@ def test_critical_distance_paper_form_is_kong_prop_3_1():
     # the default keeps the derived constants: 1/2 instead of 1/8 on the gradient term
     assert consensus.critical_distance_sq(g2, s2, eta, L, n) == pytest.approx(
         ref + (0.5 - 0.125) * g2 / L ** 2, rel=1e-12)
-  crit = consensus.CriticalTarget(num_workers=16, scale=1.5, smoothness=2.5, form="paper")
+  crit = targets.CriticalTarget(num_workers=16, scale=1.5, smoothness=2.5, form="paper")
   crit.observe(grad_sq=0.4, noise=3.0)
   assert crit.at(0, 0.05) == pytest.approx(
       1.5 * math.sqrt(_kong_prop_3_1_gamma_sq(0.4, 3.0, 0.05, 2.5, 16)), rel=1e-12)
   with pytest.raises(ValueError, match="form='kong' is not allowed"):
-    consensus.CriticalTarget(num_workers=4, form="kong")
+    targets.CriticalTarget(num_workers=4, form="kong")
   with pytest.raises(ValueError, match="form='kong' is not allowed"):
     consensus.critical_distance_sq(1.0, 1.0, 0.1, 1.0, 4, form="kong")
 
@@ -356,7 +358,7 @@ def test_critical_target_moving_average():
   """The statistics behind Gamma_t: an exponential moving average, against a numpy loop."""
   rng = np.random.default_rng(0)
   obs = rng.exponential(size=(20, 2))
-  crit = consensus.CriticalTarget(num_workers=8, smoothness=3.0, ema=0.8)
+  crit = targets.CriticalTarget(num_workers=8, smoothness=3.0, ema=0.8)
   ref = obs[0].copy()
   for t, (g, v) in enumerate(obs):
     crit.observe(g, v)
@@ -366,7 +368,7 @@ def test_critical_target_moving_average():
   gamma2 = ref[0] / (2 * 9.0) + 0.05 * ref[1] / (3.0 * 8)
   assert crit.at(20, 0.05) == pytest.approx(math.sqrt(gamma2))
   # resumed from its state dict, it continues the same average
-  again = consensus.CriticalTarget(num_workers=8, smoothness=3.0, ema=0.8)
+  again = targets.CriticalTarget(num_workers=8, smoothness=3.0, ema=0.8)
   again.load_state_dict(crit.state_dict())
   crit.observe(1.0, 2.0)
   again.observe(1.0, 2.0)

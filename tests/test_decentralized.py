@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nbsgd_jax import collectives, matcha, topology, train
+from nbsgd_jax import collectives, matchings, topology, train
+from nbsgd_jax.host import matcha
 from nbsgd_jax.communications import Matchings
 from nbsgd_jax.transforms import StepContext
 from tests.test_train import run_steps, small_cfg
@@ -60,7 +61,7 @@ def test_matcha_mixer_matches_sampled_dense_matrix():
   x = np.random.default_rng(0).normal(size=(n, 5)).astype(np.float32)
   seen = set()
   for step in range(12):
-    active = matcha.sample_activations(plan, 7, step)
+    active = matchings.sample_activations(plan, 7, step)
     seen.add(tuple(active))
     out, report = mix(jnp.asarray(x), _inputs(n, step, active))
     sent = report["bytes_sent"]
@@ -81,7 +82,7 @@ def test_matcha_activations_match_probabilities_and_expected_bytes():
   topo = topology.erdos_renyi(n, 0.3, seed=0)
   plan = matcha.plan(n, topo.edges, 0.3)
   steps = 4000
-  draws = np.array([matcha.sample_activations(plan, 0, t) for t in range(steps)])
+  draws = np.array([matchings.sample_activations(plan, 0, t) for t in range(steps)])
   np.testing.assert_allclose(draws.mean(0), plan.probs, atol=0.03)
   # the host half of MATCHA's communication (what the simulated clock charges): one model of
   # 4.0 bytes per message, the step's activations drawn by the communication itself
@@ -116,7 +117,7 @@ def test_one_peer_exponential_dpsgd_cycles_phases():
   for t in range(3):
     inputs = host.inputs(t)
     state, (_, report) = step(state, s.worker_data, train.device_context(s, inputs),
-                              inputs.get("period_end", True))
+                              inputs.period_end)
     host.observe(t, inputs, {k: np.asarray(v) for k, v in report.items()})
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(mean0)):
     np.testing.assert_allclose(np.asarray(got), np.broadcast_to(want, got.shape), atol=1e-5)

@@ -330,7 +330,7 @@ def _torch_adamw_reference(params, grads, steps, lr_at, b1, b2, wd, clip, eps=1e
 def test_nanogpt_optimizer_matches_a_transcription_of_torch_adamw():
   import jax.numpy as jnp
   import optax
-  from nbsgd_jax.run import setup
+  from nbsgd_jax import optim
   cfg = config_lib.override(config_lib.default_config(), {
       "optimizer": "adamw", "learning_rate": 1e-2, "momentum": 0.9, "adam_b2": 0.99,
       "weight_decay": 0.1, "weight_decay_on": "matrices", "grad_clip": 1.0,
@@ -340,7 +340,7 @@ def test_nanogpt_optimizer_matches_a_transcription_of_torch_adamw():
             "b": rng.normal(size=(4,)).astype(np.float32)}
   grads = [{k: rng.normal(size=v.shape).astype(np.float32) * 3 for k, v in params.items()}
            for _ in range(6)]
-  sched = setup.make_schedule(cfg)
+  sched = optim.make_schedule(cfg)
 
   def nanogpt_lr(it):  # nanoGPT train.py get_lr after warm-up, lr_decay_iters = num_steps
     ratio = (it - 2) / (6 - 2)
@@ -348,7 +348,7 @@ def test_nanogpt_optimizer_matches_a_transcription_of_torch_adamw():
 
   for it in range(2, 7):
     assert float(sched(it)) == pytest.approx(nanogpt_lr(it), rel=1e-5)
-  opt = setup.make_optimizer(cfg)
+  opt = optim.make_optimizer(cfg)
   p = {k: jnp.asarray(v) for k, v in params.items()}
   state = opt.init(p)
   for g in grads:

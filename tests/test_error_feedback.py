@@ -22,7 +22,7 @@ AXIS = "workers"
 N = 4
 
 
-# --- local compressors (independent of nbsgd_jax.compression) ---------------------------
+# --- local compressors (independent of nbsgd_jax.codecs) ---------------------------
 
 
 def topk(x, key, k=3):

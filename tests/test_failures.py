@@ -8,7 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from nbsgd_jax import cluster, collectives, matcha, topology, train
+from nbsgd_jax import collectives, topology, train
+from nbsgd_jax.host import cluster, matcha
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import AXIS
@@ -196,7 +197,7 @@ def test_a_failed_worker_sets_no_deadline(group):
                      "nonblocking.deadline_group": group, "cluster.failures": "0:0:1"})
   cfg.cluster.slowdown = (1.0, 2.0, 2.0, 2.0)
   host = train.make_host(train.setup(cfg))
-  np.testing.assert_array_equal(host.inputs(0)["count"], [0, 4, 4, 4])
+  np.testing.assert_array_equal(host.inputs(0).count, [0, 4, 4, 4])
   # back up, it sets the deadline again: for everyone, or on the ring for its neighbours 1, 3
   expected = [4, 2, 2, 2] if group == "all" else [4, 2, 4, 2]
-  np.testing.assert_array_equal(host.inputs(1)["count"], expected)
+  np.testing.assert_array_equal(host.inputs(1).count, expected)

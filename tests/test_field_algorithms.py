@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from nbsgd_jax import codecs, compression, topology, train
+from nbsgd_jax import codecs, topology, train
+from nbsgd_jax.codecs import sparse as compression
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip
@@ -457,7 +458,7 @@ def test_streaming_diloco_syncs_one_fragment_in_turn(n, fragments, delay, alpha,
   ``H / P - tau`` the current fragment's pseudo-gradient anchor_p - mean_w x_w[p] is
   reduced; at ``H / P`` that fragment takes an outer Nesterov step and every worker merges
   lerp(global, local, alpha); the counter restarts and the next fragment (in turn) follows."""
-  from nbsgd_jax.local_sgd import FragmentPlanner
+  from nbsgd_jax.host.periods import FragmentPlanner
   h, mu, outer_lr, steps = 6, 0.9, 0.7, 14
   rng = np.random.default_rng(n)
   a = rng.normal(size=(n, 5, 9)).astype(np.float32)

@@ -10,7 +10,8 @@ import optax
 import pytest
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import local_sgd, topology, train
+from nbsgd_jax import topology, train
+from nbsgd_jax.host import periods as local_sgd
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.communications import AllReduce, Gossip

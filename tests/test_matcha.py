@@ -1,4 +1,4 @@
-"""Tests for nbsgd_jax.matcha: matchings, activation probabilities, alpha and rho."""
+"""Tests for nbsgd_jax.host.matcha: matchings, activation probabilities, alpha and rho."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from nbsgd_jax import matcha
+from nbsgd_jax import matchings as matchings_lib
 from nbsgd_jax import topology
+from nbsgd_jax.host import matcha
 
 import cvxpy  # noqa: F401,E402  (a required dependency: fail, never skip)
 
@@ -45,12 +46,12 @@ def _star_edges(n: int) -> list[tuple[int, int]]:
 
 
 def _lambda2(n: int, matchings, probs) -> float:
-  lap = np.tensordot(probs, matcha.matching_laplacians(n, matchings), axes=1)
+  lap = np.tensordot(probs, matchings_lib.matching_laplacians(n, matchings), axes=1)
   return float(np.sort(np.linalg.eigvalsh(lap))[1])
 
 
 def _check_decomposition(n: int, edges) -> list:
-  ms = matcha.matching_decomposition(n, edges)
+  ms = matchings_lib.matching_decomposition(n, edges)
   want = sorted({(min(i, j), max(i, j)) for i, j in edges})
   got = [e for m in ms for e in m]
   assert sorted(got) == want, "every edge exactly once"
@@ -107,47 +108,47 @@ def test_decomposition_all_graphs_up_to_5_nodes():
 
 def test_decomposition_is_deterministic_and_ignores_order():
   edges = _gnp_edges(15, 0.4, np.random.default_rng(7))
-  a = matcha.matching_decomposition(15, edges)
-  b = matcha.matching_decomposition(15, [(j, i) for i, j in reversed(edges)] + edges[:3])
-  assert a == b == matcha.matching_decomposition(15, edges)
+  a = matchings_lib.matching_decomposition(15, edges)
+  b = matchings_lib.matching_decomposition(15, [(j, i) for i, j in reversed(edges)] + edges[:3])
+  assert a == b == matchings_lib.matching_decomposition(15, edges)
 
 
 def test_decomposition_empty():
-  assert matcha.matching_decomposition(1, []) == []
-  assert matcha.matching_decomposition(5, []) == []
+  assert matchings_lib.matching_decomposition(1, []) == []
+  assert matchings_lib.matching_decomposition(5, []) == []
 
 
 @pytest.mark.parametrize("edge, word", [((0, 0), r"\(0, 0\)"), ((0, 5), r"\(0, 5\)"),
                                         ((-1, 2), r"\(-1, 2\)"), ((0, 1, 2), r"\(0, 1, 2\)")])
 def test_decomposition_bad_edges(edge, word):
   with pytest.raises(ValueError, match=word):
-    matcha.matching_decomposition(5, [(1, 2), edge])
+    matchings_lib.matching_decomposition(5, [(1, 2), edge])
 
 
 @pytest.mark.parametrize("n", [0, -3, 2.5, True])
 def test_bad_n(n):
   with pytest.raises(ValueError, match="n="):
-    matcha.matching_decomposition(n, [])
+    matchings_lib.matching_decomposition(n, [])
 
 
 def test_laplacians_and_permutation():
   n = 11
   edges = _connected_gnp(n, 0.4, 3)
-  ms = matcha.matching_decomposition(n, edges)
-  lap = matcha.matching_laplacians(n, ms)
+  ms = matchings_lib.matching_decomposition(n, edges)
+  lap = matchings_lib.matching_laplacians(n, ms)
   assert lap.shape == (len(ms), n, n)
   np.testing.assert_allclose(lap.sum(0), _laplacian(n, edges))
   for lj, m in zip(lap, ms):
     np.testing.assert_allclose(lj @ lj, 2 * lj)  # L_j^2 = 2 L_j for a matching
-    perm = matcha.matching_permutation(n, m)
+    perm = matchings_lib.matching_permutation(n, m)
     assert sorted(perm) == list(range(n))
     assert all(perm[perm[i]] == i for i in range(n))
     assert {(min(i, p), max(i, p)) for i, p in enumerate(perm) if p != i} == set(m)
-  assert matcha.matching_laplacians(4, []).shape == (0, 4, 4)
+  assert matchings_lib.matching_laplacians(4, []).shape == (0, 4, 4)
   with pytest.raises(ValueError, match="matchings"):
-    matcha.matching_permutation(4, [(0, 1), (1, 2)])
+    matchings_lib.matching_permutation(4, [(0, 1), (1, 2)])
   with pytest.raises(ValueError, match="matchings"):
-    matcha.matching_laplacians(4, [[(0, 1)], [(1, 0)]])
+    matchings_lib.matching_laplacians(4, [[(0, 1)], [(1, 0)]])
 
 
 # --------------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ def test_laplacians_and_permutation():
 
 def test_activation_probabilities():
   n = 12
-  ms = matcha.matching_decomposition(n, _connected_gnp(n, 0.35, 5))
+  ms = matchings_lib.matching_decomposition(n, _connected_gnp(n, 0.35, 5))
   m = len(ms)
   np.testing.assert_array_equal(matcha.activation_probabilities(n, ms, 1.0), np.ones(m))
   lam = []
@@ -173,7 +174,7 @@ def test_activation_probabilities():
 
 @pytest.mark.parametrize("budget", [0.0, -0.1, 1.5, float("nan"), True, "x", None])
 def test_bad_budget(budget):
-  ms = matcha.matching_decomposition(4, topology.ring(4).edges)
+  ms = matchings_lib.matching_decomposition(4, topology.ring(4).edges)
   with pytest.raises(ValueError, match="budget"):
     matcha.activation_probabilities(4, ms, budget)
   with pytest.raises(ValueError, match="budget"):
@@ -185,7 +186,7 @@ def test_bad_budget(budget):
 
 
 def _mc_rho(n, ms, probs, alpha, draws=20000, seed=0) -> float:
-  lap = matcha.matching_laplacians(n, ms)
+  lap = matchings_lib.matching_laplacians(n, ms)
   b = np.random.default_rng(seed).random((draws, len(ms))) < probs
   w = np.eye(n) - alpha * np.tensordot(b.astype(np.float64), lap, axes=1)  # [draws, n, n]
   ewtw = np.einsum("dki,dkj->ij", w, w) / draws
@@ -250,7 +251,7 @@ def test_degenerate_graphs():
 
 
 def test_bad_probs_and_alpha():
-  ms = matcha.matching_decomposition(5, topology.ring(5).edges)
+  ms = matchings_lib.matching_decomposition(5, topology.ring(5).edges)
   m = len(ms)
   for probs in (np.ones(m + 1), np.full(m, 1.2), np.full(m, -0.1), np.full(m, np.nan)):
     with pytest.raises(ValueError, match="probs"):

@@ -29,7 +29,7 @@ def _finished_counts(cfg, step):
   host = train.make_host(s)
   for t in range(step + 1):
     inputs = host.inputs(t)
-  return inputs["count"]
+  return inputs.count
 
 
 def _minibatch_grads(s, cfg, kernel, bias, worker, step):

@@ -35,7 +35,7 @@ def run_steps(cfg, steps):
   for t in range(steps):
     inputs = host.inputs(t)
     state, (loss, report) = step(state, s.worker_data, train.device_context(s, inputs),
-                                 inputs.get("period_end", True))
+                                 inputs.period_end)
     host.observe(t, inputs, {k: np.asarray(v) for k, v in report.items()})
     losses.append(np.asarray(loss))
   return s, state, np.stack(losses)

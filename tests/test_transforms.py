@@ -8,10 +8,18 @@ import numpy as np
 import optax
 import pytest
 
-from nbsgd_jax.transforms import (
-    AccumulateState, accumulate_minibatches, minibatch_mean_gradient)
+from nbsgd_jax import transforms as T
+from nbsgd_jax.transforms import AccumulateState, accumulate_minibatches
 
 B, D, M = 12, 4, 4
+
+
+def minibatch_mean_gradient(loss_fn, params, batch, num_minibatches, count):
+  """The framework's gradient source on a loss without model state: ``(grads, loss,
+  count)``."""
+  grads, loss, count, _ = T.minibatch_mean_gradient(T.stateless(loss_fn), params, (), batch,
+                                                    num_minibatches, count)
+  return grads, loss, count
 
 
 def _data(seed=0, b=B):
@@ -105,39 +113,6 @@ class MinibatchMeanGradientTest(chex.TestCase):
     chex.assert_trees_all_close(grads, jax.tree_util.tree_map(np.zeros_like, params))
     assert float(loss) == 0.0 and int(count) == 0
 
-  def test_global_weighting_under_vmap(self):
-    n = 3
-    params, _ = _data(5)
-    rng = np.random.default_rng(6)
-    xs = rng.normal(size=(n, B, D)).astype(np.float32)
-    ys = rng.normal(size=(n, B)).astype(np.float32)
-    counts = np.array([2, 0, 1], np.int32)
-
-    def worker(batch, count):
-      return minibatch_mean_gradient(ls_loss, params, batch, M, count,
-                                     axis_name="w", weighting="global")
-    grads, loss, cnt = jax.jit(jax.vmap(worker, axis_name="w"))(
-        {"x": xs, "y": ys}, counts)
-    finished = [g for i in range(n)
-                for g in np_minibatch_grads(params, xs[i], ys[i], M)[:counts[i]]]
-    expected = jax.tree_util.tree_map(lambda *a: np.sum(np.stack(a), 0) / counts.sum(),
-                                      *finished)
-    for i in range(n):  # every worker holds the same all-reduced gradient
-      chex.assert_trees_all_close(
-          jax.tree_util.tree_map(lambda g: g[i], grads), expected, atol=1e-5)
-    np.testing.assert_array_equal(cnt, counts)
-    assert np.allclose(loss, loss[0])
-
-  def test_global_weighting_all_zero_counts(self):
-    params, _ = _data(7)
-    xs = np.ones((3, B, D), np.float32)
-    ys = np.ones((3, B), np.float32)
-    grads, loss, _ = jax.jit(jax.vmap(
-        lambda b, c: minibatch_mean_gradient(ls_loss, params, b, M, c, "w", "global"),
-        axis_name="w"))({"x": xs, "y": ys}, np.zeros(3, np.int32))
-    assert all(np.all(np.asarray(g) == 0) for g in jax.tree_util.tree_leaves(grads))
-    assert np.all(np.asarray(loss) == 0)
-
   def test_local_weighting_under_vmap_is_per_worker(self):
     params, _ = _data(8)
     rng = np.random.default_rng(9)
@@ -145,7 +120,7 @@ class MinibatchMeanGradientTest(chex.TestCase):
     ys = rng.normal(size=(2, B)).astype(np.float32)
     counts = np.array([3, 0], np.int32)
     grads, _, _ = jax.jit(jax.vmap(
-        lambda b, c: minibatch_mean_gradient(ls_loss, params, b, M, c, "w", "local"),
+        lambda b, c: minibatch_mean_gradient(ls_loss, params, b, M, c),
         axis_name="w"))({"x": xs, "y": ys}, counts)
     exp0 = _tree_mean(np_minibatch_grads(params, xs[0], ys[0], M)[:3])
     chex.assert_trees_all_close(jax.tree_util.tree_map(lambda g: g[0], grads), exp0,
@@ -163,13 +138,6 @@ class MinibatchMeanGradientTest(chex.TestCase):
     for m in (0, -1):
       with pytest.raises(ValueError, match=r"num_minibatches"):
         minibatch_mean_gradient(ls_loss, params, batch, m, 0)
-
-  def test_bad_weighting_raises(self):
-    params, batch = _data()
-    with pytest.raises(ValueError, match="weighting"):
-      minibatch_mean_gradient(ls_loss, params, batch, M, M, weighting="mean")
-    with pytest.raises(ValueError, match="axis_name"):
-      minibatch_mean_gradient(ls_loss, params, batch, M, M, weighting="global")
 
 
 class AccumulateMinibatchesTest(chex.TestCase):
@@ -273,7 +241,6 @@ def test_unrolled_minibatch_loop_equals_the_rolled_scan():
   """nonblocking.unroll: the same gradient, loss and model state as the rolled lax.scan (a
   small CNN with a running statistic as model state; count 3 of M = 4)."""
   import flax.linen as nn
-  from nbsgd_jax.transforms import minibatch_mean_gradient_with_state
 
   class Net(nn.Module):
     @nn.compact
@@ -291,7 +258,7 @@ def test_unrolled_minibatch_loop_equals_the_rolled_scan():
     loss = optax.softmax_cross_entropy_with_integer_labels(net.apply(p, xb), yb).mean()
     return loss, state + xb.mean()
 
-  out = [minibatch_mean_gradient_with_state(loss_fn, params, jnp.zeros(()), (x, y), 4, 3,
-                                            unroll=u) for u in (False, True)]
+  out = [T.minibatch_mean_gradient(loss_fn, params, jnp.zeros(()), (x, y), 4, 3, unroll=u)
+         for u in (False, True)]
   chex.assert_trees_all_close(out[0], out[1], rtol=1e-6, atol=1e-7)
   assert int(out[1][2]) == 3

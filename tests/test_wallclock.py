@@ -12,9 +12,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from nbsgd_jax import cluster as cl
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
+from nbsgd_jax.host import cluster as cl
+from nbsgd_jax.host.parts import HostInputs
 from nbsgd_jax.run import wallclock
 
 from tests.test_train import small_cfg
@@ -54,7 +55,7 @@ def _replay(counts):
   losses = []
   for t, c in enumerate(counts):
     inputs = host.inputs(t)
-    inputs["count"], inputs["total"] = np.asarray(c, np.int32), np.int32(sum(c))
+    inputs.count, inputs.total = np.asarray(c, np.int32), np.int32(sum(c))
     state, (loss, _) = step(state, s.worker_data, train.device_context(s, inputs))
     losses.append(float(np.mean(np.asarray(loss))))
   return losses
@@ -93,7 +94,7 @@ def test_a_deadline_no_process_can_meet_is_refused():
                      r"worker can finish"):
     wallclock.WallWorkload(c, True, 0.001, emulate=True)
   part = wallclock.WallWorkload(c, True, 0.001, emulate=False)  # measured, not modelled
-  inputs: dict = {"step": 3}
+  inputs = HostInputs(3)
   part.inputs(3, inputs, None)
   with pytest.raises(ValueError, match=r"nonblocking\.deadline=0\.001 is not allowed: no "
                      r"process finished a mini-batch by it"):
@@ -105,16 +106,16 @@ def test_a_deadline_no_process_can_meet_is_refused():
 def test_measured_counts_set_the_next_deadline():
   c = cl.make_cluster(2, 4, time_per_example=1e-3, batch_size=16)
   part = wallclock.WallWorkload(c, True, "fastest", window=2)
-  inputs: dict = {"step": 0}
+  inputs = HostInputs(0)
   part.inputs(0, inputs, None)
-  assert inputs["deadline"] == math.inf
+  assert inputs.deadline == math.inf
   # worker 0 finished 4 mini-batches at 0.02 s, worker 1 two by 0.03 s (pace 0.06 s for 4)
   part.measured(0, inputs, np.array([[4, 0.02, 0.02], [2, 0.031, 0.03]]), 0.04)
-  np.testing.assert_array_equal(inputs["count"], [4, 2])
-  assert inputs["total"] == 6 and inputs["wall_step_s"] == 0.04
-  nxt: dict = {"step": 1}
+  np.testing.assert_array_equal(inputs.count, [4, 2])
+  assert inputs.total == 6 and inputs.wall_step_s == 0.04
+  nxt = HostInputs(1)
   part.inputs(1, nxt, None)
-  assert nxt["deadline"] == pytest.approx(0.02)
+  assert nxt.deadline == pytest.approx(0.02)
 
 
 def test_every_period_end_of_streaming_diloco_has_its_program_on_the_wall_clock():

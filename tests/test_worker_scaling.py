@@ -18,14 +18,16 @@ import pytest
 from jax.extend import core as jcore
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from nbsgd_jax import cluster as cl
+from nbsgd_jax.host import cluster as cl
 from nbsgd_jax import collectives, train
-from nbsgd_jax import matcha as matcha_lib
+from nbsgd_jax.host import matcha as matcha_lib
+from nbsgd_jax.run import step as step_lib
 from nbsgd_jax import topology as topology_lib
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip, Matchings
 from nbsgd_jax.host import parts as host_parts
 from nbsgd_jax.transforms import CONTEXT_AXES, StepContext
+from nbsgd_jax.host.parts import HostInputs
 
 from tests.test_train import small_cfg
 
@@ -242,9 +244,9 @@ def _clock_peak(comms, n, steps, alive=None):
     for c in comms:
       report[f"bytes/{c.key}"] = np.full(n, 1e3)
       report[f"rounds/{c.key}"] = np.ones(n, np.int32)
-    inputs = {"active": np.ones(3, bool), "compute": np.full(n, 1e-3)}
+    inputs = HostInputs(t, compute=np.full(n, 1e-3), active=np.ones(3, bool))
     if alive is not None:
-      inputs["alive"] = alive
+      inputs.alive = alive
     reports.append((t, inputs, report))
   tracemalloc.start()
   try:
@@ -359,7 +361,7 @@ def test_double_buffer_reuses_two_sets_of_buffers(backend, algorithm):
       inputs = host.inputs(t)
       seen.append(_pointers(state.params))
       state, (_, report) = step(state, s.worker_data, train.device_context(s, inputs),
-                                inputs.get("period_end", True))
+                                inputs.period_end)
       host.observe(t, inputs, jax.device_get(report))
     seen.append(_pointers(state.params))
     runs[double] = (jax.device_get(state.params), seen)
@@ -374,16 +376,13 @@ def test_double_buffer_reuses_two_sets_of_buffers(backend, algorithm):
 def test_double_buffer_removes_the_copy_of_the_mixed_parameters(double):
   """D-PSGD's compiled step: one set of buffers needs a copy of the mixed first-layer kernel
   ``[n, 784, 32]`` into the donated buffer; the double buffer none."""
-  from nbsgd_jax.run import setup as setup_lib
-  s = train.setup(small_cfg(num_workers=8, algorithm="dpsgd", topology="ring"))
+  s = train.setup(small_cfg(num_workers=8, algorithm="dpsgd", topology="ring",
+                            double_buffer=double))
   state = train.init_state(s)
-  ctx = train.device_context(s, train.make_host(s).inputs(0))
-  spmd = s.backend.spmd(setup_lib.make_worker_step(s), (0, 0, CONTEXT_AXES))
-  if double:
-    program = jax.jit(setup_lib.double_buffered(spmd), donate_argnums=(0, 1), keep_unused=True)
-    args = (state, setup_lib.fresh_like(state.params), s.worker_data, ctx)
-  else:
-    program, args = jax.jit(spmd, donate_argnums=(0,)), (state, s.worker_data, ctx)
+  ctx = train.device_contexts(s, [train.make_host(s).inputs(0)])
+  program = train.Program(s)._compile(((True, 1),))  # one step: the run's own program
+  args = ((state, step_lib.fresh_like(state.params)) if double else (state,)) + (
+      s.worker_data, ctx)
   hlo = program.lower(*args).compile().as_text()
   copies = [line for line in hlo.splitlines() if "f32[8,784,32]" in line and " copy(" in line]
   assert len(copies) == (0 if double else 1), copies

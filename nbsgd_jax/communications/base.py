@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from nbsgd_jax import cluster as cluster_lib
+from nbsgd_jax.communications import adjacency as adjacency_lib
 from nbsgd_jax.axis import AXIS
 
 WEIGHTINGS = ("uniform", "count", "alive")
@@ -34,18 +34,18 @@ class Pattern(NamedTuple):
   """One round of a communication, per worker (host side).
 
   Attributes:
-    adjacency: whom each worker waits for (:data:`nbsgd_jax.cluster.Adjacency`, worker i always
+    adjacency: whom each worker waits for (:data:`nbsgd_jax.communications.adjacency.Adjacency`, worker i always
       waits for itself): None for everyone (an all-reduce), index lists
-      (:class:`nbsgd_jax.cluster.Neighbours`, ``[n, d]``: what the built-in gossips use, so a
-      step's host work is O(n d)), a :class:`nbsgd_jax.cluster.Group`, or a bool ``[n, n]``
+      (:class:`~nbsgd_jax.communications.adjacency.Neighbours`, ``[n, d]``: what the built-in gossips use, so a
+      step's host work is O(n d)), a :class:`~nbsgd_jax.communications.adjacency.Group`, or a bool ``[n, n]``
       matrix (row i; O(n^2) per round).
     messages: float ``[n]``, messages each worker sends in the round.
     collective: the workers of a neighbourhood move in lockstep (an all-reduce: it starts when
       the last of them is ready); else point to point (a message from j arrives when j has
-      sent it). See :func:`nbsgd_jax.cluster.advance_clocks`.
+      sent it). See :func:`nbsgd_jax.host.cluster.advance_clocks`.
   """
 
-  adjacency: cluster_lib.Adjacency
+  adjacency: adjacency_lib.Adjacency
   messages: np.ndarray
   collective: bool = False
 
@@ -55,7 +55,7 @@ class Round(NamedTuple):
   overlaps the step's computation (:attr:`Communication.overlap`) and the steps its result
   may arrive late (:attr:`Communication.delay`; 0: the step waits for it)."""
 
-  adjacency: cluster_lib.Adjacency
+  adjacency: adjacency_lib.Adjacency
   messages: np.ndarray
   num_bytes: np.ndarray
   collective: bool = False
@@ -113,13 +113,13 @@ class Communication(abc.ABC):
 
   def live_pattern(self, step: int, active: np.ndarray, alive: Optional[np.ndarray]) -> Pattern:
     """:meth:`pattern` under failures: a failed worker sends nothing and nobody waits for it
-    (:func:`nbsgd_jax.cluster.live_adjacency`: everyone becomes a
-    :class:`~nbsgd_jax.cluster.Group` of the live workers, index lists stay index lists)."""
+    (:func:`~nbsgd_jax.communications.adjacency.live_adjacency`: everyone becomes a
+    :class:`~nbsgd_jax.communications.adjacency.Group` of the live workers, index lists stay index lists)."""
     pat = self.pattern(step, active)
     if alive is None:
       return pat
     alive = np.asarray(alive, bool)
-    return Pattern(cluster_lib.live_adjacency(pat.adjacency, alive), pat.messages * alive,
+    return Pattern(adjacency_lib.live_adjacency(pat.adjacency, alive), pat.messages * alive,
                    pat.collective)
 
   def clock_rounds(self, step: int, active: np.ndarray, alive: Optional[np.ndarray],

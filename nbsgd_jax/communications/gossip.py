@@ -21,8 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from nbsgd_jax import cluster as cluster_lib
+from nbsgd_jax.communications import adjacency as adjacency_lib
 from nbsgd_jax import collectives
+from nbsgd_jax import matchings as matchings_lib
 from nbsgd_jax.axis import AXIS, tree_bytes
 from nbsgd_jax.communications.base import Communication, Pattern
 
@@ -63,7 +64,7 @@ class Gossip(Communication):
   reaches the device or a step's host work): the ``ppermute`` rounds of each phase
   (:func:`nbsgd_jax.collectives.gossip_plan`), each worker's neighbour count (float ``[P, n]``)
   and neighbour lists (int ``[P, n, D]``, D the largest degree: the live-neighbour count under
-  failures and the clock's :class:`~nbsgd_jax.cluster.Neighbours`). With ``P > 1`` the phase is
+  failures and the clock's :class:`~nbsgd_jax.communications.adjacency.Neighbours`). With ``P > 1`` the phase is
   read as one value (:func:`nbsgd_jax.collectives.shared`), so ``lax.switch`` runs the phase's
   rounds only, also under ``vmap``.
 
@@ -83,7 +84,7 @@ class Gossip(Communication):
     self._index, self._valid = _neighbour_table(self._masks(ws))  # [P, n, D]
     self._degree = self._valid.sum(axis=2).astype(np.float32)  # [P, n]
     own = np.arange(self.n)[:, None]
-    self._patterns = [Pattern(cluster_lib.Neighbours(np.concatenate([own, idx], axis=1)),
+    self._patterns = [Pattern(adjacency_lib.Neighbours(np.concatenate([own, idx], axis=1)),
                               deg.astype(np.float64))
                       for idx, deg in zip(self._index, self._degree)]
 
@@ -171,23 +172,21 @@ class Matchings(Communication):
   slower on the CPU (n = 512, MLP 784-16-10: each branch's result is a buffer of its own).
 
   Args:
-    plan: a :class:`nbsgd_jax.matcha.MatchaPlan` (matchings, probabilities, alpha).
+    plan: a :class:`nbsgd_jax.matchings.MatchaPlan` (matchings, probabilities, alpha).
     seed: seed of the shared activations.
     axis_name, key: as :class:`~nbsgd_jax.communications.Communication`.
   """
 
   def __init__(self, plan, n: int, seed: int = 0, axis_name: Any = AXIS,
                key: str = "matchings"):
-    from nbsgd_jax import matcha as matcha_lib
     super().__init__(n, axis_name, key)
     self.plan, self.seed = plan, int(seed)
-    self.perms = [matcha_lib.matching_permutation(n, m) for m in plan.matchings]
+    self.perms = [matchings_lib.matching_permutation(n, m) for m in plan.matchings]
     self._partner = np.asarray(self.perms, np.int32).reshape(len(self.perms), n)  # [K, n]
     self._matched = (self._partner != np.arange(n)).astype(np.float32)  # [K, n]
 
   def host_inputs(self, step: int) -> dict:
-    from nbsgd_jax import matcha as matcha_lib
-    active = matcha_lib.sample_activations(self.plan, self.seed, step)
+    active = matchings_lib.sample_activations(self.plan, self.seed, step)
     return {"active": active if len(active) else np.zeros((1,), bool)}
 
   def pattern(self, step: int, active: np.ndarray) -> Pattern:
@@ -195,7 +194,7 @@ class Matchings(Communication):
     on = [j for j in range(len(self.perms)) if j < len(active) and active[j]]
     partners = self._partner[on]  # [A, n]
     index = np.concatenate([np.arange(self.n)[None], partners], axis=0).T  # [n, 1 + A]
-    return Pattern(cluster_lib.Neighbours(index), self._matched[on].sum(axis=0, dtype=np.float64))
+    return Pattern(adjacency_lib.Neighbours(index), self._matched[on].sum(axis=0, dtype=np.float64))
 
   def mix(self, tree, ctx):
     """``(x_i - alpha sum_j B_j (x_i - x_partner), report)``; matching j communicates (one

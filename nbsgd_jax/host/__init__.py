@@ -1,9 +1,12 @@
-"""The host side of a run as parts: failures, communication draws, periods, the cluster's
-workload, consensus targets, the simulated clock and totals (:mod:`nbsgd_jax.host.parts`)."""
+"""The host side of a run: its parts (:mod:`nbsgd_jax.host.parts`: failures, communication
+draws, periods, the cluster's workload, the simulated clock and totals; consensus targets,
+:mod:`nbsgd_jax.host.targets`), the cluster model and its clock (:mod:`~nbsgd_jax.host.
+cluster`, :mod:`~nbsgd_jax.host.clock`), communication periods (:mod:`~nbsgd_jax.host.
+periods`) and MATCHA's plan (:mod:`~nbsgd_jax.host.matcha`)."""
 
-from nbsgd_jax.host.parts import (Activations, Clock, Failures, Host, HostPart, Periods, Totals,
-                                  Workload)
-from nbsgd_jax.host.targets import Targets
+from nbsgd_jax.host.parts import (Activations, Clock, Failures, Host, HostInputs, HostPart,
+                                  Periods, Totals, Workload)
+from nbsgd_jax.host.targets import CriticalTarget, Targets, TargetSchedule
 
-__all__ = ["Activations", "Clock", "Failures", "Host", "HostPart", "Periods", "Targets",
-           "Totals", "Workload"]
+__all__ = ["Activations", "Clock", "CriticalTarget", "Failures", "Host", "HostInputs", "HostPart", "Periods",
+           "TargetSchedule", "Targets", "Totals", "Workload"]

@@ -3,7 +3,7 @@ step's report, adds fields to the records and holds checkpointable state.
 
 A step on the host (:class:`Host`)::
 
-    inputs = host.inputs(step, probe)        # every part adds its entries, in order
+    inputs = host.inputs(step, probe)        # a HostInputs, every part fills its fields
     ... the compiled worker program runs with StepContext(inputs) ...
     host.observe(step, inputs, report, probe)  # every part reads the report (host numpy)
 
@@ -21,11 +21,60 @@ clock, instead of at the next evaluation).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from nbsgd_jax import cluster as cluster_lib
+from nbsgd_jax.host import cluster as cluster_lib
+
+
+@dataclasses.dataclass
+class HostInputs:
+  """The host's inputs of one step, filled by the parts in order (:meth:`Host.inputs`); the
+  compiled step reads ``step``, ``count``, ``total``, ``active``, ``alive`` and ``target``
+  (its :class:`~nbsgd_jax.transforms.StepContext`), the parts the others.
+
+  Attributes:
+    step: the (0-based) step.
+    count: int32 ``[n]``, mini-batches each worker finished by the deadline (Workload; He &
+      Dube 2022), 0 for a failed worker.
+    total: int32, ``sum_i count_i``.
+    compute: float64 ``[n]``, s of computation of each worker in the step (Workload).
+    deadline: s after the step's start (``inf``: none, a blocking step).
+    active: bool ``[K]``, what the communications draw (MATCHA's activations; ``[1]`` False
+      when none).
+    alive: bool ``[n]``, the workers up (Failures), or None without failures.
+    target: float32, the consensus-control target Xi (Targets), or None without control.
+    target_value: the same as a Python float (``inf``: not controlled at this step).
+    period_end: whether the step ends a communication period (Periods; any static hashable
+      value, e.g. Streaming DiLoCo's fragment), True for recipes without periods.
+    wall_step_s: s the step took on the wall clock (``cluster.clock='wall'``), else None.
+  """
+
+  step: int
+  count: Optional[np.ndarray] = None
+  total: Optional[np.int32] = None
+  compute: Optional[np.ndarray] = None
+  deadline: float = math.inf
+  active: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((1,), bool))
+  alive: Optional[np.ndarray] = None
+  target: Optional[np.float32] = None
+  target_value: Optional[float] = None
+  period_end: Any = True
+  wall_step_s: Optional[float] = None
+
+  def update(self, **values) -> None:
+    """Set fields by name.
+
+    Raises:
+      AttributeError: a name that is not a field (named).
+    """
+    for name, value in values.items():
+      if name not in self.__dataclass_fields__:
+        raise AttributeError(f"HostInputs has no field {name!r}")
+      setattr(self, name, value)
 
 
 class HostPart:
@@ -33,7 +82,7 @@ class HostPart:
 
   name = "part"
 
-  def needs_report(self, step: int, inputs: dict) -> bool:
+  def needs_report(self, step: int, inputs: HostInputs) -> bool:
     """Whether this step's report must be observed before the next step is drawn."""
     del step, inputs
     return False
@@ -41,10 +90,10 @@ class HostPart:
   def begin(self, probe) -> None:
     """Before the first step of a new run (not on resume)."""
 
-  def inputs(self, step: int, inputs: dict, probe) -> None:
+  def inputs(self, step: int, inputs: HostInputs, probe) -> None:
     """Add this part's entries to ``inputs`` (numpy) for (0-based) ``step``."""
 
-  def observe(self, step: int, inputs: dict, report: dict, probe) -> Optional[dict]:
+  def observe(self, step: int, inputs: HostInputs, report: dict, probe) -> Optional[dict]:
     """Read the step's report (each value a numpy ``[n]`` array); may return fields for the
     step's record (``steps.jsonl``)."""
     return None
@@ -62,7 +111,7 @@ class HostPart:
 
 
 class Failures(HostPart):
-  """Simulated worker failures (:func:`nbsgd_jax.cluster.parse_failures`): ``alive`` bool
+  """Simulated worker failures (:func:`nbsgd_jax.host.cluster.parse_failures`): ``alive`` bool
   ``[n]`` on every step; without failures no ``alive`` input at all (a lighter program)."""
 
   name = "failures"
@@ -72,7 +121,7 @@ class Failures(HostPart):
 
   def inputs(self, step, inputs, probe):
     if self.failures:
-      inputs["alive"] = cluster_lib.alive_mask(self.failures, step, self.n)
+      inputs.alive = cluster_lib.alive_mask(self.failures, step, self.n)
 
 
 class Activations(HostPart):
@@ -85,14 +134,14 @@ class Activations(HostPart):
     self.communications = list(communications)
 
   def inputs(self, step, inputs, probe):
-    inputs["active"] = np.zeros((1,), bool)
+    inputs.active = np.zeros((1,), bool)
     for comm in self.communications:
-      inputs.update(comm.host_inputs(step))
+      inputs.update(**comm.host_inputs(step))
 
 
 class Periods(HostPart):
   """Communication periods of local SGD / DiLoCo: ``period_end`` from a
-  :class:`nbsgd_jax.local_sgd.SyncPlanner`; ADA-LUPA observes the training loss at step 0 and
+  :class:`nbsgd_jax.host.periods.SyncPlanner`; ADA-LUPA observes the training loss at step 0 and
   after every synchronisation (read at once: :meth:`needs_report`)."""
 
   name = "planner"
@@ -101,17 +150,17 @@ class Periods(HostPart):
     self.planner = planner
 
   def needs_report(self, step, inputs):
-    return self.planner.needs_loss and bool(inputs["period_end"])  # the next period needs F
+    return self.planner.needs_loss and bool(inputs.period_end)  # the next period needs F
 
   def begin(self, probe):
     if self.planner.needs_loss:
       self.planner.observe(probe.train_loss())
 
   def inputs(self, step, inputs, probe):
-    inputs["period_end"] = self.planner.sync_now(step)
+    inputs.period_end = self.planner.sync_now(step)
 
   def observe(self, step, inputs, report, probe):
-    if self.planner.needs_loss and inputs["period_end"]:
+    if self.planner.needs_loss and inputs.period_end:
       self.planner.observe(probe.train_loss())
 
   def state_dict(self):
@@ -122,7 +171,7 @@ class Periods(HostPart):
 
 
 class Workload(HostPart):
-  """The cluster model (:mod:`nbsgd_jax.cluster`): every worker's mini-batch finish times, and
+  """The cluster model (:mod:`nbsgd_jax.host.cluster`): every worker's mini-batch finish times, and
   for Non-blocking SGD (He & Dube 2022) the deadline and the mini-batches finished by it.
 
   Inputs: ``count`` int32 ``[n]`` (``M`` when blocking; 0 for a failed worker), ``total``
@@ -132,10 +181,10 @@ class Workload(HostPart):
   mini-batches counted so far over ``n M`` per step (1 for a blocking run without failures).
 
   Args:
-    cluster: the :class:`~nbsgd_jax.cluster.Cluster`.
+    cluster: the :class:`~nbsgd_jax.host.cluster.Cluster`.
     nonblocking: whether workers stop at the deadline.
-    deadline: the deadline rule (:func:`nbsgd_jax.cluster.parse_deadline`); ``"adaptive"``
-      is set from earlier steps (:class:`nbsgd_jax.cluster.DeadlineHistory`), the other rules
+    deadline: the deadline rule (:func:`nbsgd_jax.host.cluster.parse_deadline`); ``"adaptive"``
+      is set from earlier steps (:class:`nbsgd_jax.host.cluster.DeadlineHistory`), the other rules
       from the step's own finish times.
     deadline_group: ``"all"`` (one deadline) or ``"neighbours"`` (each worker's over itself
       and whom it waits for in the step's ``primary`` communication).
@@ -163,9 +212,9 @@ class Workload(HostPart):
     self.counted = self.offered = 0  # mini-batches counted / the n M of every step so far
 
   def _group(self, step, inputs):
-    if self.group != "neighbours" or self.primary is None or not inputs.get("period_end", True):
+    if self.group != "neighbours" or self.primary is None or not inputs.period_end:
       return None if self.group != "neighbours" else np.eye(self.cluster.n, dtype=bool)
-    adj = self.primary.live_pattern(step, inputs["active"], inputs.get("alive")).adjacency
+    adj = self.primary.live_pattern(step, inputs.active, inputs.alive).adjacency
     return adj
 
   def _deadline(self, step, inputs, finish, alive):
@@ -178,7 +227,7 @@ class Workload(HostPart):
   def inputs(self, step, inputs, probe):
     cl, n = self.cluster, self.cluster.n
     finish = cluster_lib.minibatch_finish_times(cl, step)
-    alive = inputs.get("alive")
+    alive = inputs.alive
     if self.nonblocking:
       dl = self._deadline(step, inputs, finish, alive)
       count = cluster_lib.finished_counts(finish, dl)
@@ -194,10 +243,8 @@ class Workload(HostPart):
     if alive is not None:
       count = np.where(alive, count, 0)
       compute = np.where(alive, compute, 0.0)
-    inputs["count"] = count.astype(np.int32)
-    inputs["total"] = np.int32(count.sum())
-    inputs["compute"] = compute
-    inputs["deadline"] = dl
+    inputs.update(count=count.astype(np.int32), total=np.int32(count.sum()), compute=compute,
+                  deadline=dl)
     self.counted += int(count.sum())
     self.offered += n * cl.num_minibatches
 
@@ -218,7 +265,7 @@ class Workload(HostPart):
 
 class Clock(HostPart):
   """The simulated clock: per-worker clocks advanced round by round
-  (:func:`nbsgd_jax.cluster.advance_clocks`; ``docs/clock.md``) for every round the
+  (:func:`nbsgd_jax.host.cluster.advance_clocks`; ``docs/clock.md``) for every round the
   communications report (their ``clock_rounds``: who waits for whom, lockstep or point to
   point, whether it overlaps the computation, messages, and the bytes the device reported),
   with ``comm_i = latency * messages_i + bytes_i / bandwidth``. The step's computation enters
@@ -242,15 +289,15 @@ class Clock(HostPart):
     """Simulated seconds until the slowest worker finished its last step."""
     return float(self.clocks.max())
 
-  def rounds(self, step: int, inputs: dict, report: dict) -> list:
+  def rounds(self, step: int, inputs: HostInputs, report: dict) -> list:
     """Every :class:`~nbsgd_jax.communications.Round` of the step, in chain order."""
     out = []
     for comm in self.communications:
-      out += comm.clock_rounds(step, inputs["active"], inputs.get("alive"), report)
+      out += comm.clock_rounds(step, inputs.active, inputs.alive, report)
     return out
 
   def observe(self, step, inputs, report, probe):
-    compute = np.asarray(inputs["compute"], np.float64)
+    compute = np.asarray(inputs.compute, np.float64)
     for r in self.rounds(step, inputs, report):
       comm = cluster_lib.comm_time(self.cluster, r.messages, r.num_bytes)
       done = cluster_lib.advance_clocks(self.clocks, compute, comm, r.adjacency,
@@ -293,7 +340,7 @@ class Totals(HostPart):
   def observe(self, step, inputs, report, probe):
     if "bytes_sent" in report:
       self.bytes_sent += float(np.mean(np.asarray(report["bytes_sent"], np.float64)))
-    sync = bool(inputs.get("period_end", True))
+    sync = bool(inputs.period_end)
     self.rounds += int(sync and any(k.startswith("rounds/") for k in report))
     return None
 
@@ -316,7 +363,7 @@ class Host:
     if len(set(names)) != len(names):
       raise ValueError(f"host parts need distinct names, got {names}")
 
-  def needs_report(self, step: int, inputs: dict) -> bool:
+  def needs_report(self, step: int, inputs: HostInputs) -> bool:
     """Whether some part must observe this step before the next is drawn."""
     return any(p.needs_report(step, inputs) for p in self.parts)
 
@@ -331,14 +378,14 @@ class Host:
     for p in self.parts:
       p.begin(probe)
 
-  def inputs(self, step: int, probe=None) -> dict:
-    """The (0-based) step's host inputs: ``step`` and every part's entries."""
-    inputs: dict = {"step": int(step)}
+  def inputs(self, step: int, probe=None) -> HostInputs:
+    """The (0-based) step's host inputs, every part's fields filled in order."""
+    inputs = HostInputs(int(step))
     for p in self.parts:
       p.inputs(step, inputs, probe)
     return inputs
 
-  def observe(self, step: int, inputs: dict, report: dict, probe=None) -> dict:
+  def observe(self, step: int, inputs: HostInputs, report: dict, probe=None) -> dict:
     """Every part reads the step's report; returns the parts' step-record fields."""
     fields: dict = {}
     for p in self.parts:

@@ -18,11 +18,14 @@ import ml_collections
 import numpy as np
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax import consensus as consensus_lib
 from nbsgd_jax import metrics as metrics_lib
 from nbsgd_jax.run import evaluation as evaluation_lib
-from nbsgd_jax.run import setup as setup_lib
-from nbsgd_jax.run.evaluation import TrainingDiverged
 from nbsgd_jax.run import records as records_lib
+from nbsgd_jax.run import setup as setup_lib
+from nbsgd_jax.run import step as step_lib
+from nbsgd_jax.run import wallclock
+from nbsgd_jax.run.evaluation import TrainingDiverged
 from nbsgd_jax.run.records import Records, check_tensorboard
 from nbsgd_jax.run.stopwatch import Stopwatch
 from nbsgd_jax.transforms.base import is_summed
@@ -33,8 +36,9 @@ class Run:
   def __init__(self, s: setup_lib.Setup, host, records: Records, watch: Stopwatch):
     self.s, self.host, self.records, self.watch = s, host, records, watch
     self.state = setup_lib.init_state(s)
-    self.step_fn = setup_lib.make_train_step(s, host)
-    self.block_fn = setup_lib.make_block_step(s)
+    # the compiled program of k steps (run/step.py), or the wall clock's step
+    self.program = (wallclock.WallClockStep(s, host.part("workload"))
+                    if s.cfg.cluster.clock == "wall" else step_lib.Program(s))
     self.pending: list = []  # (steps, inputs, (loss, report), stacked) not yet read
     self.finite_fn = evaluation_lib.make_finite_fn()
     self._smooth_fn = None
@@ -61,7 +65,6 @@ class Run:
     """L of the averaged model (Hessian power iteration; the critical target), off the clock."""
     cfg, task = self.s.cfg, self.s.task
     if self._smooth_fn is None:
-      from nbsgd_jax import consensus as consensus_lib
       self._smooth_fn = jax.jit(lambda params, ms, data: consensus_lib.smoothness_estimate(
           lambda p: task.point_loss(p, evaluation_lib.average_state(ms), data),
           metrics_lib.average_model(params), cfg.consensus.smoothness_iters, cfg.seed)
@@ -71,37 +74,24 @@ class Run:
 
   # ---------------------------------------------------------------- the step and its reports
 
-  def step(self, step: int) -> None:
-    """Run (0-based) ``step``: host inputs, the compiled program, the pending report; the
-    reports are read at once (off the clock) when a host part needs this one."""
-    inputs = self.host.inputs(step, self)
-    ctx = setup_lib.device_context(self.s, inputs)
-    self.state, out = self.step_fn(self.state, self.s.worker_data, ctx,
-                                   inputs.get("period_end", True), inputs=inputs)
-    self.pending.append(([step], [inputs], out, False))
-    if self.host.needs_report(step, inputs):
-      self.watch.off_clock(self.state, self.flush)
-
   def dispatch(self, first: int, last: int) -> int:
     """Run steps ``first, first + 1, ...`` before ``last``, at most
-    ``config.steps_per_dispatch`` of them, in one dispatch (:func:`nbsgd_jax.run.setup.
-    make_block_step`); a step whose report a host part needs at once ends the block. The
-    host draws each step's inputs in order, as :meth:`step` does (the inputs of step t + 1
-    never depend on step t's report unless ``needs_report``). Returns the steps run."""
+    ``config.steps_per_dispatch`` of them, in one dispatch of the compiled program
+    (:class:`nbsgd_jax.run.step.Program`; one step when k = 1); a step whose report a host
+    part needs at once ends the block, and its reports are read at once (off the clock). The
+    host draws each step's inputs in order (the inputs of step t + 1 never depend on step t's
+    report unless ``needs_report``). Returns the steps run."""
     k = self.s.cfg.steps_per_dispatch
-    if k == 1:
-      self.step(first)
-      return 1
     steps, inputs = [], []
     for t in range(first, min(first + k, last)):
       steps.append(t)
       inputs.append(self.host.inputs(t, self))
       if self.host.needs_report(t, inputs[-1]):
         break
-    ctx = setup_lib.device_contexts(self.s, inputs)
-    keys = tuple(i.get("period_end", True) for i in inputs)
-    self.state, out = self.block_fn(self.state, self.s.worker_data, ctx, keys)
-    self.pending.append((steps, inputs, out, True))
+    keys = tuple(i.period_end for i in inputs)
+    self.state, out = self.program(self.state, self.s.worker_data,
+                                   self.program.context(inputs), keys, inputs)
+    self.pending.append((steps, inputs, out, self.program.stacked))
     if self.host.needs_report(steps[-1], inputs[-1]):
       self.watch.off_clock(self.state, self.flush)
     return len(steps)

@@ -1,151 +1,34 @@
 """Everything a run needs, built from a config before any compilation: data, model, topology,
-recipe, backend, the compiled worker program and the host parts.
-
-The worker program of one step (on the ``"workers"`` axis)::
-
-    batch = task.batch(data, step)                              # the task
-    loss, grads, model_state = gradient_source(loss_fn, params, model_state, batch, ctx)
-    updates, state, report = recipe.transform.update(grads, state, params, ctx)
-    params = optax.apply_updates(params, updates)
-
-``model_state`` (BatchNorm's running statistics) stays with its worker: the gradient source
-updates it, no transform sees it.
+recipe, backend, the initial state and the host parts. The compiled program is
+:mod:`nbsgd_jax.run.step`'s; the loop is :mod:`nbsgd_jax.run.loop`'s.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-from jax import lax
 
-from nbsgd_jax import cluster as cluster_lib
+from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax import codecs
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import data as data_lib
 from nbsgd_jax import host as host_lib
 from nbsgd_jax import models as models_lib
+from nbsgd_jax import multihost
+from nbsgd_jax import optim
+from nbsgd_jax import problems as problems_lib
 from nbsgd_jax import recipes as recipes_lib
 from nbsgd_jax import topology as topology_lib
-from nbsgd_jax import transforms
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.run import task as task_lib
-from nbsgd_jax.run.backends import Backend, make_backend
-from nbsgd_jax.transforms import CONTEXT_AXES, StepContext
-
-
-class TrainState(NamedTuple):
-  """Per-worker train state; every leaf has a leading worker axis ``[n, ...]``.
-
-  Attributes:
-    params: model parameters of each worker.
-    opt_state: each worker's transform state.
-    step: int32 ``[n]``, steps taken (the same on every worker).
-    model_state: each worker's model state besides the parameters (BatchNorm's running
-      statistics; ``()`` / ``{}`` when the model has none), updated by its own batches only.
-  """
-
-  params: Any
-  opt_state: Any
-  step: jax.Array
-  model_state: Any = ()
-
-
-def make_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
-  """Learning rate per step: optional linear warm-up, then constant, cosine decay to 0,
-  inverse time ``learning_rate * t0 / (t + t0)``, ``t0 = lr_time_scale`` (the step sizes of
-  the PL analyses, e.g. Haddadpour et al. 2019: ``2 / (mu (t + a))``), or step decays
-  (``lr_decay`` at each of ``lr_milestones`` x ``num_steps``, counted from step 0; Goyal et
-  al. 2017; the phases of Kong et al. 2021)."""
-  decay_steps = max(cfg.num_steps - cfg.warmup_steps, 1)
-  if cfg.lr_schedule == "step":
-    bounds: dict = {}
-    for f in cfg.lr_milestones:  # two milestones on one step decay twice there
-      b = max(milestone_step(cfg, f) - cfg.warmup_steps, 1)
-      bounds[b] = bounds.get(b, 1.0) * cfg.lr_decay
-    main = optax.piecewise_constant_schedule(cfg.learning_rate, bounds)
-  elif cfg.lr_schedule == "cosine":  # to lr_min at num_steps (nanoGPT's min_lr)
-    main = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps,
-                                       alpha=cfg.lr_min / cfg.learning_rate)
-  elif cfg.lr_schedule == "inverse_time":  # eta_t = eta t0 / (t + t0), e.g. 2 / (mu (t + a))
-    lr, t0 = cfg.learning_rate, float(cfg.lr_time_scale)
-    main = lambda step: lr * t0 / (step + t0)
-  else:
-    main = optax.constant_schedule(cfg.learning_rate)
-  if cfg.warmup_steps:
-    warm = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
-    return optax.join_schedules([warm, main], [cfg.warmup_steps])
-  return main
-
-
-def milestone_step(cfg: ml_collections.ConfigDict, fraction: float) -> int:
-  """The first step (0-based) with the decayed rate of the milestone at ``fraction`` of
-  ``num_steps``: ``round(fraction * num_steps)``."""
-  return int(round(fraction * cfg.num_steps))
-
-
-def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Local optimizer: ``config.optimizer="sgd"``: L2 weight decay added to the gradient, then
-  SGD with (Nesterov) momentum; ``"adamw"``: AdamW (Loshchilov & Hutter 2019; DiLoCo's inner
-  optimizer, Douillard et al. 2023) with ``b1 = momentum``, ``b2 = adam_b2`` and decoupled
-  ``weight_decay``. ``weight_decay_on="matrices"`` decays only parameters with >= 2 axes
-  (karpathy/nanoGPT ``configure_optimizers``); ``grad_clip > 0`` first clips the gradient to
-  that global L2 norm (``optax.clip_by_global_norm``, nanoGPT's ``grad_clip``)."""
-  mask = None
-  if cfg.weight_decay_on == "matrices":
-    mask = lambda params: jax.tree.map(lambda x: jnp.ndim(x) >= 2, params)
-  if cfg.optimizer == "adamw":
-    opt = optax.adamw(make_schedule(cfg), b1=cfg.momentum, b2=cfg.adam_b2,
-                      weight_decay=cfg.weight_decay, mask=mask)
-  else:
-    opt = optax.chain(
-        optax.add_decayed_weights(cfg.weight_decay, mask) if cfg.weight_decay
-        else optax.identity(),
-        optax.sgd(make_schedule(cfg), momentum=cfg.momentum or None, nesterov=cfg.nesterov))
-  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt) if cfg.grad_clip else opt
-
-
-# ----------------------------------------------------------------------------- gradient sources
-
-
-def full_batch(loss_fn, params, model_state, batch, ctx):
-  """``(loss, grads, model_state)`` of the whole batch (``loss_fn(params, model_state, batch)
-  -> (loss, model_state)``)."""
-  del ctx
-  (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-      params, model_state, batch)
-  return loss, grads, model_state
-
-
-def minibatches(num_minibatches: int, unroll: bool = False) -> Callable:
-  """Non-blocking SGD's gradient source (He & Dube 2022): the mean over the first
-  ``ctx.count`` of ``M`` mini-batches
-  (:func:`nbsgd_jax.transforms.minibatch_mean_gradient_with_state`: the model state goes
-  through the finished mini-batches only); the loss is the mean over the finished
-  mini-batches (0 if none). ``unroll``: the loop over the mini-batches unrolled
-  (``nonblocking.unroll``)."""
-
-  def source(loss_fn, params, model_state, batch, ctx):
-    grads, loss, _, model_state = transforms.minibatch_mean_gradient_with_state(
-        loss_fn, params, model_state, batch, num_minibatches, ctx.count, weighting="local",
-        unroll=unroll)
-    return loss, grads, model_state
-
-  return source
-
-
-def gradient_source(cfg: ml_collections.ConfigDict) -> Callable:
-  """Counted mini-batches whenever workers may contribute unequal work
-  (:func:`nbsgd_jax.config.counted_steps`: Non-blocking SGD's ``M``, failures' single batch,
-  :func:`nbsgd_jax.cluster.num_minibatches`), else the whole batch."""
-  if config_lib.counted_steps(cfg):
-    return minibatches(cluster_lib.num_minibatches(cfg), cfg.nonblocking.unroll)
-  return full_batch
+from nbsgd_jax.run import wallclock
+from nbsgd_jax.backends import Backend, make_backend
+from nbsgd_jax.run.step import TrainState
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -161,7 +44,6 @@ class Setup(NamedTuple):
   topology: topology_lib.Topology
   recipe: recipes_lib.Recipe
   backend: Backend
-  plan: Any  # MATCHA's MatchaPlan, or None
   task: task_lib.Task
 
 
@@ -186,7 +68,6 @@ def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -
       given model or data that does not fit (named).
   """
   if cfg.get("backend") == "multihost":  # before anything initializes a JAX backend
-    from nbsgd_jax import multihost
     try:
       multihost.initialize()
     except ValueError as e:
@@ -201,25 +82,21 @@ def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -
                              cols=cfg.topology_cols or None)
   except ValueError as e:
     raise config_lib.ConfigError([f"config.topology={cfg.topology!r}: {e}"]) from None
-  plan = None
-  if cfg.algorithm == "matcha":  # MATCHA's set-up: matchings, probabilities, alpha (cvxpy)
-    from nbsgd_jax import matcha as matcha_lib
-    plan = matcha_lib.plan(topo.n, topo.edges, cfg.matcha.budget)
   try:
     backend = make_backend(cfg.backend, n, cfg.workers_per_device)
   except ValueError as e:
     raise config_lib.ConfigError([f"config.{e}"]) from None
   try:
-    recipe = recipes_lib.build(cfg, topo, plan, backend.axis_name)
+    recipe = recipes_lib.build(cfg, topo, backend.axis_name)
   except ValueError as e:
     raise config_lib.ConfigError(str(e).splitlines()) from None
   if cfg.dataset in config_lib.SYNTHETIC:
     problem = _problem(cfg)
     task = task_lib.synthetic_task(cfg, problem, backend)
-    return Setup(cfg, problem, task.worker_data, None, topo, recipe, backend, plan, task)
+    return Setup(cfg, problem, task.worker_data, None, topo, recipe, backend, task)
   dataset = _load(cfg, data)
   if isinstance(dataset, data_lib.TextDataset):
-    return _language_model_setup(cfg, dataset, model, topo, recipe, backend, plan)
+    return _language_model_setup(cfg, dataset, model, topo, recipe, backend)
   shards = _partition(cfg, dataset)
   model = _model(cfg, model, dataset.num_classes)
   if cfg.model not in models_lib.MODELS:  # the user's: checked before anything runs
@@ -233,7 +110,7 @@ def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -
                                                       jnp.asarray(sizes))))
   task = task_lib.classification_task(cfg, dataset, worker_data, model, backend,
                                       recipe.decentralized)
-  return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, plan, task)
+  return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, task)
 
 
 def _check_given(cfg, model, data) -> None:
@@ -316,7 +193,7 @@ def _check_model(model, cfg, sample: np.ndarray, num_classes: int, tokens: bool 
                                   f"of shape {want}"])
 
 
-def _language_model_setup(cfg, dataset, model, topo, recipe, backend, plan) -> Setup:
+def _language_model_setup(cfg, dataset, model, topo, recipe, backend) -> Setup:
   """The set-up of a language model on a text data set (the built-in ``"transformer"`` or a
   given / registered token model), cut into one contiguous shard per worker.
 
@@ -336,7 +213,7 @@ def _language_model_setup(cfg, dataset, model, topo, recipe, backend, plan) -> S
   worker_tokens = task_lib.place_rows(np.asarray(rows, np.int32), backend)
   task = task_lib.language_model_task(cfg, dataset, worker_tokens, model, backend,
                                       recipe.decentralized)
-  return Setup(cfg, dataset, worker_tokens, model, topo, recipe, backend, plan, task)
+  return Setup(cfg, dataset, worker_tokens, model, topo, recipe, backend, task)
 
 
 def _partition(cfg, dataset) -> list:
@@ -381,7 +258,6 @@ def _problem(cfg):
   Raises:
     ConfigError: a batch larger than a worker's examples, or a bad problem (named).
   """
-  from nbsgd_jax import problems as problems_lib
   p, n = cfg.problem, cfg.num_workers
   shards = p.shards or n
   try:
@@ -405,9 +281,9 @@ def _problem(cfg):
 
 def check_model_fit(s: Setup) -> list[str]:
   """The config against the model and the data, abstractly (nothing is computed or
-  compiled): the :data:`~nbsgd_jax.config.MODEL_CHECKS` on one worker's parameter shapes,
-  then the transform's state on them (streaming DiLoCo's fragments need as many parameter
-  arrays).
+  compiled): the codec's model checks (:attr:`nbsgd_jax.codecs.Spec.check_model`) on one
+  worker's parameter shapes, then the transform's state on them (streaming DiLoCo's fragments
+  need as many parameter arrays).
 
   Returns:
     warning lines (odd, not wrong): ``eval_train_examples`` above the training set.
@@ -418,8 +294,9 @@ def check_model_fit(s: Setup) -> list[str]:
   params, _ = jax.eval_shape(s.task.init)
   shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
   errs: list = []
-  for name in config_lib.MODEL_CHECKS:
-    config_lib.section_check(name, config_lib.MODEL_CHECKS)(s.cfg, shapes, errs)
+  spec = codecs.REGISTRY.get(s.cfg.compression.name)
+  if spec is not None and spec.check_model is not None:
+    spec.check_model(s.cfg, shapes, errs)
   if errs:
     raise config_lib.ConfigError(errs)
   try:
@@ -449,97 +326,6 @@ def init_state(s: Setup) -> TrainState:
                                         (opt_state, model_state))
   return s.backend.place(TrainState(params, opt_state, jnp.zeros((n,), jnp.int32),
                                     model_state))
-
-
-def make_worker_step(s: Setup, period_end: bool = True) -> Callable:
-  """The program of one worker for one step (module docstring).
-
-  Returns:
-    ``(state, data, ctx) -> (state, (loss, report))`` on one worker's (unbatched) state,
-    shard and :class:`~nbsgd_jax.transforms.StepContext`; ``loss`` is the float32 mini-batch
-    loss before the update, ``report`` the recipe's (``bytes_sent`` ...).
-  """
-  source, task = gradient_source(s.cfg), s.task
-
-  def step_fn(state: TrainState, data, ctx: StepContext):
-    ctx = ctx._replace(period_end=period_end)
-    batch = task.batch(data, state.step, s.backend.axis_name)
-    loss, grads, model_state = source(task.loss_fn, state.params, state.model_state, batch,
-                                      ctx)
-    return apply_update(s, state._replace(model_state=model_state), loss, grads, ctx)
-
-  return step_fn
-
-
-def apply_update(s: Setup, state: TrainState, loss, grads, ctx: StepContext):
-  """The recipe's update of one worker from its gradient: ``(state, (loss, report))``."""
-  updates, opt_state, report = s.recipe.transform.update(grads, state.opt_state, state.params,
-                                                         ctx)
-  params = optax.apply_updates(state.params, updates)
-  return TrainState(params, opt_state, state.step + 1, state.model_state), (loss, report)
-
-
-def make_train_step(s: Setup, host: host_lib.Host | None = None) -> Callable:
-  """``(state, data, ctx, period_end=True, inputs=None) -> (state, (loss [n], report))`` on
-  the backend (state donated); ``ctx`` from :func:`device_context`. Periodic recipes have two
-  programs (a local step and a synchronising step), each compiled on first use. On the wall
-  clock (``cluster.clock="wall"``) the step of :mod:`nbsgd_jax.run.wallclock` (it needs the
-  run's ``host`` and each step's ``inputs``)."""
-  if s.cfg.cluster.clock == "wall":
-    from nbsgd_jax.run import wallclock
-    return wallclock.WallClockStep(s, host.part("workload"))
-  programs: dict = {}
-  spare: list = []  # the double buffer: the parameters' buffers of the step before
-
-  def compile_step(key):
-    spmd = s.backend.spmd(make_worker_step(s, key), (0, 0, CONTEXT_AXES))
-    if not s.cfg.double_buffer:
-      return jax.jit(spmd, donate_argnums=(0,))
-    return jax.jit(double_buffered(spmd), donate_argnums=(0, 1), keep_unused=True)
-
-  def step(state, data, ctx, period_end=True, inputs=None):
-    del inputs
-    key = period_end if s.recipe.periodic else True  # a static (hashable) period end
-    if key not in programs:
-      programs[key] = compile_step(key)
-    if not s.cfg.double_buffer:
-      return programs[key](state, data, ctx)
-    buffers = spare.pop() if spare else fresh_like(state.params)
-    old_state, params, out = programs[key](state, buffers, data, ctx)
-    spare.append(old_state.params)
-    return old_state._replace(params=params), out
-
-  return step
-
-
-def double_buffered(spmd_step: Callable) -> Callable:
-  """``spmd_step`` writing the new parameters into a second set of buffers (``cfg.
-  double_buffer``): ``(state, spare, data, ctx) -> (state with the old parameters, new
-  parameters, out)``, to be compiled with ``state`` and ``spare`` donated and kept.
-
-  Why: a step that mixes the models (gossip) cannot update the parameters in place (worker
-  i reads its neighbours' old rows), so XLA writes them to a fresh ``[n, ...]`` buffer and
-  copies that into the donated one; on a CPU the fresh buffer's pages are also faulted in at
-  every step (``docs/scaling.md``). Here the old parameters go out unchanged into their own
-  buffers and the new ones into ``spare``'s, which the caller passes back at the next step.
-  Donated inputs are matched to outputs of the same shape and dtype in order, so the outputs
-  are ordered as the inputs: the state's leaves (old parameters first), then the new
-  parameters in ``spare``'s place.
-  """
-  def program(state, spare, data, ctx):
-    del spare  # donated and kept: its buffers receive the new parameters
-    new, out = spmd_step(state, data, ctx)
-    return new._replace(params=state.params), new.params, out
-
-  return program
-
-
-@jax.jit
-def fresh_like(tree):
-  """New buffers of ``tree``'s shapes and dtypes, placed as ``tree`` is (its sharding and
-  whether it is committed to its devices follow, so the step that receives them compiles
-  once); the values are ``tree * 0``."""
-  return jax.tree.map(lambda x: x * 0, tree)
 
 
 def one_worker_data(s: Setup):
@@ -604,7 +390,6 @@ def make_host(s: Setup) -> host_lib.Host:
     parts.append(host_lib.Periods(s.recipe.planner(offset)))
   nb = cfg.nonblocking
   if cfg.cluster.clock == "wall":
-    from nbsgd_jax.run import wallclock
     parts.append(wallclock.WallWorkload(cluster, nb.enabled, nb.deadline, nb.adaptive_k,
                                         nb.window, cfg.cluster.emulate))
   else:
@@ -618,101 +403,22 @@ def make_host(s: Setup) -> host_lib.Host:
 
 
 def _targets(cfg) -> host_lib.Targets:
-  from nbsgd_jax import consensus as consensus_lib
   cs = cfg.consensus
   try:
     if cs.critical:
-      schedule = consensus_lib.CriticalTarget(cfg.num_workers, cs.critical_scale, cs.smoothness,
+      schedule = host_lib.CriticalTarget(cfg.num_workers, cs.critical_scale, cs.smoothness,
                                               cs.until_step, cs.critical_ema,
                                               cs.critical_form)
     else:
-      schedule = consensus_lib.TargetSchedule(cs.target, cs.target_ratio, cs.reference_workdir,
+      schedule = host_lib.TargetSchedule(cs.target, cs.target_ratio, cs.reference_workdir,
                                               cs.until_step)
   except ValueError as e:
     raise config_lib.ConfigError([f"config.{e}"]) from None
-  lr = make_schedule(cfg)
+  lr = optim.make_schedule(cfg)
   return host_lib.Targets(cfg.num_workers, schedule,
                           lambda t: float(lr(t)) / (1.0 - cfg.momentum),
                           0 if cs.smoothness else cs.smoothness_every, cs.until_step)
 
 
-def host_context(s: Setup, inputs: dict) -> StepContext:
-  """The host inputs of a step as numpy arrays: ``count`` per worker (int32 ``[n]``), the
-  other values once, the same for every worker (:data:`~nbsgd_jax.transforms.CONTEXT_AXES`;
-  None stays None)."""
-  del s
-
-  def once(x, dtype):
-    return None if x is None else np.asarray(x, dtype)
-
-  return StepContext(once(inputs["step"], np.int32), np.asarray(inputs["count"], np.int32),
-                     once(inputs["total"], np.int32), once(inputs["active"], bool),
-                     once(inputs.get("alive"), bool), once(inputs.get("target"), np.float32))
-
-
-def _place_context(s: Setup, ctx: StepContext) -> StepContext:
-  """``ctx`` on the devices: the per-worker fields split over the workers (``place``), the
-  others whole on every device (``replicate``)."""
-  put = lambda ax, x: x if x is None else (
-      s.backend.replicate(jnp.asarray(x)) if ax is None else s.backend.place(jnp.asarray(x)))
-  return jax.tree.map(put, CONTEXT_AXES, ctx, is_leaf=lambda x: x is None)
-
-
-def device_context(s: Setup, inputs: dict) -> StepContext:
-  """The host inputs of a step as the workers' :class:`~nbsgd_jax.transforms.StepContext`
-  (:func:`host_context`, placed for the backend): the compiled step's context, read with
-  ``in_axes`` :data:`~nbsgd_jax.transforms.CONTEXT_AXES`."""
-  return _place_context(s, host_context(s, inputs))
-
-
-def device_contexts(s: Setup, inputs: list) -> StepContext:
-  """The contexts of ``k`` consecutive steps, stacked (``count`` ``[n, k]``, the shared
-  fields ``[k, ...]``), placed for the backend: the input of :func:`make_block_step`."""
-  ctxs = [host_context(s, i) for i in inputs]
-  stack = lambda ax, *xs: None if xs[0] is None else np.stack(xs, axis=0 if ax is None else 1)
-  return _place_context(s, jax.tree.map(stack, CONTEXT_AXES, *ctxs,
-                                        is_leaf=lambda x: x is None))
-
-
-def make_block_step(s: Setup) -> Callable:
-  """``(state, data, ctx, keys) -> (state, outs)``: ``k`` steps in one dispatch
-  (``config.steps_per_dispatch``), each the program of :func:`make_worker_step` for its
-  static period end ``keys[j]``, consecutive steps with the same period end (a run) as one
-  ``lax.scan``; ``ctx`` from :func:`device_contexts`; ``outs``: per run ``(loss [n, m],
-  report [n, m])`` of its ``m`` steps. One program
-  is compiled per run-length pattern of ``keys`` (e.g. ``(False x 3, True)`` for local SGD
-  with tau = 4); the state is donated."""
-  programs: dict = {}
-
-  def block(state, data, ctx, keys):
-    if not s.recipe.periodic:
-      keys = (True,) * len(keys)
-    runs = tuple((key, len(list(group))) for key, group in itertools.groupby(keys))
-    if runs not in programs:
-      programs[runs] = jax.jit(s.backend.spmd(_scanned_steps(s, runs), (0, 0, CONTEXT_AXES)),
-                               donate_argnums=(0,))
-    return programs[runs](state, data, ctx)
-
-  return block
-
-
-def _scanned_steps(s: Setup, runs: tuple) -> Callable:
-  """One worker's program for the steps of ``runs`` (``(period_end, length)`` pairs)."""
-
-  def worker(state, data, ctx):
-    outs, offset = [], 0
-    for key, length in runs:
-      step_fn = make_worker_step(s, key)
-      part = jax.tree.map(lambda x, o=offset, m=length: x[o:o + m], ctx)
-      state, out = lax.scan(lambda st, c, f=step_fn: f(st, data, c), state, part)
-      outs.append(out)
-      offset += length
-    return state, tuple(outs)  # per run: its steps' reports may have other keys
-
-  return worker
-
-
-__all__ = ["AXIS", "Setup", "TrainState", "device_context", "device_contexts", "full_batch",
-           "gradient_source", "host_context", "make_block_step",
-           "init_state", "make_host", "make_optimizer", "make_schedule", "make_train_step",
-           "make_worker_step", "minibatches", "setup"]
+__all__ = ["Setup", "check_model_fit", "init_state", "make_host", "measure_time_per_example",
+           "one_worker_data", "setup"]

@@ -17,7 +17,13 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from nbsgd_jax import data as data_lib
+from nbsgd_jax import augment
+from nbsgd_jax import metrics as metrics_lib
+from nbsgd_jax import models as models_lib
+from nbsgd_jax import problems as problems_lib
+from nbsgd_jax import transforms
 from nbsgd_jax.axis import AXIS
+from nbsgd_jax.run import evaluation as ev
 
 
 class WorkerData(NamedTuple):
@@ -184,8 +190,6 @@ def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData,
   evaluation of the averaged model (parameters and model state averaged over the workers) on
   the test set and on ``eval_train_examples`` fixed training examples
   (:func:`train_loss_examples`)."""
-  from nbsgd_jax import models as models_lib
-  from nbsgd_jax.run import evaluation as ev
   capacity = worker_data.labels.shape[1]
   sub = train_loss_examples(len(dataset.train_labels), cfg.eval_train_examples, cfg.seed)
   eval_data = backend.replicate((ev.chunked(dataset.test_images, dataset.test_labels, 500),
@@ -220,17 +224,6 @@ def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData,
       facts={})
 
 
-def check_augment_config(cfg, errs: list) -> None:
-  """augment.*: crop padding, flip, normalisation (channel statistics known for the data
-  set)."""
-  from nbsgd_jax import checks
-  checks.integer(cfg, errs, "augment.crop_padding", 0, note="0: no random crop")
-  checks.boolean(cfg, errs, "augment.flip")
-  checks.boolean(cfg, errs, "augment.normalize")
-  from nbsgd_jax import augment
-  checks.choice(cfg, errs, "augment.stats", augment.STATS_CHOICES)
-
-
 def image_inputs(cfg, dataset_name: str, train_images: np.ndarray) -> tuple[Callable, Callable]:
   """``(train_input, eval_input)``: uint8 images ``[B, H, W, C]`` to the model's float32
   input, for training ``(key, images)`` (with ``config.augment``'s random crop with zero
@@ -244,7 +237,6 @@ def image_inputs(cfg, dataset_name: str, train_images: np.ndarray) -> tuple[Call
   Raises:
     ValueError: named statistics whose channel count differs from the images'.
   """
-  from nbsgd_jax import augment
   a = cfg.augment
   channels = train_images.shape[-1]
   mean, std = (0.0,) * channels, (1.0,) * channels  # x / 255
@@ -293,8 +285,6 @@ def language_model_task(cfg, dataset, worker_tokens: jax.Array, model, backend,
   :func:`text_batch`; evaluation of the averaged model on the test split's consecutive
   windows (``test_loss``; ``test_accuracy``: next-character accuracy) and on
   ``eval_train_examples`` windows of the training split (``train_loss``)."""
-  from nbsgd_jax import models as models_lib
-  from nbsgd_jax.run import evaluation as ev
   t = cfg.lm.context
   test = text_windows(dataset.test_tokens, t, max(1, len(dataset.test_tokens) // t))
   train = text_windows(dataset.train_tokens, t, cfg.eval_train_examples)
@@ -326,9 +316,6 @@ def synthetic_task(cfg, problem, backend) -> Task:
   ``batch_size`` drawn uniformly with replacement from the worker's shard (i.i.d. unbiased
   stochastic gradients, as in the analysis of Haddadpour et al. 2019); evaluation: F of the
   averaged model in float64 and the gap ``F - F*``."""
-  from nbsgd_jax import metrics as metrics_lib
-  from nbsgd_jax import problems as problems_lib
-  from nbsgd_jax import transforms
   m = problem.features.shape[1]
   loss_fn = problems_lib.loss_fn(problem)
   worker_data = backend.place((jnp.asarray(problem.features), jnp.asarray(problem.targets)))

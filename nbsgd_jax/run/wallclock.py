@@ -15,11 +15,11 @@ A step of each process (:class:`WallClockStep`)::
 
 The update is the simulated run's program (the same :func:`nbsgd_jax.transforms.
 add_minibatch` and :func:`nbsgd_jax.transforms.mean_of_sums`, then
-:func:`nbsgd_jax.run.setup.apply_update`), so feeding the recorded counts to a simulated run
+:func:`nbsgd_jax.run.step.apply_update`), so feeding the recorded counts to a simulated run
 gives the same losses.
 
 Emulation (``cluster.emulate``): each process sleeps so that its mini-batch ``j`` finishes at
-``t0 + finish[i, j]`` of the cluster model (:func:`nbsgd_jax.cluster.minibatch_finish_times`:
+``t0 + finish[i, j]`` of the cluster model (:func:`nbsgd_jax.host.cluster.minibatch_finish_times`:
 examples x time per example x slowdown + delays) whenever the real computation was faster:
 heterogeneous workers on homogeneous hardware. A process holding several workers runs at the
 pace of the slowest of them (its workers share its hardware and its counts).
@@ -37,13 +37,14 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from nbsgd_jax import cluster as cluster_lib
+from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax import transforms
 from nbsgd_jax.host.parts import HostPart
+from nbsgd_jax.run import step as step_lib
 
 
 class WallWorkload(HostPart):
-  """The workload of a wall-clock run: the deadline (:class:`nbsgd_jax.cluster.
+  """The workload of a wall-clock run: the deadline (:class:`nbsgd_jax.host.cluster.
   DeadlineHistory` over the finishing times every process measured) and, once the step ran,
   what it measured.
 
@@ -56,9 +57,9 @@ class WallWorkload(HostPart):
   Args:
     cluster: the cluster model (its ``M``, and the times the emulation follows).
     nonblocking: whether workers stop at the deadline.
-    deadline: the rule (:func:`nbsgd_jax.cluster.parse_deadline`); ``"fastest"`` and
+    deadline: the rule (:func:`nbsgd_jax.host.cluster.parse_deadline`); ``"fastest"`` and
       ``"kth:K"`` are estimated from the last ``window`` steps.
-    adaptive_k, window: see :class:`nbsgd_jax.cluster.DeadlineHistory`.
+    adaptive_k, window: see :class:`nbsgd_jax.host.cluster.DeadlineHistory`.
     emulate: sleep to follow the cluster model.
 
   Raises:
@@ -77,12 +78,10 @@ class WallWorkload(HostPart):
 
   def inputs(self, step, inputs, probe):
     n, m = self.cluster.n, self.cluster.num_minibatches
-    inputs["deadline"] = self.history.deadline() if self.nonblocking else math.inf
-    inputs["count"] = np.full(n, m, np.int32)
-    inputs["total"] = np.int32(n * m)
-    inputs["compute"] = np.zeros(n)
+    inputs.update(deadline=self.history.deadline() if self.nonblocking else math.inf,
+                  count=np.full(n, m, np.int32), total=np.int32(n * m), compute=np.zeros(n))
 
-  def measured(self, step: int, inputs: dict, shared: np.ndarray, wall_step_s: float) -> None:
+  def measured(self, step: int, inputs, shared: np.ndarray, wall_step_s: float) -> None:
     """What the step measured on every worker (``shared`` float ``[n, 3]``: count, busy
     seconds, finish time of the last counted mini-batch): the step's inputs and the next
     deadline.
@@ -91,7 +90,7 @@ class WallWorkload(HostPart):
       ValueError: no worker finished a mini-batch by a fixed deadline (named).
     """
     count = np.rint(shared[:, 0]).astype(np.int32)
-    dl = inputs["deadline"]
+    dl = inputs.deadline
     if self.nonblocking and count.sum() == 0:
       raise ValueError(
           f"nonblocking.deadline={self.history.rule!r} is not allowed: no process finished a "
@@ -104,9 +103,8 @@ class WallWorkload(HostPart):
           shared[:, 2], count, self.cluster.num_minibatches, dl))
 
   def observe(self, step, inputs, report, probe):
-    return {"counts": np.asarray(inputs["count"]).tolist(),
-            "deadline": float(inputs["deadline"]), "busy_s": np.asarray(inputs["compute"]).tolist(),
-            "wall_step_s": inputs.get("wall_step_s")}
+    return {"counts": np.asarray(inputs.count).tolist(), "deadline": float(inputs.deadline),
+            "busy_s": np.asarray(inputs.compute).tolist(), "wall_step_s": inputs.wall_step_s}
 
   def state_dict(self):
     return self.history.state_dict()
@@ -124,9 +122,9 @@ def local_workers(backend) -> np.ndarray:
 
 
 class WallClockStep:
-  """The step function of a wall-clock run (module docstring); the signature of
-  :func:`nbsgd_jax.run.setup.make_train_step`'s, with the step's ``inputs`` (deadline in;
-  measurements out, :meth:`WallWorkload.measured`).
+  """The step of a wall-clock run (module docstring), called as the loop calls a
+  :class:`nbsgd_jax.run.step.Program`, one step at a time (the step's host ``inputs``:
+  deadline in; measurements out, :meth:`WallWorkload.measured`).
 
   Args:
     s: the run's :class:`~nbsgd_jax.run.setup.Setup` (backend ``"multihost"`` or ``"mesh"``).
@@ -134,7 +132,6 @@ class WallClockStep:
   """
 
   def __init__(self, s, workload: WallWorkload):
-    from nbsgd_jax.run import setup as setup_lib
     self.s, self.workload = s, workload
     b, task, m = s.backend, s.task, workload.cluster.num_minibatches
     self.n, self.m = b.num_workers, m
@@ -150,7 +147,7 @@ class WallClockStep:
     def update(period_end, state, sums, count, measured, ctx):
       ctx = ctx._replace(count=count, total=lax.psum(count, axis), period_end=period_end)
       grads, loss = transforms.mean_of_sums(*sums[:2], count)
-      state, out = setup_lib.apply_update(s, state._replace(model_state=sums[2]), loss, grads,
+      state, out = step_lib.apply_update(s, state._replace(model_state=sums[2]), loss, grads,
                                           ctx)
       rows = jax.nn.one_hot(lax.axis_index(axis), self.n, dtype=jnp.float32)
       return state, out, lax.psum(rows[:, None] * measured[None, :], axis)
@@ -182,8 +179,17 @@ class WallClockStep:
     finish = cluster_lib.minibatch_finish_times(self.workload.cluster, step)
     return finish[self.local].max(axis=0)
 
-  def __call__(self, state, data, ctx, period_end: bool = True, inputs: Optional[dict] = None):
-    step, deadline = int(inputs["step"]), float(inputs["deadline"])
+  stacked = False  # one step per call: (loss [n], report)
+
+  def context(self, inputs: list):
+    """The device context of the one step of ``inputs`` (:func:`nbsgd_jax.run.step.
+    device_context`)."""
+    return step_lib.device_context(self.s, inputs[0])
+
+  def __call__(self, state, data, ctx, keys=(True,), inputs: Optional[list] = None):
+    """One step, ``keys = (period_end,)``, ``inputs = [the step's host inputs]``."""
+    period_end, inputs = keys[0], inputs[0]
+    step, deadline = int(inputs.step), float(inputs.deadline)
     key = period_end if self.s.recipe.periodic else True  # a static (hashable) period end
     sums = self._zeros(state.params, state.model_state)
     mb = self._program("minibatch", self._minibatch, state.params, data, state.step,

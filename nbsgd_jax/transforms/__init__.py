@@ -18,7 +18,6 @@ from nbsgd_jax.transforms.error_feedback import ErrorFeedbackState, densify, err
 from nbsgd_jax.transforms.minibatches import (AccumulateState, accumulate_minibatches,
                                               add_minibatch, add_minibatch_with_state,
                                               mean_of_sums, minibatch_mean_gradient,
-                                              minibatch_mean_gradient_with_state,
                                               split_minibatches, stateless, zero_sums)
 from nbsgd_jax.transforms.wrappers import (AnchorState, OuterState, PeriodicState,
                                            Synchronisation, average_models, gossip_of,
@@ -31,7 +30,7 @@ __all__ = [
     "add_minibatch", "add_minibatch_with_state", "mean_of_sums", "zero_sums",
     "as_worker_transform", "average_models", "chain", "densify", "error_feedback",
     "from_optax", "gossip_of", "gossip_step", "is_summed", "mean_of", "merge_reports",
-    "minibatch_mean_gradient", "minibatch_mean_gradient_with_state", "no_state", "outer_step", "periodic", "replace_params",
+    "minibatch_mean_gradient", "no_state", "outer_step", "periodic", "replace_params",
     "streaming_outer_step",
     "skip_when_idle", "split_minibatches", "stateless", "via_anchor",
 ]

@@ -227,22 +227,3 @@ def check_d2_mixing(phases, mixing: str) -> None:
 # ----------------------------------------------------------------------------- config
 
 D2_MIXINGS = ("lazy", "w")
-
-
-def check_choco_config(cfg, errs: list) -> None:
-  """choco.gamma in (0, 1]; choco.order."""
-  from nbsgd_jax import checks
-  checks.number(cfg, errs, "choco.gamma", 0, lo_open=True, hi=1)
-  checks.choice(cfg, errs, "choco.order", CHOCO_ORDERS)
-
-
-def check_d2_config(cfg, errs: list) -> None:
-  """d2.mixing."""
-  from nbsgd_jax import checks
-  checks.choice(cfg, errs, "d2.mixing", D2_MIXINGS)
-
-
-def check_gossip_pga_config(cfg, errs: list) -> None:
-  """gossip_pga.period >= 1."""
-  from nbsgd_jax import checks
-  checks.integer(cfg, errs, "gossip_pga.period", 1, note="H")

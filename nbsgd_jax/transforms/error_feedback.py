@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from nbsgd_jax import codecs, collectives, compression
+from nbsgd_jax import codecs, collectives
 from nbsgd_jax.axis import varying_like as _varying_like
 from nbsgd_jax.communications.sparse import MessageAllGather, SparseAllGather
 from nbsgd_jax.transforms.base import WorkerTransform, merge_reports
@@ -67,7 +67,7 @@ class ErrorFeedbackState(NamedTuple):
   sent_count: jax.Array
 
 
-densify = compression.densify  # the one scatter-add of a sparse message
+densify = collectives.densify  # the one scatter-add of a sparse message
 
 
 def _compress(compressor: Compressor, x: jax.Array, key: jax.Array
@@ -116,7 +116,7 @@ def error_feedback(compressor: Compressor,
 
   Args:
     compressor: ``(x [d], key) -> (values [cap], indices [cap])``, e.g.
-      ``functools.partial(compression.top_k, density=0.01)``, or a
+      ``functools.partial(codecs.sparse.top_k, density=0.01)``, or a
       :class:`~nbsgd_jax.codecs.Codec` (QSGD, scaled sign: the decoded messages are averaged
       by a :class:`~nbsgd_jax.communications.MessageAllGather`, ``sent_count`` then holds the
       bytes of the message; EF-signSGD is this with ``codecs.make_codec("sign")``, Karimireddy

@@ -7,11 +7,12 @@ Worker ``i`` splits its batch of ``B`` examples into ``M`` mini-batches of ``B /
 examples. At the deadline it has finished the first ``m_i`` of them (``0 <= m_i <= M``);
 unfinished mini-batches are dropped. Two ways to combine the finished gradients ``g_ij``:
 
-* decentralized form (D-PSGD, MATCHA; ``weighting="local"``): each worker steps with
-  the mean of its own finished gradients ``(1 / m_i) sum_{j < m_i} g_ij``; with
+* decentralized form (D-PSGD, MATCHA): each worker steps with the mean of its own finished
+  gradients ``(1 / m_i) sum_{j < m_i} g_ij`` (:func:`minibatch_mean_gradient`); with
   ``m_i = 0`` the worker takes no gradient step (zero gradient) but still gossips;
-* all-reduce form (``weighting="global"``):
-  ``g = sum_i sum_{j < m_i} g_ij / sum_i m_i`` (zero if no worker finished anything).
+* all-reduce form: ``g = sum_i sum_{j < m_i} g_ij / sum_i m_i`` (zero if no worker finished
+  anything): the same local means, averaged with the weights ``m_i / sum_j m_j`` by the
+  communication (:meth:`nbsgd_jax.communications.Communication.weight`).
 
 Two entry points:
 
@@ -26,7 +27,7 @@ Everything here is pure and jit/vmap-able.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple
 
 import chex
 import jax
@@ -44,13 +45,9 @@ __all__ = [
     "mean_of_sums",
     "zero_sums",
     "minibatch_mean_gradient",
-    "minibatch_mean_gradient_with_state",
     "stateless",
     "split_minibatches",
 ]
-
-_WEIGHTINGS = ("local", "global")
-
 
 def split_minibatches(batch: Any, num_minibatches: int) -> Any:
   """Reshapes every leaf of ``batch`` from ``[B, ...]`` to ``[M, B / M, ...]``.
@@ -96,16 +93,25 @@ def split_minibatches(batch: Any, num_minibatches: int) -> Any:
       lambda x: jnp.reshape(x, (num_minibatches, per) + tuple(jnp.shape(x)[1:])), batch)
 
 
+def stateless(loss_fn: Callable[[Any, Any], chex.Array]) -> Callable:
+  """``loss_fn(params, batch)`` as a loss with model state: ``(params, state, batch) ->
+  (loss, state)``, the state passed through."""
+  return lambda params, state, batch: (loss_fn(params, batch), state)
+
+
 def minibatch_mean_gradient(
-    loss_fn: Callable[[Any, Any], chex.Array],
+    loss_fn: Callable[[Any, Any, Any], tuple[chex.Array, Any]],
     params: Any,
+    model_state: Any,
     batch: Any,
     num_minibatches: int,
     count: chex.Numeric,
-    axis_name: Optional[str] = None,
-    weighting: str = "local",
-) -> tuple[Any, chex.Array, chex.Array]:
-  """Gradient of the first ``count`` of ``M`` mini-batches (non-blocking SGD).
+    unroll: bool = False,
+) -> tuple[Any, chex.Array, chex.Array, Any]:
+  """Gradient of the first ``count`` of ``M`` mini-batches (non-blocking SGD), this worker's
+  mean ``(1 / m_i) sum_{j < m_i} g_ij`` (zeros when ``m_i = 0``: no gradient step); the
+  all-reduce form is the count-weighted mean of these (:meth:`nbsgd_jax.communications.
+  Communication.weight`).
 
   The batch is split into ``M`` contiguous mini-batches (:func:`split_minibatches`).
   A ``lax.scan`` over them computes ``jax.value_and_grad(loss_fn)`` of one mini-batch
@@ -119,71 +125,33 @@ def minibatch_mean_gradient(
   With ``count == M`` and ``loss_fn`` a mean over examples, the result equals the
   full-batch gradient ``jax.grad(loss_fn)(params, batch)``.
 
+  The model state (BatchNorm's running statistics) goes through the finished mini-batches in
+  order (mini-batch ``j`` sees the state left by ``j - 1``); an unfinished mini-batch leaves
+  it unchanged, like its gradient.
+
   Args:
-    loss_fn: ``loss_fn(params, minibatch) -> scalar`` where ``minibatch`` has leaves of
-      shape ``[B / M, ...]``; normally the mean loss over its examples.
+    loss_fn: ``loss_fn(params, model_state, minibatch) -> (loss, model_state)`` where
+      ``minibatch`` has leaves of shape ``[B / M, ...]``; normally the mean loss over its
+      examples (:func:`stateless` adapts a loss without state).
     params: pytree of parameters.
+    model_state: the model's state besides the parameters (``()`` when none).
     batch: pytree of arrays with leading dimension ``B`` (this worker's batch).
     num_minibatches: ``M``, Python int ``>= 1`` (static).
     count: ``m_i``, int scalar (may be traced), the number of mini-batches this worker
       finished before the deadline; clipped to ``[0, M]``.
-    axis_name: named worker axis (``vmap``/``shard_map``); required for
-      ``weighting="global"``, ignored for ``"local"``.
-    weighting: ``"local"`` (decentralized form): ``(1 / m_i) sum_{j < m_i} g_ij``,
-      zeros when ``m_i = 0`` (no gradient step); ``"global"`` (all-reduce form):
-      ``psum_i sum_{j < m_i} g_ij / psum_i m_i``, zeros when ``psum_i m_i = 0``.
+    unroll: the scan unrolled (the same values; XLA CPU runs convolutions in a rolled loop
+      about 20x slower, measured on ResNet-8; a rolled loop keeps one mini-batch's
+      activations live).
 
   Returns:
-    ``(grads, loss, count)``: ``grads`` has the structure and dtypes of ``params``;
-    ``loss`` is a float32 scalar, the mean of the finished mini-batch losses, weighted
-    like the gradient (this worker's for ``"local"``, all workers' for ``"global"``;
-    0 when nothing finished); ``count`` is this worker's clipped int32 count.
+    ``(grads, loss, count, model_state)``: ``grads`` has the structure and dtypes of
+    ``params``; ``loss`` is a float32 scalar, the mean of the finished mini-batch losses (0
+    when nothing finished); ``count`` is this worker's clipped int32 count.
 
   Raises:
     ValueError: ``M < 1``; ``B`` not divisible by ``M`` (names
-      ``nonblocking.num_minibatches`` and ``batch_size``); unknown ``weighting``;
-      ``weighting="global"`` without ``axis_name``.
+      ``nonblocking.num_minibatches`` and ``batch_size``).
   """
-  grads, loss, count, _ = minibatch_mean_gradient_with_state(
-      stateless(loss_fn), params, (), batch, num_minibatches, count, axis_name, weighting)
-  return grads, loss, count
-
-
-def stateless(loss_fn: Callable[[Any, Any], chex.Array]) -> Callable:
-  """``loss_fn(params, batch)`` as a loss with model state: ``(params, state, batch) ->
-  (loss, state)``, the state passed through."""
-  return lambda params, state, batch: (loss_fn(params, batch), state)
-
-
-def minibatch_mean_gradient_with_state(
-    loss_fn: Callable[[Any, Any, Any], tuple[chex.Array, Any]],
-    params: Any,
-    model_state: Any,
-    batch: Any,
-    num_minibatches: int,
-    count: chex.Numeric,
-    axis_name: Optional[str] = None,
-    weighting: str = "local",
-    unroll: bool = False,
-) -> tuple[Any, chex.Array, chex.Array, Any]:
-  """:func:`minibatch_mean_gradient` of a loss with model state (BatchNorm's running
-  statistics): ``loss_fn(params, model_state, minibatch) -> (loss, model_state)``. The state
-  goes through the finished mini-batches in order (mini-batch ``j`` sees the state left by
-  ``j - 1``); an unfinished mini-batch leaves it unchanged, like its gradient. ``unroll``:
-  the scan unrolled (the same values; XLA CPU runs convolutions in a rolled loop about 20x
-  slower, measured on ResNet-8; a rolled loop keeps one mini-batch's activations live).
-
-  Returns:
-    ``(grads, loss, count, model_state)``; the first three as
-    :func:`minibatch_mean_gradient`.
-
-  Raises:
-    ValueError: as :func:`minibatch_mean_gradient`.
-  """
-  if weighting not in _WEIGHTINGS:
-    raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
-  if weighting == "global" and axis_name is None:
-    raise ValueError('weighting="global" needs axis_name (the worker axis)')
   minibatches = split_minibatches(batch, num_minibatches)
   count = jnp.clip(jnp.asarray(count, jnp.int32), 0, num_minibatches)
 
@@ -197,12 +165,7 @@ def minibatch_mean_gradient_with_state(
   (grad_sum, loss_sum, model_state), _ = lax.scan(
       body, zero_sums(params) + (model_state,), xs, unroll=num_minibatches if unroll else 1)
 
-  total = count
-  if weighting == "global":
-    grad_sum = lax.psum(grad_sum, axis_name)
-    loss_sum = lax.psum(loss_sum, axis_name)
-    total = lax.psum(count, axis_name)
-  grads, loss = mean_of_sums(grad_sum, loss_sum, total)
+  grads, loss = mean_of_sums(grad_sum, loss_sum, count)
   return grads, loss, count, model_state
 
 
@@ -222,7 +185,7 @@ def add_minibatch(sums: tuple, loss_fn: Callable, params: Any, minibatch: Any) -
 def add_minibatch_with_state(carry: tuple, loss_fn: Callable, params: Any,
                              minibatch: Any) -> tuple:
   """``(grad_sum, loss_sum, model_state)`` after one more mini-batch of a loss with model
-  state (:func:`minibatch_mean_gradient_with_state`'s accumulation, also run one mini-batch
+  state (:func:`minibatch_mean_gradient`'s accumulation, also run one mini-batch
   at a time on the wall clock, :mod:`nbsgd_jax.run.wallclock`)."""
   grad_sum, loss_sum, model_state = carry
   (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(

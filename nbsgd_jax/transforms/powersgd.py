@@ -20,12 +20,13 @@ float32 bytes of all P, all Q and the vectors (ring all-reduces), in two rounds.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 import jax.numpy as jnp
 
+from nbsgd_jax import codecs
 from nbsgd_jax.transforms.base import WorkerTransform
 
 
@@ -83,10 +84,9 @@ def rank_error(rank: int, shapes) -> str | None:
 def check_model(cfg, shapes: list, errs: list) -> None:
   """compression.rank against the model's parameter ``shapes`` (one worker's): a PowerSGD
   rank that sends more than the dense message (:func:`rank_error`)."""
-  if cfg.compression.get("name") == "powersgd":
-    why = rank_error(cfg.compression.rank, shapes)
-    if why:
-      errs.append(f"config.compression.rank={cfg.compression.rank} is not allowed: {why}")
+  why = rank_error(cfg.compression.rank, shapes)
+  if why:
+    errs.append(f"config.compression.rank={cfg.compression.rank} is not allowed: {why}")
 
 
 def powersgd(rank: int, allreduce, seed: int = 0, use_residual: bool = True,
@@ -151,3 +151,13 @@ def powersgd(rank: int, allreduce, seed: int = 0, use_residual: bool = True,
             report)
 
   return WorkerTransform(init, update, (allreduce,))
+
+
+def reducer(rank: int = 2) -> Callable:
+  """``config.compression.name='powersgd'`` (:func:`nbsgd_jax.codecs.register`, a reducer):
+  ``make(allreduce, seed, use_residual, weight_by) -> WorkerTransform`` of rank ``rank``."""
+  return lambda allreduce, seed=0, use_residual=True, weight_by="count": powersgd(
+      rank, allreduce, seed=seed, use_residual=use_residual, weight_by=weight_by)
+
+
+codecs.register("powersgd", reducer, ("rank",), reducer=True, check_model=check_model)

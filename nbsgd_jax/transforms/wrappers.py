@@ -27,12 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from nbsgd_jax import checks
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
                                        no_state, replace_params)
 
-from nbsgd_jax.config import DPSGD_ORDERS as ORDERS  # noqa: E402
-from nbsgd_jax.local_sgd import OPT_STATE_SYNCS  # noqa: E402
+ORDERS = ("parallel", "atc")  # config.dpsgd.order: gossip_step's orders
+OPT_STATE_SYNCS = ("keep", "average", "reset")  # config.local_sgd.opt_state: average_models
 
 
 # ----------------------------------------------------------------------------- reducers
@@ -273,8 +272,8 @@ def streaming_outer_step(reducer: WorkerTransform, outer: optax.GradientTransfor
                          fragments: int, delay: int = 0, alpha: float = 0.0) -> Synchronisation:
   """Streaming DiLoCo's synchronisation (Douillard et al. 2025, arXiv 2501.18512, Sec. 2.2-2.3).
 
-  ``ctx.period_end`` is a static :class:`~nbsgd_jax.local_sgd.FragmentSync` for fragment
-  ``p`` (:func:`fragment_leaves`; the host's :class:`~nbsgd_jax.local_sgd.FragmentPlanner`):
+  ``ctx.period_end`` is a static :class:`~nbsgd_jax.host.periods.FragmentSync` for fragment
+  ``p`` (:func:`fragment_leaves`; the host's :class:`~nbsgd_jax.host.periods.FragmentPlanner`):
 
   * ``launch``: ``Delta_p = anchor_p - R(x_i[p])`` by ``reducer`` (a mean or a compressed
     mean with error feedback), kept as ``pending``;
@@ -321,40 +320,3 @@ def streaming_outer_step(reducer: WorkerTransform, outer: optax.GradientTransfor
 
   comms = tuple(c.deferred(delay) for c in reducer.communications)
   return Synchronisation(init, apply, comms)
-
-
-# ----------------------------------------------------------------------------- config
-
-
-def check_diloco_config(cfg, errs: list) -> None:
-  """diloco.*: inner steps and the outer optimizer."""
-  checks.integer(cfg, errs, "diloco.inner_steps", 1, note="H")
-  checks.number(cfg, errs, "diloco.outer_lr", 0, lo_open=True)
-  checks.number(cfg, errs, "diloco.outer_momentum", 0, hi=1, hi_open=True)
-  checks.boolean(cfg, errs, "diloco.outer_nesterov")
-  checks.period_within_run(cfg, errs, "diloco.inner_steps",
-                           cfg.get("algorithm") in ("diloco", "streaming_diloco"))
-
-
-def check_dpsgd_config(cfg, errs: list) -> None:
-  """dpsgd.order."""
-  checks.choice(cfg, errs, "dpsgd.order", ORDERS)
-
-
-def check_streaming_diloco_config(cfg, errs: list) -> None:
-  """streaming_diloco.*: fragments P >= 1 dividing diloco.inner_steps H, overlap
-  0 <= tau < H / P and mixing factor alpha in [0, 1] (when streaming)."""
-  checks.number(cfg, errs, "streaming_diloco.alpha", 0, hi=1)
-  ok = checks.integer(cfg, errs, "streaming_diloco.delay", 0, note="tau")
-  if not checks.integer(cfg, errs, "streaming_diloco.fragments", 1, note="P"):
-    return
-  p, h = cfg.streaming_diloco.fragments, cfg.diloco.get("inner_steps")
-  if cfg.get("algorithm") != "streaming_diloco" or not (checks.is_int(h) and h >= 1):
-    return
-  if h % p:
-    errs.append(f"config.streaming_diloco.fragments={p} is not allowed with "
-                f"config.diloco.inner_steps={h}: it must divide H")
-  elif ok and cfg.streaming_diloco.delay >= h // p:
-    errs.append(f"config.streaming_diloco.delay={cfg.streaming_diloco.delay} is not allowed "
-                f"with H / P = {h // p}: a fragment's all-reduce must land before the next "
-                f"one starts (0 <= tau < {h // p})")

@@ -15,8 +15,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from nbsgd_jax import checks
-from nbsgd_jax import config as config_lib
+from nbsgd_jax import multihost
 from nbsgd_jax.axis import AXIS
+
+BACKENDS = ("simulate", "mesh", "multihost")  # config.backend
 
 
 class Backend(NamedTuple):
@@ -91,7 +93,7 @@ def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
                    lambda f, in_axes=0: jax.vmap(f, in_axes=in_axes, axis_name=AXIS),
                    lambda tree: tree)
   if name not in ("mesh", "multihost"):
-    raise ValueError(f"backend={name!r} is not allowed: use one of {list(config_lib.BACKENDS)}")
+    raise ValueError(f"backend={name!r} is not allowed: use one of {list(BACKENDS)}")
   devices = jax.devices()
   if name == "multihost":
     nd = len(devices)
@@ -109,7 +111,6 @@ def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
   replicated = NamedSharding(mesh, P())
   extra = dict(replicate=lambda tree: jax.device_put(tree, replicated))
   if name == "multihost":
-    from nbsgd_jax import multihost
     extra["fetch"] = lambda tree: jax.tree.map(multihost.fetch, tree)
   if k > 1:
     def spmd_k(f, in_axes=0):
@@ -158,7 +159,7 @@ def _specs(in_axes, axis: str):
 def check_config(cfg, errs: list) -> None:
   """Config check of backend and workers_per_device (mesh, multihost: against jax's
   devices)."""
-  checks.choice(cfg, errs, "backend", config_lib.BACKENDS)
+  checks.choice(cfg, errs, "backend", BACKENDS)
   if not checks.integer(cfg, errs, "workers_per_device", 0, note="0: chosen from the device count"):
     return
   k, n, backend = cfg.workers_per_device, cfg.get("num_workers"), cfg.get("backend")

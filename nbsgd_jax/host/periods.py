@@ -46,11 +46,14 @@ import dataclasses
 import math
 from typing import Optional
 
+import ml_collections
+
 from nbsgd_jax import checks
+from nbsgd_jax.problems import PROBLEMS
+from nbsgd_jax.transforms.wrappers import OPT_STATE_SYNCS
 
 SCHEDULES = ("fixed", "ada_lupa", "linear", "post_local")
 AVERAGINGS = ("mean", "gossip")  # of the local_sgd recipe
-OPT_STATE_SYNCS = ("keep", "average", "reset")
 
 
 class SyncPlanner:
@@ -249,17 +252,38 @@ def make_planner(cfg, loss_offset: float = 0.0) -> SyncPlanner:
 # ----------------------------------------------------------------------------- config
 
 
+def local_sgd_defaults() -> ml_collections.ConfigDict:
+  """``config.local_sgd.*`` with their defaults: LUPA-SGD (Haddadpour et al. 2019)."""
+  s = ml_collections.ConfigDict()
+  s.tau = 4                      # local steps per communication period (tau_0 of ada_lupa)
+  s.schedule = "fixed"           # fixed | ada_lupa | linear | post_local (see host/periods.py)
+  s.alpha = 0.1                  # linear: tau_i = ceil(tau (1 + alpha (i + 1))), i = 0, 1, ..
+                                 # (the released code's ramp, see host/periods.py)
+  s.num_comm = 0                 # linear: > 0 derives alpha = 2 / (num_comm + 1) * num_steps /
+                                 # (num_comm tau) as the released main.py --num-comm (alpha
+                                 # ignored); 0: use alpha
+  s.switch_step = 0              # post_local: tau = 1 before this step, then tau
+  s.max_tau = 0                  # cap on any period (0: none)
+  s.averaging = "mean"           # mean (exact average) | gossip (one step over topology)
+  s.opt_state = "keep"           # at a sync: keep local | average | reset the optimizer state
+  s.offset_optimum = False       # ada_lupa: observe F - F* (synthetic problems) not F
+  return s
+
+
+def check_period(cfg, errs: list) -> None:
+  """Local SGD's first period ends within the run (``config.algorithm='local_sgd'``)."""
+  checks.period_within_run(cfg, errs, "local_sgd.tau",
+                           cfg.local_sgd.get("schedule") != "post_local")
+
+
 def check_config(cfg, errs: list) -> None:
   """Config check of local_sgd.*: the period schedule and what a sync averages."""
-  from nbsgd_jax.problems import PROBLEMS
   for key, allowed in (("schedule", SCHEDULES), ("averaging", AVERAGINGS),
                        ("opt_state", OPT_STATE_SYNCS)):
     checks.choice(cfg, errs, f"local_sgd.{key}", allowed)
   for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0), ("num_comm", 0)):
     checks.integer(cfg, errs, f"local_sgd.{key}", lo)
   checks.number(cfg, errs, "local_sgd.alpha", 0)
-  checks.period_within_run(cfg, errs, "local_sgd.tau", cfg.get("algorithm") == "local_sgd"
-                           and cfg.local_sgd.get("schedule") != "post_local")
   if (checks.boolean(cfg, errs, "local_sgd.offset_optimum") and cfg.local_sgd.offset_optimum
       and cfg.get("dataset") not in PROBLEMS):
     errs.append(f"config.local_sgd.offset_optimum=True is not allowed with config.dataset="

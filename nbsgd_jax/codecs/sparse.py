@@ -27,7 +27,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import ndtri
 
-from nbsgd_jax import checks
+from nbsgd_jax.codecs.base import Codec
+from nbsgd_jax.collectives import densify
 
 Array = jax.Array
 Message = tuple[Array, Array]
@@ -68,22 +69,6 @@ def num_selected(d: int, density: float) -> int:
   # Round away float noise first so that e.g. 0.07 * 100 gives 7, not 8.
   k = math.ceil(round(density * int(d), 6))
   return int(min(max(k, 1), int(d)))
-
-
-def densify(values: Array, indices: Array, d: int) -> Array:
-  """Scatter a sparse message back to a dense vector.
-
-  Args:
-    values: [m] values.
-    indices: [m] int indices; entries outside [0, d) (e.g. padding d, or negative ones,
-      which ``.at[]`` would otherwise wrap around) are dropped; duplicates accumulate.
-    d: length of the dense vector.
-  Returns:
-    [d] vector of values.dtype.
-  """
-  indices = jnp.asarray(indices).astype(jnp.int32)
-  indices = jnp.where(indices < 0, d, indices)
-  return jnp.zeros((d,), values.dtype).at[indices].add(values, mode="drop")
 
 
 def _identity(x: Array) -> Message:
@@ -499,30 +484,33 @@ def message_bytes(num_values: int, value_bytes: int = 4,
 # ----------------------------------------------------------------------------- config
 
 
-MAX_LEVELS = 2 ** 23  # QSGD's s: a level |x| / ||x|| * s is computed in float32
+def sparse_codec(name: str, fn: Callable) -> Codec:
+  """The :class:`Codec` of a sparse compressor ``fn: (x [d], key) -> (values [cap], indices
+  [cap])`` (padding index ``d``): ``C(x) = dense(values, indices)``, ``valid (value_bytes + 4)``
+  bytes for the ``valid`` indices in ``[0, d)``."""
+
+  def compress(x, key=None):
+    values, indices = fn(x, key)
+    d = x.shape[0]
+    valid = jnp.sum((indices >= 0) & (indices < d)).astype(jnp.float32)
+    return (densify(values, indices, d).astype(x.dtype),
+            valid * (jnp.dtype(values.dtype).itemsize + 4))
+  return Codec(name, compress, fn)
 
 
-def check_config(cfg, errs: list) -> None:
-  """compression.*, all of them whatever compression.name is."""
-  from nbsgd_jax.config import COMPRESSIONS
-  checks.choice(cfg, errs, "compression.name", COMPRESSIONS)
-  checks.number(cfg, errs, "compression.density", 0, lo_open=True, hi=1)
-  if checks.integer(cfg, errs, "compression.levels", 1, note="qsgd's s") and (
-      cfg.compression.levels > MAX_LEVELS):
-    errs.append(f"config.compression.levels={cfg.compression.levels} is not allowed: it must "
-                f"be at most {MAX_LEVELS} (2^23: float32 resolves no finer levels; more only "
-                "cost bits)")
-  checks.integer(cfg, errs, "compression.bucket_size", 1)
-  checks.integer(cfg, errs, "compression.rank", 1, note="PowerSGD's r")
-  # gaussian_rounds 0 is the correction's default (DEFAULT_ROUNDS), so paper's rounds >= 1
-  # holds for every allowed value.
-  rounds = cfg.compression.get("gaussian_rounds")
-  if not (checks.is_int(rounds) and 0 <= rounds <= 64):
-    errs.append(f"config.compression.gaussian_rounds={rounds!r} is not allowed: it must be "
-                "an int in [0, 64]")
-  correction = cfg.compression.get("gaussian_correction")
-  if correction not in ("bracket", "paper"):
-    errs.append(f"config.compression.gaussian_correction={correction!r} is not allowed: use "
-                "'bracket' or 'paper'")
-  for key in ("error_feedback", "flatten"):
-    checks.boolean(cfg, errs, f"compression.{key}")
+def top_k_codec(density: float = 0.01) -> Codec:
+  """Top-k of ``density`` d entries (:func:`top_k`), a :class:`~nbsgd_jax.codecs.Codec`."""
+  return sparse_codec("top_k", make_compressor("top_k", density))
+
+
+def random_k_codec(density: float = 0.01) -> Codec:
+  """Random-k of ``density`` d entries (:func:`random_k`)."""
+  return sparse_codec("random_k", make_compressor("random_k", density))
+
+
+def gaussian_k_codec(density: float = 0.01, gaussian_rounds: int = 0,
+                     gaussian_correction: str = "bracket") -> Codec:
+  """Gaussian-k (:func:`gaussian_k`) with ``gaussian_rounds`` corrections (0: the
+  correction's default, :data:`DEFAULT_ROUNDS`) of kind ``gaussian_correction``."""
+  return sparse_codec("gaussian_k", make_compressor(
+      "gaussian_k", density, rounds=gaussian_rounds or None, correction=gaussian_correction))

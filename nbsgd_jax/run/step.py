@@ -1,0 +1,282 @@
+"""The compiled program of a run: ``k`` consecutive steps of every worker in one dispatch.
+
+The program of one worker for one step (on the ``"workers"`` axis)::
+
+    batch = task.batch(data, step)                              # the task
+    loss, grads, model_state = gradient_source(loss_fn, params, model_state, batch, ctx)
+    updates, state, report = recipe.transform.update(grads, state, params, ctx)
+    params = optax.apply_updates(params, updates)
+
+``model_state`` (BatchNorm's running statistics) stays with its worker: the gradient source
+updates it, no transform sees it. :class:`Program` runs ``k`` such steps (``config.
+steps_per_dispatch``; ``k = 1`` is the same path) as one ``lax.scan`` per run of steps with
+the same period end, on the backend, with the state donated and the parameters double
+buffered (``config.double_buffer``); one cache holds its compiled programs. The host's
+inputs of each step (:func:`host_context`) go in stacked (:func:`device_contexts`). The wall
+clock's step (``cluster.clock="wall"``) is :class:`nbsgd_jax.run.wallclock.WallClockStep`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax import lax
+
+from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax import transforms
+from nbsgd_jax.axis import varying_like
+from nbsgd_jax.transforms import CONTEXT_AXES, StepContext
+
+
+class TrainState(NamedTuple):
+  """Per-worker train state; every leaf has a leading worker axis ``[n, ...]``.
+
+  Attributes:
+    params: model parameters of each worker.
+    opt_state: each worker's transform state.
+    step: int32 ``[n]``, steps taken (the same on every worker).
+    model_state: each worker's model state besides the parameters (BatchNorm's running
+      statistics; ``()`` / ``{}`` when the model has none), updated by its own batches only.
+  """
+
+  params: Any
+  opt_state: Any
+  step: jax.Array
+  model_state: Any = ()
+
+
+def full_batch(loss_fn, params, model_state, batch, ctx):
+  """``(loss, grads, model_state)`` of the whole batch (``loss_fn(params, model_state, batch)
+  -> (loss, model_state)``)."""
+  del ctx
+  (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      params, model_state, batch)
+  return loss, grads, model_state
+
+
+def minibatches(num_minibatches: int, unroll: bool = False) -> Callable:
+  """Non-blocking SGD's gradient source (He & Dube 2022): the mean over the first
+  ``ctx.count`` of ``M`` mini-batches
+  (:func:`nbsgd_jax.transforms.minibatch_mean_gradient`: the model state goes
+  through the finished mini-batches only); the loss is the mean over the finished
+  mini-batches (0 if none). ``unroll``: the loop over the mini-batches unrolled
+  (``nonblocking.unroll``)."""
+
+  def source(loss_fn, params, model_state, batch, ctx):
+    grads, loss, _, model_state = transforms.minibatch_mean_gradient(
+        loss_fn, params, model_state, batch, num_minibatches, ctx.count, unroll=unroll)
+    return loss, grads, model_state
+
+  return source
+
+
+def gradient_source(cfg: ml_collections.ConfigDict) -> Callable:
+  """Counted mini-batches whenever workers may contribute unequal work
+  (:func:`nbsgd_jax.host.cluster.counted_steps`: Non-blocking SGD's ``M``, failures' single batch,
+  :func:`nbsgd_jax.host.cluster.num_minibatches`), else the whole batch."""
+  if cluster_lib.counted_steps(cfg):
+    return minibatches(cluster_lib.num_minibatches(cfg), cfg.nonblocking.unroll)
+  return full_batch
+
+
+def make_worker_step(s, period_end: bool = True) -> Callable:
+  """The program of one worker for one step (module docstring).
+
+  Returns:
+    ``(state, data, ctx) -> (state, (loss, report))`` on one worker's (unbatched) state,
+    shard and :class:`~nbsgd_jax.transforms.StepContext`; ``loss`` is the float32 mini-batch
+    loss before the update, ``report`` the recipe's (``bytes_sent`` ...).
+  """
+  source, task = gradient_source(s.cfg), s.task
+
+  def step_fn(state: TrainState, data, ctx: StepContext):
+    ctx = ctx._replace(period_end=period_end)
+    batch = task.batch(data, state.step, s.backend.axis_name)
+    loss, grads, model_state = source(task.loss_fn, state.params, state.model_state, batch,
+                                      ctx)
+    return apply_update(s, state._replace(model_state=model_state), loss, grads, ctx)
+
+  return step_fn
+
+
+def apply_update(s, state: TrainState, loss, grads, ctx: StepContext):
+  """The recipe's update of one worker from its gradient: ``(state, (loss, report))``."""
+  updates, opt_state, report = s.recipe.transform.update(grads, state.opt_state, state.params,
+                                                         ctx)
+  params = optax.apply_updates(state.params, updates)
+  return TrainState(params, opt_state, state.step + 1, state.model_state), (loss, report)
+
+
+
+
+class Program:
+  """``(state, data, ctx, keys) -> (state, outs)``: ``k = len(keys)`` steps in one dispatch,
+  each the program of :func:`make_worker_step` for its static period end ``keys[j]``;
+  consecutive steps with the same period end (a run) are one ``lax.scan``. ``ctx`` from
+  :func:`device_contexts`; ``outs``: per run ``(loss [n, m], report [n, m])`` of its ``m``
+  steps. One program is compiled per run-length pattern of ``keys`` (``(True,)`` for one
+  step; ``(False x 3, True)`` for local SGD with tau = 4), all in one cache; the state is
+  donated, and with ``config.double_buffer`` the new parameters are written into the spare
+  buffers of the dispatch before (:func:`double_buffered`).
+
+  Args:
+    s: the run's :class:`~nbsgd_jax.run.setup.Setup`.
+  """
+
+  stacked = True  # outs per run of steps, each [n, m]
+
+  def __init__(self, s):
+    self.s = s
+    self.programs: dict = {}  # run-length pattern -> compiled program
+    self._spare: list = []  # the double buffer: the parameters' buffers of the dispatch before
+
+  def _compile(self, runs: tuple):
+    spmd = self.s.backend.spmd(_scanned_steps(self.s, runs), (0, 0, CONTEXT_AXES))
+    if not self.s.cfg.double_buffer:
+      return jax.jit(spmd, donate_argnums=(0,))
+    return jax.jit(double_buffered(spmd), donate_argnums=(0, 1), keep_unused=True)
+
+  def context(self, inputs: list) -> StepContext:
+    """The program's ``ctx`` of the steps' host inputs (:func:`device_contexts`)."""
+    return device_contexts(self.s, inputs)
+
+  def __call__(self, state, data, ctx, keys, inputs=None):
+    del inputs  # drawn already: ctx holds them
+    if not self.s.recipe.periodic:
+      keys = (True,) * len(keys)
+    runs = tuple((key, len(list(group))) for key, group in itertools.groupby(keys))
+    if runs not in self.programs:
+      self.programs[runs] = self._compile(runs)
+    if not self.s.cfg.double_buffer:
+      return self.programs[runs](state, data, ctx)
+    buffers = self._spare.pop() if self._spare else fresh_like(state.params)
+    old_state, params, outs = self.programs[runs](state, buffers, data, ctx)
+    self._spare.append(old_state.params)
+    return old_state._replace(params=params), outs
+
+
+def _scanned_steps(s, runs: tuple) -> Callable:
+  """One worker's program for the steps of ``runs`` (``(period_end, length)`` pairs)."""
+
+  def worker(state, data, ctx):
+    outs, offset = [], 0
+    for key, length in runs:
+      step_fn = make_worker_step(s, key)
+      part = jax.tree.map(lambda x, o=offset, m=length: x[o:o + m], ctx)
+      state, out = lax.scan(lambda st, c, f=step_fn: _same_types(st, f(st, data, c)), state,
+                            part)
+      outs.append(out)
+      offset += length
+    return state, tuple(outs)  # per run: its steps' reports may have other keys
+
+  return worker
+
+
+def _same_types(carry, out):
+  """``out = (state, report)`` with every leaf of ``state`` varying over the mesh axes its
+  input in ``carry`` varies over (a scan's carry keeps its type: a transform may return a
+  constant where its state held a per-worker value, e.g. streaming DiLoCo's pending
+  fragment)."""
+  state, report = out
+  return jax.tree.map(lambda new, old: varying_like(new, old), state, carry), report
+
+
+def double_buffered(spmd_step: Callable) -> Callable:
+  """``spmd_step`` writing the new parameters into a second set of buffers (``cfg.
+  double_buffer``): ``(state, spare, data, ctx) -> (state with the old parameters, new
+  parameters, out)``, to be compiled with ``state`` and ``spare`` donated and kept.
+
+  Why: a step that mixes the models (gossip) cannot update the parameters in place (worker
+  i reads its neighbours' old rows), so XLA writes them to a fresh ``[n, ...]`` buffer and
+  copies that into the donated one; on a CPU the fresh buffer's pages are also faulted in at
+  every step (``docs/scaling.md``). Here the old parameters go out unchanged into their own
+  buffers and the new ones into ``spare``'s, which the caller passes back at the next
+  dispatch. Donated inputs are matched to outputs of the same shape and dtype in order, so
+  the outputs are ordered as the inputs: the state's leaves (old parameters first), then the
+  new parameters in ``spare``'s place.
+  """
+  def program(state, spare, data, ctx):
+    del spare  # donated and kept: its buffers receive the new parameters
+    new, out = spmd_step(state, data, ctx)
+    return new._replace(params=state.params), new.params, out
+
+  return program
+
+
+@jax.jit
+def fresh_like(tree):
+  """New buffers of ``tree``'s shapes and dtypes, placed as ``tree`` is (its sharding and
+  whether it is committed to its devices follow, so the step that receives them compiles
+  once); the values are ``tree * 0``."""
+  return jax.tree.map(lambda x: x * 0, tree)
+
+
+# ----------------------------------------------------------------------------- host inputs
+
+
+def host_context(s, inputs) -> StepContext:
+  """The host inputs of a step as numpy arrays: ``count`` per worker (int32 ``[n]``), the
+  other values once, the same for every worker (:data:`~nbsgd_jax.transforms.CONTEXT_AXES`;
+  None stays None)."""
+  del s
+
+  def once(x, dtype):
+    return None if x is None else np.asarray(x, dtype)
+
+  return StepContext(once(inputs.step, np.int32), np.asarray(inputs.count, np.int32),
+                     once(inputs.total, np.int32), once(inputs.active, bool),
+                     once(inputs.alive, bool), once(inputs.target, np.float32))
+
+
+def _place_context(s, ctx: StepContext) -> StepContext:
+  """``ctx`` on the devices: the per-worker fields split over the workers (``place``), the
+  others whole on every device (``replicate``)."""
+  put = lambda ax, x: x if x is None else (
+      s.backend.replicate(jnp.asarray(x)) if ax is None else s.backend.place(jnp.asarray(x)))
+  return jax.tree.map(put, CONTEXT_AXES, ctx, is_leaf=lambda x: x is None)
+
+
+def device_context(s, inputs) -> StepContext:
+  """The host inputs of a step as the workers' :class:`~nbsgd_jax.transforms.StepContext`
+  (:func:`host_context`, placed for the backend): the compiled step's context, read with
+  ``in_axes`` :data:`~nbsgd_jax.transforms.CONTEXT_AXES`."""
+  return _place_context(s, host_context(s, inputs))
+
+
+def device_contexts(s, inputs: list) -> StepContext:
+  """The contexts of ``k`` consecutive steps, stacked (``count`` ``[n, k]``, the shared
+  fields ``[k, ...]``), placed for the backend: the input of :class:`Program`."""
+  ctxs = [host_context(s, i) for i in inputs]
+  stack = lambda ax, *xs: None if xs[0] is None else np.stack(xs, axis=0 if ax is None else 1)
+  return _place_context(s, jax.tree.map(stack, CONTEXT_AXES, *ctxs,
+                                        is_leaf=lambda x: x is None))
+
+
+def make_train_step(s) -> Callable:
+  """One step per call, for scripts and tests: ``(state, data, ctx, period_end=True,
+  inputs=None) -> (state, (loss [n], report))`` with ``ctx`` from :func:`device_context`;
+  the :class:`Program` of ``k = 1`` (the run's own path)."""
+  program = Program(s)
+
+  def step(state, data, ctx, period_end=True, inputs=None):
+    del inputs
+    stacked = jax.tree.map(lambda ax, x: None if x is None else jnp.expand_dims(
+        x, 0 if ax is None else 1), CONTEXT_AXES, ctx, is_leaf=lambda x: x is None)
+    state, ((loss, report),) = program(state, data, stacked, (period_end,))
+    return state, (loss[:, 0], {k: v[:, 0] for k, v in report.items()})
+
+  return step
+
+
+make_block_step = Program  # (state, data, ctx, keys) -> (state, outs)
+
+
+__all__ = ["Program", "TrainState", "apply_update", "device_context", "device_contexts",
+           "double_buffered", "fresh_like", "full_batch", "gradient_source", "host_context",
+           "make_block_step", "make_train_step", "make_worker_step", "minibatches"]
