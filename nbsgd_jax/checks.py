@@ -4,7 +4,7 @@ Each helper checks ``cfg[key]`` (a dotted key), appends one line
 ``config.KEY=VALUE is not allowed: WHY`` to ``errs`` when it is bad and returns whether it was
 good. NaN passes the range checks: :func:`nbsgd_jax.config.validate`'s final scan reports it.
 A component checks its own section with ``check_config(cfg, errs)`` beside its code
-(:data:`nbsgd_jax.config.SECTION_CHECKS` lists them).
+(:func:`nbsgd_jax.config.section_checks` lists them).
 """
 
 from __future__ import annotations

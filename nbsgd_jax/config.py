@@ -1,18 +1,22 @@
 """Default configuration and validation.
 
-``default_config()`` holds every key the trainer reads, with its default; experiment files
-(``experiments/configs/*.py``) start from it and change what they need. ``validate(cfg)``
-checks every key before anything is compiled and raises :class:`ConfigError` with one line
-per problem, each naming the key, the value and what is allowed:
+``default_config()`` holds every key the trainer reads, with its default, assembled from
+parts that live beside the code reading them: the top-level keys (:data:`TOP_LEVEL`), the
+components' sections (:data:`SECTIONS`) and the algorithms' own sections (registered with
+them, :data:`nbsgd_jax.recipes.SECTIONS`). Experiment files (``experiments/configs/*.py``)
+start from it and change what they need. ``validate(cfg)`` checks every key before anything
+is compiled and raises :class:`ConfigError` with one line per problem, each naming the key,
+the value and what is allowed:
 
-* each section is checked by its component (:data:`SECTION_CHECKS`: ``check_config`` beside
-  the code that reads the section), also when the section is off (a bad value is an error
-  wherever it is);
+* each section is checked by its component (:func:`section_checks`), also when the section is
+  off (a bad value is an error wherever it is);
 * which algorithm supports which section is the recipe registry's
   (``nbsgd_jax.recipes.combination_errors``, through :func:`_combination_errors`).
 
-``inactive_warnings(cfg)`` names the keys changed from their default in a section that is off
-(:data:`SWITCHES`); ``warn_inactive`` prints them.
+The choice lists are their modules' (``topology.TOPOLOGIES``, ``codecs.names()``, ...); this
+module imports them and no module below it imports this one. ``inactive_warnings(cfg)``
+names the keys changed from their default in a section that is off (:func:`switches`: from
+:data:`SWITCHES` and the two registries); ``warn_inactive`` prints them.
 """
 
 from __future__ import annotations
@@ -578,13 +582,3 @@ def warn_inactive(cfg: ml_collections.ConfigDict, stream: TextIO | None = None) 
   for line in lines:
     print(f"warning: {line}", file=stream or sys.stderr)
   return lines
-
-
-def make_cluster(cfg: ml_collections.ConfigDict, time_per_example: float | None = None):
-  """The :class:`nbsgd_jax.host.cluster.Cluster` of ``cfg.cluster`` (:func:`nbsgd_jax.host.cluster.
-  from_config`).
-
-  Raises:
-    ValueError: a bad ``cluster.*`` value (the message names the field).
-  """
-  return cluster_lib.from_config(cfg, time_per_example)

@@ -12,13 +12,17 @@ cross-cutting pieces are applied to every recipe by :func:`build`, never by a re
 * compression, wherever the recipe asked for a reducer: a recipe that never does (gossip
   exchanges models) refuses it with the reason it declared.
 
-Adding an algorithm: a communication or wrapper if a new one is needed, then::
+Adding an algorithm: a communication or wrapper if a new one is needed, then one
+registration, from any file (``docs/design.md``, "Adding an algorithm")::
 
     @recipes.register("my_sgd")
     def my_sgd(b):
       comm = b.allreduce()
       return recipes.Recipe(chain(b.gradient_reducer(comm), b.optimizer("global")),
                             decentralized=False, primary=comm)
+
+An algorithm's own config sections and rules come with its registration (``sections=``,
+``check=``): ``config`` derives its defaults, checks and warnings from this registry.
 """
 
 from __future__ import annotations
@@ -30,13 +34,13 @@ import numpy as np
 import optax
 
 from nbsgd_jax import checks, codecs, consensus, optim
-from nbsgd_jax.host import cluster as cluster_lib
-from nbsgd_jax.host import periods as local_sgd_lib
-from nbsgd_jax.host import matcha as matcha_lib
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.communications import (AllReduce, Communication, CompressedGossip, Gossip,
                                       Matchings, MessageAllGather, SparseAllGather)
+from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import matcha as matcha_lib
+from nbsgd_jax.host import periods as local_sgd_lib
 from nbsgd_jax.transforms import decentralized as D
 from nbsgd_jax.transforms import powersgd  # noqa: F401  (registers the "powersgd" reducer)
 from nbsgd_jax.transforms.consensus import consensus_control, log_consensus_distance

@@ -1,4 +1,6 @@
-"""Codecs: a compressor with the bytes of its encoding, usable by every reducer and by CHOCO.
+"""Codecs: a compressor with the bytes of its encoding, usable by every reducer and by CHOCO;
+one registry of them (:func:`register`: ``config.compression.name`` -> a factory called with
+the ``config.compression`` keys it reads; a codec can be registered from outside the package).
 
 A :class:`Codec` maps a flat float vector ``x [d]`` (and a PRNG key) to the vector the
 receivers decode, ``C(x) [d]``, and the bytes of the encoded message (float32 scalar). The
@@ -27,7 +29,8 @@ their ``(values, indices)`` form, which the sparse all-gather sends as it is.
 * ``none``: the identity, ``d value_bytes`` bytes (CHOCO-SGD without compression is D-PSGD).
 
 PowerSGD (Vogels et al. 2019) is not a codec: its message is a rank-r factorisation built in
-two all-reduce rounds (:func:`nbsgd_jax.transforms.powersgd`).
+two all-reduce rounds (:func:`nbsgd_jax.transforms.powersgd`); it is registered here as a
+reducer (:attr:`Spec.reducer`), by its module.
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ from jax.flatten_util import ravel_pytree
 from nbsgd_jax import checks
 from nbsgd_jax.codecs import quantize, sparse
 from nbsgd_jax.codecs.base import Array, Codec
-from nbsgd_jax.codecs.quantize import identity_codec, level_bits, qsgd, qsgd_bytes, scaled_sign  # noqa: F401
+# the codecs' functions, also by their old names (codecs.qsgd, codecs.sparse_codec, ...)
+from nbsgd_jax.codecs.quantize import (identity_codec, level_bits, qsgd,  # noqa: F401
+                                       qsgd_bytes, scaled_sign)
 from nbsgd_jax.codecs.sparse import sparse_codec  # noqa: F401
-
 
 
 # ----------------------------------------------------------------------------- the registry

@@ -382,7 +382,7 @@ def make_host(s: Setup) -> host_lib.Host:
   measured = None
   if cfg.cluster.measure_time_per_example:
     measured = measure_time_per_example(s)
-  cluster = config_lib.make_cluster(cfg, measured)
+  cluster = cluster_lib.from_config(cfg, measured)
   parts = [host_lib.Failures(cluster_lib.parse_failures(cfg.cluster.failures, n), n),
            host_lib.Activations(comms)]
   if s.recipe.periodic:
