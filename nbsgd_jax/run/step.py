@@ -118,7 +118,8 @@ def apply_update(s, state: TrainState, loss, grads, ctx: StepContext):
 class Program:
   """``(state, data, ctx, keys) -> (state, outs)``: ``k = len(keys)`` steps in one dispatch,
   each the program of :func:`make_worker_step` for its static period end ``keys[j]``;
-  consecutive steps with the same period end (a run) are one ``lax.scan``. ``ctx`` from
+  consecutive steps with the same period end (a run) are one ``lax.scan`` (a run of one step
+  is the step itself, no loop). ``ctx`` from
   :func:`device_contexts`; ``outs``: per run ``(loss [n, m], report [n, m])`` of its ``m``
   steps. One program is compiled per run-length pattern of ``keys`` (``(True,)`` for one
   step; ``(False x 3, True)`` for local SGD with tau = 4), all in one cache; the state is
@@ -169,8 +170,12 @@ def _scanned_steps(s, runs: tuple) -> Callable:
     for key, length in runs:
       step_fn = make_worker_step(s, key)
       part = jax.tree.map(lambda x, o=offset, m=length: x[o:o + m], ctx)
-      state, out = lax.scan(lambda st, c, f=step_fn: _same_types(st, f(st, data, c)), state,
-                            part)
+      if length == 1:  # one step: no loop around it (as fast to compile and run as before)
+        state, out = step_fn(state, data, jax.tree.map(lambda x: x[0], part))
+        out = jax.tree.map(lambda x: x[None], out)
+      else:
+        state, out = lax.scan(lambda st, c, f=step_fn: _same_types(st, f(st, data, c)),
+                              state, part)
       outs.append(out)
       offset += length
     return state, tuple(outs)  # per run: its steps' reports may have other keys
