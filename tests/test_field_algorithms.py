@@ -318,6 +318,8 @@ def test_qsgd_bad_options():
     codecs.make_codec("qsgd", levels=0)
   with pytest.raises(ValueError, match="compression.bucket_size=0 is not allowed"):
     codecs.make_codec("qsgd", bucket_size=0)
+  with pytest.raises(ValueError, match="no codec reads 'level'"):  # a typo is not ignored
+    codecs.make_codec("qsgd", level=4)
 
 
 @pytest.mark.parametrize("runner", ["vmap", "mesh"])

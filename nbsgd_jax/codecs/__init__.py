@@ -106,15 +106,22 @@ def names() -> tuple[str, ...]:
 
 
 def make_codec(name: str, **options) -> Codec:
-  """The :class:`Codec` of ``name`` with ``options`` (its :attr:`Spec.keys`; the others are
-  ignored, so one call serves every codec), e.g. ``make_codec("top_k", density=0.01)``.
+  """The :class:`Codec` of ``name`` with ``options`` (its :attr:`Spec.keys`; the keys of the
+  other codecs are ignored, so one call serves every codec), e.g. ``make_codec("top_k",
+  density=0.01)``.
 
   Raises:
-    ValueError: an unknown name, a reducer, or a bad option (named).
+    ValueError: an unknown name, a reducer, an option no codec reads (a typo), or a bad
+      option value (named).
   """
   if name not in REGISTRY or REGISTRY[name].reducer:
     codecs = [n for n, s in REGISTRY.items() if not s.reducer]
     raise ValueError(f"compression.name={name!r} is not allowed: use one of {codecs}")
+  known = {k for s in REGISTRY.values() for k in s.keys}
+  unknown = sorted(set(options) - known)
+  if unknown:
+    raise ValueError(f"make_codec({name!r}, {unknown[0]}=...) is not allowed: no codec reads "
+                     f"{unknown[0]!r}; the options are {sorted(known)}")
   spec = REGISTRY[name]
   return spec.factory(**{k: v for k, v in options.items() if k in spec.keys})
 
