@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numbers
 import operator
+
+import numpy as np
 from typing import Any, Sequence
 
 Errors = list[str]
@@ -120,3 +122,13 @@ def register(registry: dict, kind: str, name: Any, fn: Any, reserved: Sequence[s
     raise ValueError(f"register_{kind}({name!r}, {role}={fn!r}): the {role} must be callable "
                      f"as {call}")
   registry[name] = fn
+
+
+def as_input(cfg, key: str) -> np.ndarray:
+  """The value of config key ``key`` (dotted) as an input of the compiled step: an int32
+  scalar for an integer, else float32 (``docs/design.md``, "Runs as data")."""
+  value = cfg
+  for part in key.split("."):
+    value = value[part]
+  return np.asarray(value, np.int32 if isinstance(value, int) and not isinstance(value, bool)
+                    else np.float32)

@@ -149,6 +149,14 @@ def _training_defaults() -> ml_collections.ConfigDict:
                                  # parameters there (no fresh [n, d] buffer and copy when the
                                  # models are mixed); False: one set, less memory
   c.seed = 0                     # init, data order and partition seed
+  c.sweep = ""                   # a grid of runs, one program per structure: axes separated
+                                 # by ;, each key=v1,v2,... (a:b: the integers a..b-1), e.g.
+                                 # learning_rate=0.05,0.1;seed=0:3 (docs/guide.md, Sweeps);
+                                 # WORKDIR/<run>/ per run
+  c.compilation_cache = "default"  # directory of JAX's persistent compilation cache (a later
+                                 # process reads programs back instead of compiling them);
+                                 # default: $NBSGD_JAX_COMPILATION_CACHE, else
+                                 # ~/.cache/nbsgd_jax/jax; none: off
   c.progress = True              # tqdm progress bar
   c.overwrite = False            # replace the run the workdir holds (its records and
                                  # checkpoints; the same run starts again from step 0); False:
@@ -286,7 +294,7 @@ def check_top_level(cfg, errs: list) -> None:
   for key in ("nesterov", "progress", "tensorboard", "double_buffer", "eval_worker_accuracy",
               "overwrite"):
     checks.boolean(cfg, errs, key)
-  for key in ("data_dir", "data_path", "data_cache", "imports"):
+  for key in ("data_dir", "data_path", "data_cache", "imports", "compilation_cache", "sweep"):
     checks.string(cfg, errs, key)
   _check_dataset(cfg, errs)
   checks.choice(cfg, errs, "weight_decay_on", WEIGHT_DECAY_ON)
@@ -348,7 +356,8 @@ SECTIONS: dict[str, Section] = {
     "dpsgd": Section(recipes_lib.dpsgd_defaults, recipes_lib.check_dpsgd_config,
                      "D-PSGD's order of the local step and the gossip (every recipe that gossips)"),
     "cluster": Section(cluster_lib.cluster_defaults, cluster_lib.check_config,
-                     'simulated cluster behind sim_time (He & Dube)'),
+                     'simulated cluster behind sim_time (He & Dube)',
+                     host=cluster_lib.HOST_KEYS),
     "nonblocking": Section(cluster_lib.nonblocking_defaults, cluster_lib.check_nonblocking_config,
                      'Non-blocking SGD (He & Dube 2022)'),
     "compression": Section(codecs_lib.compression_defaults, codecs_lib.check_config,

@@ -52,6 +52,21 @@ def _summary_table(summary: dict) -> str:
 
 
 
+def _report_sweep(summaries: list) -> None:
+  """One line per run of a sweep (process 0)."""
+  import jax
+  if jax.process_index():
+    return
+  rows = ["| run | steps | train_loss | test_accuracy | sim_time | stopped |",
+          "|---|---|---|---|---|---|"]
+  fmt = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+  for s in summaries:
+    rows.append("| " + " | ".join(fmt(s.get(k)) for k in (
+        "run", "steps", "train_loss", "test_accuracy", "sim_time", "stopped")) + " |")
+  print("\n".join(rows))
+  print(f"wrote {_WORKDIR.value}/sweep.json and one directory per run")
+
+
 def _flag_errors(message: str) -> list[str]:
   """absl's ``flag --config.KEY=VALUE: why`` (a value of the wrong type) in the style of
   ``nbsgd_jax.config.validate``; other flag errors as they are."""
@@ -121,6 +136,9 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:  # orbax's and JAX's INFO lines: --verbosity=0 shows them
     logging.set_verbosity(logging.WARNING)
   try:
+    if _CONFIG.value.get("sweep"):
+      _report_sweep(train_lib.sweep(_CONFIG.value, _WORKDIR.value))
+      return
     summary = train_lib.train(_CONFIG.value, _WORKDIR.value)
   except config_lib.ConfigError as e:
     for line in e.errors:

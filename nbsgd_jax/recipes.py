@@ -86,11 +86,21 @@ class Section(NamedTuple):
     check: ``(cfg, errs) -> None``, appends one line per bad value of the section's keys
       (run whatever the algorithm: a bad value is an error wherever it is).
     doc: one line on what the section is (the heading of ``docs/config.md``).
+    hparams: the section's keys whose values the compiled step reads from its hyperparameter
+      input (:meth:`Builder.injected`), not as constants: a run that differs only in them
+      reuses the compiled program (``docs/design.md``, "Runs as data").
+    structure: ``cfg -> dict``, what of the ``hparams`` keys' values is structure (e.g.
+      whether momentum is on), or None.
+    host: the section's keys the device never reads (the host's alone): they do not key the
+      compiled program either.
   """
 
   defaults: Callable[[], ml_collections.ConfigDict]
   check: Callable[[ml_collections.ConfigDict, list], None]
   doc: str = ""
+  hparams: tuple = ()
+  structure: Optional[Callable[[ml_collections.ConfigDict], dict]] = None
+  host: tuple = ()
 
 
 class Entry(NamedTuple):
@@ -172,11 +182,30 @@ class Builder:
   # ------------------------------------------------------------------ optimizers
 
   def optimizer(self, skip: Optional[str] = None) -> T.WorkerTransform:
-    """The local optimizer (weight decay, SGD with momentum); ``skip`` = ``"local"`` /
-    ``"global"`` adds the no-step rule of :func:`~nbsgd_jax.transforms.skip_when_idle` when
-    mini-batches may be missing."""
-    opt = T.from_optax(optim.make_optimizer(self.cfg))
+    """The local optimizer (weight decay, SGD with momentum), its numbers read from the
+    step's hparams (:func:`nbsgd_jax.optim.hparams`); ``skip`` = ``"local"`` / ``"global"``
+    adds the no-step rule of :func:`~nbsgd_jax.transforms.skip_when_idle` when mini-batches
+    may be missing."""
+    opt = T.injected(lambda hp: T.from_optax(optim.make_optimizer(self.cfg, hp)),
+                     optim.hparams(self.cfg))
     return T.skip_when_idle(opt, skip) if skip and self.weighted else opt
+
+  def injected(self, factory: Callable, *keys: str) -> T.WorkerTransform:
+    """``factory(*values)`` (a transform) built at each step from the step's hparams of the
+    config keys ``keys`` (each declared in its section's ``hparams``, or ``"seed"``):
+    :func:`~nbsgd_jax.transforms.injected`.
+
+    Raises:
+      ValueError: a key not declared as a hyperparameter (it would key the program).
+    """
+    for key in keys:
+      section, _, name = key.rpartition(".")
+      spec = SECTIONS.get(section)
+      if key != "seed" and (spec is None or name not in spec.hparams):
+        raise ValueError(f"config.{key} is not declared as a hyperparameter: add it to the "
+                         f"hparams of config section {section!r}")
+    return T.injected(lambda v: factory(*(v[k] for k in keys)),
+                      {k: checks.as_input(self.cfg, k) for k in keys})
 
   # ------------------------------------------------------------------ communications
 
@@ -365,10 +394,13 @@ def streaming_diloco_defaults() -> ml_collections.ConfigDict:
   return s
 
 
-DILOCO = Section(diloco_defaults, check_diloco_config, "DiLoCo (Douillard et al. 2023)")
+DILOCO = Section(diloco_defaults, check_diloco_config, "DiLoCo (Douillard et al. 2023)",
+                 hparams=("outer_lr", "outer_momentum"),
+                 structure=lambda cfg: {"outer_momentum_on": bool(cfg.diloco.outer_momentum)})
 STREAMING_DILOCO = Section(streaming_diloco_defaults, check_streaming_diloco_config,
                            "Streaming DiLoCo (Douillard et al. 2025)")
-CHOCO = Section(choco_defaults, check_choco_config, "CHOCO-SGD (Koloskova et al. 2019)")
+CHOCO = Section(choco_defaults, check_choco_config, "CHOCO-SGD (Koloskova et al. 2019)",
+                hparams=("gamma",))
 D2 = Section(d2_defaults, check_d2_config, "D^2 (Tang et al. 2018) / Exact Diffusion")
 GOSSIP_PGA = Section(gossip_pga_defaults, check_gossip_pga_config,
                      "Gossip-PGA (Chen et al. 2021)")
@@ -431,9 +463,9 @@ def choco_sgd(b: Builder) -> Recipe:
   """CHOCO-SGD (Koloskova et al. 2019, Algorithm 2): gossip of compressed model differences
   with public copies; consensus control repeats a plain gossip round."""
   c = b.cfg
-  g = b.gossip("choco", kind=CompressedGossip)
-  t = D.choco_sgd(b.optimizer("local"), g, b.codec(), c.choco.gamma, c.compression.flatten,
-                  c.seed, c.choco.order)
+  g, opt, codec = b.gossip("choco", kind=CompressedGossip), b.optimizer("local"), b.codec()
+  t = b.injected(lambda gamma: D.choco_sgd(opt, g, codec, gamma, c.compression.flatten, c.seed,
+                                           c.choco.order), "choco.gamma")
   return Recipe(t, decentralized=True, gossip=b.gossip(), primary=g)
 
 
@@ -486,10 +518,11 @@ def local_sgd(b: Builder) -> Recipe:
                 planner=lambda offset: local_sgd_lib.make_planner(b.cfg, offset))
 
 
-def _outer(cfg) -> optax.GradientTransformation:
-  d = cfg.diloco
-  return optax.sgd(d.outer_lr, momentum=d.outer_momentum or None,
-                   nesterov=bool(d.outer_momentum) and d.outer_nesterov)
+def _outer(cfg, lr, momentum) -> optax.GradientTransformation:
+  """DiLoCo's outer optimizer: SGD with (Nesterov) momentum; ``lr`` and ``momentum`` the
+  step's hparams ``diloco.outer_lr``, ``diloco.outer_momentum`` (on when > 0: structure)."""
+  on = bool(cfg.diloco.outer_momentum)
+  return optax.sgd(lr, momentum=momentum if on else None, nesterov=on and cfg.diloco.outer_nesterov)
 
 
 @register("diloco", sections={"diloco": DILOCO}, check=_check_diloco_period)
@@ -497,8 +530,10 @@ def diloco(b: Builder) -> Recipe:
   """DiLoCo (Douillard et al. 2023): H inner steps, then an outer optimizer step on the
   averaged pseudo-gradient."""
   comm = b.allreduce()
-  sync = T.outer_step(b.delta_reducer(comm), _outer(b.cfg))
-  return Recipe(T.periodic(b.optimizer("local"), sync), decentralized=True, primary=comm,
+  reducer, opt = b.delta_reducer(comm), b.optimizer("local")
+  t = b.injected(lambda lr, m: T.periodic(opt, T.outer_step(reducer, _outer(b.cfg, lr, m))),
+                 "diloco.outer_lr", "diloco.outer_momentum")
+  return Recipe(t, decentralized=True, primary=comm,
                 planner=b.fixed_periods(b.cfg.diloco.inner_steps))
 
 
@@ -511,9 +546,11 @@ def streaming_diloco(b: Builder) -> Recipe:
   factor ``streaming_diloco.alpha``."""
   h, c = b.cfg.diloco.inner_steps, b.cfg.streaming_diloco
   comm = b.allreduce()
-  sync = T.streaming_outer_step(b.delta_reducer(comm), _outer(b.cfg), c.fragments, c.delay,
-                                c.alpha)
-  return Recipe(T.periodic(b.optimizer("local"), sync), decentralized=True, primary=comm,
+  reducer, opt = b.delta_reducer(comm), b.optimizer("local")
+  t = b.injected(lambda lr, m: T.periodic(opt, T.streaming_outer_step(
+      reducer, _outer(b.cfg, lr, m), c.fragments, c.delay, c.alpha)),
+                 "diloco.outer_lr", "diloco.outer_momentum")
+  return Recipe(t, decentralized=True, primary=comm,
                 planner=lambda offset: local_sgd_lib.FragmentPlanner(h, c.fragments, c.delay))
 
 
@@ -571,10 +608,11 @@ def build(cfg: ml_collections.ConfigDict, topology=None, axis_name: Any = AXIS) 
     if recipe.gossip is None:
       raise ValueError(f"recipe {cfg.algorithm!r} is registered with gossips=True but returned "
                        "no Recipe.gossip for consensus control")
-    control = consensus.Control(cs.max_gossip_steps, cs.measure, cs.sketch_size, cfg.seed,
-                                gradient_stats=cs.critical)
-    recipe = recipe._replace(transform=consensus_control(
-        recipe.transform, recipe.gossip, control, cfg.num_workers, cs.log_every_step))
+    inner = recipe.transform
+    control = lambda seed: consensus.Control(cs.max_gossip_steps, cs.measure, cs.sketch_size,
+                                             seed, gradient_stats=cs.critical)
+    recipe = recipe._replace(transform=b.injected(lambda seed: consensus_control(
+        inner, recipe.gossip, control(seed), cfg.num_workers, cs.log_every_step), "seed"))
   elif cs.log_every_step and recipe.decentralized:
     recipe = recipe._replace(transform=log_consensus_distance(recipe.transform, axis_name))
   return recipe

@@ -100,6 +100,8 @@ SLOW_IN_TEST = (
     (r"quickstart\.py .*--config\.checkpoint_every=", "a run with checkpoints (about 10 s)"),
     (r"mnist\.py .*--config\.model=mlp", "the MLP for 600 steps (about 15 s)"),
     (r"experiments/topology_table\.py", "spectra and MATCHA budgets (about 8 s)"),
+    (r"--config\.sweep=", "a sweep of 9 runs of 100 steps (about 20 s)"),
+    (r"report runs/sweep/", "the report of the sweep's runs (after the sweep)"),
 )
 CLASSES = (("hardware", HARDWARE), ("slow", SLOW_IN_TEST), ("long", LONG))
 SHELL_BUILTINS = (".", "source", "cd", "export")

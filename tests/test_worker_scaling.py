@@ -382,7 +382,7 @@ def test_double_buffer_removes_the_copy_of_the_mixed_parameters(double):
   ctx = train.device_contexts(s, [train.make_host(s).inputs(0)])
   program = train.Program(s)._compile(((True, 1),))  # one step: the run's own program
   args = ((state, step_lib.fresh_like(state.params)) if double else (state,)) + (
-      s.worker_data, ctx)
+      s.worker_data, ctx, s.hparams)
   hlo = program.lower(*args).compile().as_text()
   copies = [line for line in hlo.splitlines() if "f32[8,784,32]" in line and " copy(" in line]
   assert len(copies) == (0 if double else 1), copies

@@ -313,6 +313,12 @@ def alive_mask(failures: list[Failure], step: int, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- config
 
 
+# cluster.* keys only the host reads (the clock, stragglers, speeds): not the compiled step's
+HOST_KEYS = ("bandwidth", "delay", "delay_mean", "delay_per", "delay_prob", "delay_shift",
+             "latency", "measure_time_per_example", "overhead", "scenario", "seed",
+             "slow_factor", "slowdown", "spread", "step_overhead", "time_per_example")
+
+
 def partial_minibatches(cfg) -> bool:
   """Whether a step's batch is split into ``nonblocking.num_minibatches`` mini-batches of which
   some may be dropped: with Non-blocking SGD (:func:`nbsgd_jax.run.step.gradient_source`)."""

@@ -102,6 +102,11 @@ class HostPart:
     """Fields for the evaluation records (``metrics.jsonl``)."""
     return {}
 
+  def own_plan(self) -> bool:
+    """Whether the period ends this part plans depend on the run's own results: such a
+    run's period ends are its program's structure, so a sweep trains it alone."""
+    return False
+
   def state_dict(self) -> Optional[dict]:
     """JSON-serialisable state for checkpoints (None: stateless)."""
     return None
@@ -151,6 +156,9 @@ class Periods(HostPart):
 
   def needs_report(self, step, inputs):
     return self.planner.needs_loss and bool(inputs.period_end)  # the next period needs F
+
+  def own_plan(self):
+    return self.planner.needs_loss  # ADA-LUPA: the periods follow the run's own losses
 
   def begin(self, probe):
     if self.planner.needs_loss:
@@ -391,6 +399,10 @@ class Host:
     for p in self.parts:
       fields.update(p.observe(step, inputs, report, probe) or {})
     return fields
+
+  def own_plan(self) -> bool:
+    """Whether any part plans from the run's own results (:meth:`HostPart.own_plan`)."""
+    return any(p.own_plan() for p in self.parts)
 
   def record(self) -> dict:
     out: dict = {}

@@ -88,11 +88,17 @@ def make_eval_fn(apply: Callable, decentralized: bool) -> Callable:
   return eval_fn
 
 
+@jax.jit
+def finite_workers(params) -> jax.Array:
+  """``params [n, ...] -> bool [n]``: whether every parameter of each worker is finite (one
+  jitted function for the process: compiled once per shape)."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x.reshape(x.shape[0], -1)), axis=1)
+                            for x in jax.tree.leaves(params)]), axis=0)
+
+
 def make_finite_fn() -> Callable:
-  """Jitted ``params [n, ...] -> bool [n]``: whether every parameter of each worker is finite."""
-  return jax.jit(lambda params: jnp.all(jnp.stack([
-      jnp.all(jnp.isfinite(x.reshape(x.shape[0], -1)), axis=1)
-      for x in jax.tree.leaves(params)]), axis=0))
+  """Jitted ``params [n, ...] -> bool [n]``: :func:`finite_workers`."""
+  return finite_workers
 
 
 class TrainingDiverged(RuntimeError):

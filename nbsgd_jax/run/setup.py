@@ -5,18 +5,21 @@ recipe, backend, the initial state and the host parts. The compiled program is
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
 from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax import codecs
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import data as data_lib
+from nbsgd_jax import hparams as hparams_lib
 from nbsgd_jax import host as host_lib
 from nbsgd_jax import models as models_lib
 from nbsgd_jax import multihost
@@ -28,7 +31,10 @@ from nbsgd_jax.axis import AXIS
 from nbsgd_jax.run import task as task_lib
 from nbsgd_jax.run import wallclock
 from nbsgd_jax.backends import Backend, make_backend
+from nbsgd_jax.run import step as step_lib
 from nbsgd_jax.run.step import TrainState
+
+DEFAULT_COMPILATION_CACHE = os.path.join("~", ".cache", "nbsgd_jax", "jax")
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -45,6 +51,8 @@ class Setup(NamedTuple):
   recipe: recipes_lib.Recipe
   backend: Backend
   task: task_lib.Task
+  hparams: Any = None  # the run's hyperparameters (nbsgd_jax.hparams.values), on the devices
+  structure: str = ""  # its structure key (nbsgd_jax.hparams.structure_key): "" shares nothing
 
 
 def _config_error(prefix: str):
@@ -90,13 +98,21 @@ def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -
     recipe = recipes_lib.build(cfg, topo, backend.axis_name)
   except ValueError as e:
     raise config_lib.ConfigError(str(e).splitlines()) from None
+  use_compilation_cache(cfg.compilation_cache)
+  given = (model, data, models_lib.REGISTRY.get(cfg.model), data_lib.REGISTRY.get(cfg.dataset))
+  key = hparams_lib.structure_key(cfg, *given)
+  step_lib.PROGRAMS.get(key, "given", lambda: given)  # alive while their programs are: ids
+  facts = dict(hparams=backend.replicate(jax.tree.map(jnp.asarray, hparams_lib.values(cfg))),
+               structure=key)
+  memo = lambda name, make: step_lib.PROGRAMS.get(key, name, make)
   if cfg.dataset in config_lib.SYNTHETIC:
     problem = _problem(cfg)
     task = task_lib.synthetic_task(cfg, problem, backend)
-    return Setup(cfg, problem, task.worker_data, None, topo, recipe, backend, task)
+    return Setup(cfg, problem, task.worker_data, None, topo, recipe, backend, task, **facts)
   dataset = _load(cfg, data)
   if isinstance(dataset, data_lib.TextDataset):
-    return _language_model_setup(cfg, dataset, model, topo, recipe, backend)
+    return _language_model_setup(cfg, dataset, model, topo, recipe, backend, memo)._replace(
+        **facts)
   shards = _partition(cfg, dataset)
   model = _model(cfg, model, dataset.num_classes)
   if cfg.model not in models_lib.MODELS:  # the user's: checked before anything runs
@@ -109,8 +125,24 @@ def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -
     worker_data = task_lib.WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),
                                                       jnp.asarray(sizes))))
   task = task_lib.classification_task(cfg, dataset, worker_data, model, backend,
-                                      recipe.decentralized)
-  return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, task)
+                                      recipe.decentralized, memo)
+  return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, task, **facts)
+
+
+def use_compilation_cache(directory: str) -> Optional[str]:
+  """JAX's persistent compilation cache in ``directory`` (``config.compilation_cache``):
+  ``"default"``: ``$NBSGD_JAX_COMPILATION_CACHE`` if set, else
+  ``~/.cache/nbsgd_jax/jax``; ``"none"``: off. A program compiled once (its HLO, compile
+  options, JAX version and device) is read back by later processes instead of compiled; a
+  program whose compilation took under ``jax_persistent_cache_min_compile_time_secs``
+  (1 s) is not stored. Returns the directory in use (None: off)."""
+  if directory == "default":
+    directory = os.environ.get("NBSGD_JAX_COMPILATION_CACHE", DEFAULT_COMPILATION_CACHE)
+  path = None if directory in ("none", "") else os.path.abspath(os.path.expanduser(directory))
+  if jax.config.jax_compilation_cache_dir != path:
+    compilation_cache.reset_cache()  # the directory is read once: start again from it
+    jax.config.update("jax_compilation_cache_dir", path)
+  return path
 
 
 def _check_given(cfg, model, data) -> None:
@@ -193,7 +225,7 @@ def _check_model(model, cfg, sample: np.ndarray, num_classes: int, tokens: bool 
                                   f"of shape {want}"])
 
 
-def _language_model_setup(cfg, dataset, model, topo, recipe, backend) -> Setup:
+def _language_model_setup(cfg, dataset, model, topo, recipe, backend, memo=None) -> Setup:
   """The set-up of a language model on a text data set (the built-in ``"transformer"`` or a
   given / registered token model), cut into one contiguous shard per worker.
 
@@ -212,7 +244,7 @@ def _language_model_setup(cfg, dataset, model, topo, recipe, backend) -> Setup:
                  tokens=True)
   worker_tokens = task_lib.place_rows(np.asarray(rows, np.int32), backend)
   task = task_lib.language_model_task(cfg, dataset, worker_tokens, model, backend,
-                                      recipe.decentralized)
+                                      recipe.decentralized, memo)
   return Setup(cfg, dataset, worker_tokens, model, topo, recipe, backend, task)
 
 

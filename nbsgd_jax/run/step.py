@@ -19,7 +19,7 @@ clock's step (``cluster.clock="wall"``) is :class:`nbsgd_jax.run.wallclock.WallC
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -89,15 +89,18 @@ def make_worker_step(s, period_end: bool = True) -> Callable:
   """The program of one worker for one step (module docstring).
 
   Returns:
-    ``(state, data, ctx) -> (state, (loss, report))`` on one worker's (unbatched) state,
-    shard and :class:`~nbsgd_jax.transforms.StepContext`; ``loss`` is the float32 mini-batch
-    loss before the update, ``report`` the recipe's (``bytes_sent`` ...).
+    ``(state, data, ctx, hparams=None) -> (state, (loss, report))`` on one worker's
+    (unbatched) state, shard, :class:`~nbsgd_jax.transforms.StepContext` and the run's
+    hyperparameters (:func:`nbsgd_jax.hparams.values`, arrays; None: those the run was built
+    with); ``loss`` is the float32 mini-batch loss before the update, ``report`` the
+    recipe's (``bytes_sent`` ...).
   """
   source, task = gradient_source(s.cfg), s.task
 
-  def step_fn(state: TrainState, data, ctx: StepContext):
-    ctx = ctx._replace(period_end=period_end)
-    batch = task.batch(data, state.step, s.backend.axis_name)
+  def step_fn(state: TrainState, data, ctx: StepContext, hparams=None):
+    ctx = ctx._replace(period_end=period_end, hparams=hparams)
+    seed = None if hparams is None else hparams["seed"]
+    batch = task.batch(data, state.step, s.backend.axis_name, seed)
     loss, grads, model_state = source(task.loss_fn, state.params, state.model_state, batch,
                                       ctx)
     return apply_update(s, state._replace(model_state=model_state), loss, grads, ctx)
@@ -115,30 +118,80 @@ def apply_update(s, state: TrainState, loss, grads, ctx: StepContext):
 
 
 
-class Program:
-  """``(state, data, ctx, keys) -> (state, outs)``: ``k = len(keys)`` steps in one dispatch,
-  each the program of :func:`make_worker_step` for its static period end ``keys[j]``;
-  consecutive steps with the same period end (a run) are one ``lax.scan`` (a run of one step
-  is the step itself, no loop). ``ctx`` from
-  :func:`device_contexts`; ``outs``: per run ``(loss [n, m], report [n, m])`` of its ``m``
-  steps. One program is compiled per run-length pattern of ``keys`` (``(True,)`` for one
-  step; ``(False x 3, True)`` for local SGD with tau = 4), all in one cache; the state is
-  donated, and with ``config.double_buffer`` the new parameters are written into the spare
-  buffers of the dispatch before (:func:`double_buffered`).
+class ProgramCache:
+  """The process's compiled programs, by structure (:func:`nbsgd_jax.hparams.structure_key`):
+  a run whose config differs from an earlier one only in its hyperparameters and host keys
+  finds its programs here and compiles nothing (``docs/design.md``, "Runs as data"). Least
+  recently used structures beyond ``max_structures`` are dropped (a program holds its first
+  run's set-up, data included).
 
   Args:
-    s: the run's :class:`~nbsgd_jax.run.setup.Setup`.
+    max_structures: structures kept.
+  """
+
+  def __init__(self, max_structures: int = 8):
+    self.max_structures = max_structures
+    self._entries: dict = {}  # structure -> {name: value}, in order of use
+
+  def get(self, structure: str, name: Any, make: Callable) -> Any:
+    """The value of ``name`` under ``structure``, made by ``make()`` the first time. An empty
+    ``structure`` shares nothing (always ``make()``)."""
+    if not structure:
+      return make()
+    entry = self._entries.pop(structure, None)
+    entry = {} if entry is None else entry
+    self._entries[structure] = entry  # most recently used last
+    while len(self._entries) > self.max_structures:
+      self._entries.pop(next(iter(self._entries)))
+    if name not in entry:
+      entry[name] = make()
+    return entry[name]
+
+  def clear(self) -> None:
+    """Forget every program (the next run compiles anew)."""
+    self._entries.clear()
+
+
+PROGRAMS = ProgramCache()  # train()'s cache: one per process
+
+
+class Program:
+  """``(state, data, ctx, keys, inputs=None, hparams=None) -> (state, outs)``: ``k =
+  len(keys)`` steps in one dispatch, each the program of :func:`make_worker_step` for its
+  static period end ``keys[j]``; consecutive steps with the same period end (a run) are one
+  ``lax.scan`` (a run of one step is the step itself, no loop). ``ctx`` from
+  :func:`device_contexts`; ``hparams`` the run's hyperparameters (None: ``s.hparams``);
+  ``outs``: per run ``(loss [n, m], report [n, m])`` of its ``m`` steps. One program is
+  compiled per run-length pattern of ``keys`` (``(True,)`` for one step; ``(False x 3,
+  True)`` for local SGD with tau = 4), kept in ``cache`` under the run's structure (every
+  run of that structure shares them); the state is donated, and with
+  ``config.double_buffer`` the new parameters are written into the spare buffers of the
+  dispatch before (:func:`double_buffered`).
+
+  With ``runs = R > 1`` the program steps R runs of the structure at once (a sweep's group):
+  ``jax.vmap`` over a leading runs axis of the state, the data (unless ``shared_data``: one
+  copy for all), the contexts (:func:`stacked_contexts`) and the hparams; ``outs`` then
+  ``[R, n, m]``.
+
+  Args:
+    s: the run's :class:`~nbsgd_jax.run.setup.Setup` (the first run's, with ``runs > 1``).
+    cache: the :class:`ProgramCache` (default: the process's, :data:`PROGRAMS`).
+    runs: R, the runs stepped together.
+    shared_data: with ``runs > 1``, whether every run reads the same worker data.
   """
 
   stacked = True  # outs per run of steps, each [n, m]
 
-  def __init__(self, s):
-    self.s = s
-    self.programs: dict = {}  # run-length pattern -> compiled program
+  def __init__(self, s, cache: Optional[ProgramCache] = None, runs: int = 1,
+               shared_data: bool = False):
+    self.s, self.runs, self.shared_data = s, int(runs), bool(shared_data)
+    self.cache = PROGRAMS if cache is None else cache
     self._spare: list = []  # the double buffer: the parameters' buffers of the dispatch before
 
   def _compile(self, runs: tuple):
-    spmd = self.s.backend.spmd(_scanned_steps(self.s, runs), (0, 0, CONTEXT_AXES))
+    spmd = self.s.backend.spmd(_scanned_steps(self.s, runs), (0, 0, CONTEXT_AXES, None))
+    if self.runs > 1:  # the runs axis, outside the workers'
+      spmd = jax.vmap(spmd, in_axes=(0, None if self.shared_data else 0, 0, 0))
     if not self.s.cfg.double_buffer:
       return jax.jit(spmd, donate_argnums=(0,))
     return jax.jit(double_buffered(spmd), donate_argnums=(0, 1), keep_unused=True)
@@ -147,17 +200,18 @@ class Program:
     """The program's ``ctx`` of the steps' host inputs (:func:`device_contexts`)."""
     return device_contexts(self.s, inputs)
 
-  def __call__(self, state, data, ctx, keys, inputs=None):
+  def __call__(self, state, data, ctx, keys, inputs=None, hparams=None):
     del inputs  # drawn already: ctx holds them
     if not self.s.recipe.periodic:
       keys = (True,) * len(keys)
+    hparams = self.s.hparams if hparams is None else hparams
     runs = tuple((key, len(list(group))) for key, group in itertools.groupby(keys))
-    if runs not in self.programs:
-      self.programs[runs] = self._compile(runs)
+    program = self.cache.get(self.s.structure, ("train", runs, self.runs, self.shared_data),
+                             lambda: self._compile(runs))
     if not self.s.cfg.double_buffer:
-      return self.programs[runs](state, data, ctx)
+      return program(state, data, ctx, hparams)
     buffers = self._spare.pop() if self._spare else fresh_like(state.params)
-    old_state, params, outs = self.programs[runs](state, buffers, data, ctx)
+    old_state, params, outs = program(state, buffers, data, ctx, hparams)
     self._spare.append(old_state.params)
     return old_state._replace(params=params), outs
 
@@ -165,16 +219,16 @@ class Program:
 def _scanned_steps(s, runs: tuple) -> Callable:
   """One worker's program for the steps of ``runs`` (``(period_end, length)`` pairs)."""
 
-  def worker(state, data, ctx):
+  def worker(state, data, ctx, hparams):
     outs, offset = [], 0
     for key, length in runs:
       step_fn = make_worker_step(s, key)
       part = jax.tree.map(lambda x, o=offset, m=length: x[o:o + m], ctx)
       if length == 1:  # one step: no loop around it (as fast to compile and run as before)
-        state, out = step_fn(state, data, jax.tree.map(lambda x: x[0], part))
+        state, out = step_fn(state, data, jax.tree.map(lambda x: x[0], part), hparams)
         out = jax.tree.map(lambda x: x[None], out)
       else:
-        state, out = lax.scan(lambda st, c, f=step_fn: _same_types(st, f(st, data, c)),
+        state, out = lax.scan(lambda st, c, f=step_fn: _same_types(st, f(st, data, c, hparams)),
                               state, part)
       outs.append(out)
       offset += length
@@ -194,7 +248,7 @@ def _same_types(carry, out):
 
 def double_buffered(spmd_step: Callable) -> Callable:
   """``spmd_step`` writing the new parameters into a second set of buffers (``cfg.
-  double_buffer``): ``(state, spare, data, ctx) -> (state with the old parameters, new
+  double_buffer``): ``(state, spare, data, ctx, hparams) -> (state with the old parameters, new
   parameters, out)``, to be compiled with ``state`` and ``spare`` donated and kept.
 
   Why: a step that mixes the models (gossip) cannot update the parameters in place (worker
@@ -206,9 +260,9 @@ def double_buffered(spmd_step: Callable) -> Callable:
   the outputs are ordered as the inputs: the state's leaves (old parameters first), then the
   new parameters in ``spare``'s place.
   """
-  def program(state, spare, data, ctx):
+  def program(state, spare, data, ctx, hparams):
     del spare  # donated and kept: its buffers receive the new parameters
-    new, out = spmd_step(state, data, ctx)
+    new, out = spmd_step(state, data, ctx, hparams)
     return new._replace(params=state.params), new.params, out
 
   return program
@@ -254,13 +308,27 @@ def device_context(s, inputs) -> StepContext:
   return _place_context(s, host_context(s, inputs))
 
 
+def _host_contexts(s, inputs: list) -> StepContext:
+  """The numpy contexts of ``k`` consecutive steps, stacked (``count`` ``[n, k]``, the
+  shared fields ``[k, ...]``)."""
+  ctxs = [host_context(s, i) for i in inputs]
+  stack = lambda ax, *xs: None if xs[0] is None else np.stack(xs, axis=0 if ax is None else 1)
+  return jax.tree.map(stack, CONTEXT_AXES, *ctxs, is_leaf=lambda x: x is None)
+
+
 def device_contexts(s, inputs: list) -> StepContext:
   """The contexts of ``k`` consecutive steps, stacked (``count`` ``[n, k]``, the shared
   fields ``[k, ...]``), placed for the backend: the input of :class:`Program`."""
-  ctxs = [host_context(s, i) for i in inputs]
-  stack = lambda ax, *xs: None if xs[0] is None else np.stack(xs, axis=0 if ax is None else 1)
-  return _place_context(s, jax.tree.map(stack, CONTEXT_AXES, *ctxs,
-                                        is_leaf=lambda x: x is None))
+  return _place_context(s, _host_contexts(s, inputs))
+
+
+def stacked_contexts(s, inputs: list) -> StepContext:
+  """The contexts of R runs' ``k`` steps (``inputs[r]``: run r's host inputs), stacked on a
+  leading runs axis (``count`` ``[R, n, k]``, the shared fields ``[R, k, ...]``): the input
+  of a :class:`Program` with ``runs = R`` (the simulate backend: one device)."""
+  per_run = [_host_contexts(s, mine) for mine in inputs]
+  stack = lambda *xs: None if xs[0] is None else jnp.asarray(np.stack(xs))
+  return jax.tree.map(stack, *per_run, is_leaf=lambda x: x is None)
 
 
 def make_train_step(s) -> Callable:
@@ -282,6 +350,7 @@ def make_train_step(s) -> Callable:
 make_block_step = Program  # (state, data, ctx, keys) -> (state, outs)
 
 
-__all__ = ["Program", "TrainState", "apply_update", "device_context", "device_contexts",
+__all__ = ["PROGRAMS", "Program", "ProgramCache", "TrainState", "apply_update", "device_context", "device_contexts",
            "double_buffered", "fresh_like", "full_batch", "gradient_source", "host_context",
-           "make_block_step", "make_train_step", "make_worker_step", "minibatches"]
+           "make_block_step", "make_train_step", "make_worker_step", "minibatches",
+           "stacked_contexts"]

@@ -147,8 +147,9 @@ class Task(NamedTuple):
       statistics; ``{}`` or ``()`` when none): kept per worker, never communicated.
     loss_fn: ``(params, model_state, batch) -> (loss, model_state)``: the float32 training
       loss of a batch and the model state after it.
-    batch: ``(data, step, axis_name) -> batch``: this worker's batch at ``step`` inside the
-      worker program (``data``: this worker's slice of ``worker_data``).
+    batch: ``(data, step, axis_name, seed=None) -> batch``: this worker's batch at ``step``
+      inside the worker program (``data``: this worker's slice of ``worker_data``; ``seed``:
+      the run's seed, an int32 array from the step's hparams, or None: ``config.seed``).
     eval_data: the data of the evaluations, replicated on the backend's devices.
     evaluate: ``(params [n, ...], model_state [n, ...], eval_data) -> dict`` of floats:
       ``train_loss`` and ``consensus_distance`` always, ``test_loss`` / ``test_accuracy`` /
@@ -184,12 +185,13 @@ def train_loss_examples(num: int, count: int, seed: int) -> np.ndarray:
 
 
 def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData, model,
-                        backend, decentralized: bool) -> Task:
+                        backend, decentralized: bool, memo=None) -> Task:
   """Image classification with a flax model: cross-entropy on batches drawn without
   replacement (:func:`worker_batch`), preprocessed on the device (:func:`image_inputs`);
   evaluation of the averaged model (parameters and model state averaged over the workers) on
   the test set and on ``eval_train_examples`` fixed training examples
-  (:func:`train_loss_examples`)."""
+  (:func:`train_loss_examples`). ``memo(name, make)``: the run's cache of compiled functions
+  (:class:`nbsgd_jax.run.step.ProgramCache`; None: made anew)."""
   capacity = worker_data.labels.shape[1]
   sub = train_loss_examples(len(dataset.train_labels), cfg.eval_train_examples, cfg.seed)
   eval_data = backend.replicate((ev.chunked(dataset.test_images, dataset.test_labels, 500),
@@ -200,8 +202,10 @@ def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData,
   else:  # features of the user's own data go to the model as they are
     train_input, eval_input = (lambda key, x: x), (lambda x: x)
   apply = lambda p, ms, images: models_lib.apply_eval(model, p, ms, eval_input(images))
-  eval_fn = ev.make_eval_fn(apply, decentralized and cfg.eval_worker_accuracy)
-  loss_fn_avg = ev.make_train_loss_fn(apply)
+  memo = memo or (lambda name, make: make())
+  eval_fn = memo("eval", lambda: ev.make_eval_fn(apply, decentralized and
+                                                 cfg.eval_worker_accuracy))
+  loss_fn_avg = memo("train_loss", lambda: ev.make_train_loss_fn(apply))
   sample = eval_input(jnp.zeros((1,) + dataset.train_images.shape[1:],
                                 dataset.train_images.dtype))
 
@@ -210,9 +214,10 @@ def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData,
     logits, model_state = models_lib.apply_train(model, params, model_state, x)
     return cross_entropy(logits, y), model_state
 
-  def batch(data, step, axis):
-    images, labels = worker_batch(data, cfg.seed, cfg.batch_size, capacity, step, axis)
-    return train_input(augment_key(cfg.seed, lax.axis_index(axis), step), images), labels
+  def batch(data, step, axis, seed=None):
+    seed = cfg.seed if seed is None else seed
+    images, labels = worker_batch(data, seed, cfg.batch_size, capacity, step, axis)
+    return train_input(augment_key(seed, lax.axis_index(axis), step), images), labels
 
   return Task(
       "classification", worker_data,
@@ -279,7 +284,7 @@ def text_batch(tokens: jax.Array, seed: int, batch_size: int, context: int, step
 
 
 def language_model_task(cfg, dataset, worker_tokens: jax.Array, model, backend,
-                        decentralized: bool) -> Task:
+                        decentralized: bool, memo=None) -> Task:
   """Character-level language modelling with a flax model (``config.model="transformer"``):
   mean next-token cross-entropy (nats per character) on windows drawn by
   :func:`text_batch`; evaluation of the averaged model on the test split's consecutive
@@ -290,8 +295,10 @@ def language_model_task(cfg, dataset, worker_tokens: jax.Array, model, backend,
   train = text_windows(dataset.train_tokens, t, cfg.eval_train_examples)
   eval_data = backend.replicate((ev.chunked(*test, 64), ev.chunked(*train, 64)))
   apply = lambda p, ms, x: models_lib.apply_eval(model, p, ms, x)
-  eval_fn = ev.make_eval_fn(apply, decentralized and cfg.eval_worker_accuracy)
-  loss_fn_avg = ev.make_train_loss_fn(apply)
+  memo = memo or (lambda name, make: make())
+  eval_fn = memo("eval", lambda: ev.make_eval_fn(apply, decentralized and
+                                                 cfg.eval_worker_accuracy))
+  loss_fn_avg = memo("train_loss", lambda: ev.make_train_loss_fn(apply))
 
   def loss_fn(params, model_state, batch):
     x, y = batch
@@ -303,7 +310,8 @@ def language_model_task(cfg, dataset, worker_tokens: jax.Array, model, backend,
       init=lambda: models_lib.init(model, jax.random.key(cfg.seed), jnp.zeros((1, t),
                                                                               jnp.int32)),
       loss_fn=loss_fn,
-      batch=lambda data, step, axis: text_batch(data, cfg.seed, cfg.batch_size, t, step, axis),
+      batch=lambda data, step, axis, seed=None: text_batch(
+          data, cfg.seed if seed is None else seed, cfg.batch_size, t, step, axis),
       eval_data=eval_data,
       evaluate=lambda params, ms, d: {k: float(v) for k, v in eval_fn(params, ms, *d).items()},
       train_loss=lambda params, ms, d: float(loss_fn_avg(params, ms, d[1])),
@@ -321,11 +329,12 @@ def synthetic_task(cfg, problem, backend) -> Task:
   worker_data = backend.place((jnp.asarray(problem.features), jnp.asarray(problem.targets)))
   eval_data = backend.replicate(tuple(jnp.asarray(a) for a in problems_lib.global_batch(problem)))
 
-  def batch(data, step, axis):
+  def batch(data, step, axis, seed=None):
     feats, targs = data
     if cfg.problem.full_batch:  # the exact local gradient: every example of the shard
       return feats, targs
-    key = jax.random.fold_in(data_key(cfg.seed, lax.axis_index(axis)), step)
+    seed = cfg.seed if seed is None else seed
+    key = jax.random.fold_in(data_key(seed, lax.axis_index(axis)), step)
     idx = jax.random.randint(key, (cfg.batch_size,), 0, m)
     return feats[idx], targs[idx]
 

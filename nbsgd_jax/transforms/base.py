@@ -51,6 +51,9 @@ class StepContext(NamedTuple):
     period_end: static Python bool, whether this step ends a communication period (periodic
       synchronisation: local SGD, DiLoCo); True for every step of other recipes. The trainer
       compiles one program per value; on the host side it is None.
+    hparams: the run's hyperparameters, a dict of arrays (the same on every worker and every
+      step: the program's second input, ``docs/design.md`` "Runs as data"), read by the
+      transforms made with :func:`injected`; None: each uses the values it was built with.
   """
 
   step: jax.Array
@@ -60,13 +63,14 @@ class StepContext(NamedTuple):
   alive: Any = None
   target: Any = None
   period_end: Any = None
+  hparams: Any = None
 
 
 # ``jax.vmap`` in_axes of a context given to the backends (``Backend.spmd``): ``count`` is per
 # worker, every other field is the same on every worker and goes in as one value (an
 # unbatched / replicated input), not n copies (``alive`` would be ``[n, n]``).
 CONTEXT_AXES = StepContext(step=None, count=0, total=None, active=None, alive=None, target=None,
-                           period_end=None)
+                           period_end=None, hparams=None)
 
 
 class WorkerTransform(NamedTuple):
@@ -175,6 +179,37 @@ def skip_when_idle(inner, scope: str = "local") -> WorkerTransform:
     return new_updates, new_state, report
 
   return WorkerTransform(inner.init, update, inner.communications)
+
+
+def injected(factory: Callable[[dict], Any], defaults: dict) -> WorkerTransform:
+  """A transform whose numbers are inputs of the step: ``factory(values)`` (a
+  :class:`WorkerTransform` or an optax ``GradientTransformation``) is built at every update
+  from ``ctx.hparams[k]`` for each key ``k`` of ``defaults`` (traced arrays), so one
+  compiled program runs every value; ``init`` and a context without hparams use
+  ``defaults``. The idea of ``optax.inject_hyperparams``, with the values in the step's
+  context instead of the state (a sweep's runs share one state structure; a checkpoint does
+  not hold them).
+
+  Args:
+    factory: ``{key: value} -> transform``; the structure of its state must not depend on
+      the values (e.g. SGD's momentum buffer exists for every momentum > 0).
+    defaults: ``{key: value}``, the values of the config the run was built from.
+
+  Raises:
+    KeyError: ``ctx.hparams`` lacks a key of ``defaults`` (named).
+  """
+  base = as_worker_transform(factory(dict(defaults)))
+
+  def update(updates, state, params, ctx):
+    if ctx.hparams is None:
+      return base.update(updates, state, params, ctx)
+    missing = [k for k in defaults if k not in ctx.hparams]
+    if missing:
+      raise KeyError(f"the step's hparams lack {missing}: they hold {sorted(ctx.hparams)}")
+    inner = as_worker_transform(factory({k: ctx.hparams[k] for k in defaults}))
+    return inner.update(updates, state, params, ctx)
+
+  return WorkerTransform(base.init, update, base.communications)
 
 
 def replace_params(params, new_params):

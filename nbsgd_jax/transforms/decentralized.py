@@ -64,7 +64,8 @@ def choco_sgd(local, gossip, codec: codecs.Codec, gamma: float, flatten: bool = 
     gossip: a :class:`~nbsgd_jax.communications.CompressedGossip` (the bytes of ``q_i`` to
       every neighbour that keeps a copy of ``x_hat_i``).
     codec: the compressor ``C`` (:func:`nbsgd_jax.codecs.make_codec`).
-    gamma: the consensus step size, in (0, 1].
+    gamma: the consensus step size, in (0, 1] (a float, checked; or a traced array, the
+      step's hparam ``choco.gamma``, checked by the config).
     flatten: compress the raveled model (True) or each leaf (False).
     seed: seed of the codec's randomness (folded with the worker index).
     order: ``"paper"`` (Algorithm 2: compress, update the copies, then the consensus step)
@@ -74,7 +75,7 @@ def choco_sgd(local, gossip, codec: codecs.Codec, gamma: float, flatten: bool = 
   Raises:
     ValueError: ``gamma`` outside (0, 1]; unknown ``order``.
   """
-  if not 0.0 < float(gamma) <= 1.0:
+  if not isinstance(gamma, jax.core.Tracer) and not 0.0 < float(gamma) <= 1.0:
     raise ValueError(f"choco.gamma={gamma!r} is not allowed: it must be in (0, 1]")
   if order not in CHOCO_ORDERS:
     raise ValueError(f"choco.order={order!r} is not allowed: use one of {list(CHOCO_ORDERS)}")

@@ -1,0 +1,267 @@
+"""Runs as data (``docs/design.md``, "Runs as data"): the compiled step takes the run's
+hyperparameters as an input, so a run that differs from an earlier one only in them compiles
+nothing and equals the same run compiled on its own."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax import monitoring
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import hparams as hparams_lib
+from nbsgd_jax import optim
+from nbsgd_jax import transforms as T
+from nbsgd_jax.run import step as step_lib
+from nbsgd_jax.run.loop import train
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_EVENTS: list = []
+monitoring.register_event_duration_secs_listener(
+    lambda name, secs, **kw: _EVENTS.append(kw.get("fun_name")) if name == COMPILE_EVENT
+    else None)
+
+
+def _compiles(fn):
+  """``(fn(), names of the backend compilations it made)``."""
+  start = len(_EVENTS)
+  out = fn()
+  return out, _EVENTS[start:]
+
+
+def _cfg(**over):
+  c = config_lib.default_config()
+  base = {"dataset": "least_squares", "model": "mlp", "num_workers": 4, "batch_size": 4,
+          "num_steps": 12, "eval_every": 4, "progress": False, "learning_rate": 0.05,
+          "lr_schedule": "constant", "momentum": 0.9, "compilation_cache": "none"}
+  return config_lib.override(c, {**base, **over})
+
+
+def _with(cfg, over):
+  """A copy of ``cfg`` with ``over`` (``config.override`` changes its argument)."""
+  return config_lib.override(copy.deepcopy(cfg), over)
+
+
+def _losses(summary):
+  return np.array([[h.get("train_loss"), h.get("consensus_distance")]
+                   for h in summary["history"]], np.float64)
+
+
+# ------------------------------------------------------------------ schedules against optax
+
+
+def _optax_schedule(cfg):
+  """The schedule as optax's own functions write it (the reference)."""
+  lr, warm = cfg.learning_rate, cfg.warmup_steps
+  decay = max(cfg.num_steps - warm, 1)
+  if cfg.lr_schedule == "cosine":
+    main = optax.cosine_decay_schedule(lr, decay, alpha=cfg.lr_min / lr)
+  elif cfg.lr_schedule == "step":
+    bounds: dict = {}
+    for f in cfg.lr_milestones:
+      b = max(int(round(f * cfg.num_steps)) - warm, 1)
+      bounds[b] = bounds.get(b, 1.0) * cfg.lr_decay
+    main = optax.piecewise_constant_schedule(lr, bounds)
+  elif cfg.lr_schedule == "inverse_time":
+    main = lambda t: lr * cfg.lr_time_scale / (t + cfg.lr_time_scale)
+  else:
+    main = optax.constant_schedule(lr)
+  if warm:
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
+  return main
+
+
+@pytest.mark.parametrize("kind", ["constant", "cosine", "step", "inverse_time"])
+@pytest.mark.parametrize("warm", [0, 7])
+def test_traced_schedule_equals_optax(kind, warm):
+  cfg = config_lib.override(config_lib.default_config(), {
+      "learning_rate": 0.3, "lr_schedule": kind, "warmup_steps": warm, "num_steps": 60,
+      "lr_min": 0.01, "lr_milestones": (0.5, 0.75), "lr_decay": 0.2, "lr_time_scale": 9.0})
+  ref = _optax_schedule(cfg)
+  hp = {k: jnp.asarray(v) for k, v in optim.hparams(cfg).items()}
+  traced = jax.jit(lambda h, t: optim.make_schedule(cfg, h)(t))
+  got = np.array([float(traced(hp, t)) for t in range(60)])
+  want = np.array([float(ref(t)) for t in range(60)])
+  np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-9)
+
+
+def test_one_compiled_schedule_serves_every_rate():
+  cfg = config_lib.override(config_lib.default_config(), {"lr_schedule": "cosine",
+                                                          "num_steps": 50})
+  traced = jax.jit(lambda h, t: optim.make_schedule(cfg, h)(t))
+  for lr in (0.1, 0.4):
+    c = _with(cfg, {"learning_rate": lr})
+    hp = {k: jnp.asarray(v) for k, v in optim.hparams(c).items()}
+    assert float(traced(hp, 10)) == pytest.approx(float(_optax_schedule(c)(10)), rel=2e-6)
+  assert traced._cache_size() == 1
+
+
+# ------------------------------------------------------------------ injected transforms
+
+
+def test_injected_reads_the_context_and_equals_the_constant_transform():
+  params = {"w": jnp.arange(3.0)}
+  grads = {"w": jnp.array([1.0, -2.0, 0.5])}
+  t = T.injected(lambda v: optax.sgd(v["lr"], momentum=v["m"]), {"lr": 0.1, "m": 0.9})
+  state = t.init(params)
+  ctx = T.StepContext(0, 1, 1, None, hparams={"lr": jnp.float32(0.3), "m": jnp.float32(0.5)})
+  u, _, _ = jax.jit(t.update)(grads, state, params, ctx)
+  want, _ = optax.sgd(0.3, momentum=0.5).update(grads, optax.sgd(0.3, 0.5).init(params))
+  np.testing.assert_allclose(u["w"], want["w"], rtol=1e-7)
+  u0, _, _ = t.update(grads, state, params, ctx._replace(hparams=None))  # the defaults
+  np.testing.assert_allclose(u0["w"], -0.1 * np.array([1.0, -2.0, 0.5]), rtol=1e-7)
+  with pytest.raises(KeyError, match=r"lack \['m'\]"):
+    t.update(grads, state, params, ctx._replace(hparams={"lr": 0.3}))
+
+
+# ------------------------------------------------------------------ structure
+
+
+def test_structure_key_ignores_hyperparameters_and_host_keys():
+  key = hparams_lib.structure_key
+  a = _cfg()
+  for over in ({"learning_rate": 0.3}, {"seed": 4}, {"momentum": 0.5}, {"num_steps": 40},
+               {"eval_every": 3}, {"cluster.seed": 9}, {"cluster.spread": 2.0},
+               {"weight_decay": 0.0}, {"progress": True}):
+    assert key(_with(a, over)) == key(a), over
+  for over in ({"momentum": 0.0}, {"weight_decay": 1e-4}, {"algorithm": "allreduce"},
+               {"topology": "torus"}, {"batch_size": 2}, {"nesterov": True},
+               {"nonblocking.enabled": True}):
+    assert key(_with(a, over)) != key(a), over
+  d = _cfg(algorithm="diloco", **{"diloco.inner_steps": 4})
+  assert key(_with(d, {"diloco.outer_lr": 0.3})) == key(d)
+  assert key(_with(d, {"diloco.outer_momentum": 0.0})) != key(d)
+
+
+def test_hparams_hold_every_declared_key():
+  c = _cfg(algorithm="choco_sgd", **{"compression.name": "top_k"})
+  hp = hparams_lib.values(c)
+  assert {"learning_rate", "momentum", "seed", "choco.gamma", "diloco.outer_lr"} <= set(hp)
+  assert hp["seed"].dtype == np.int32 and hp["choco.gamma"].dtype == np.float32
+  keys = hparams_lib.keys(c)
+  assert "choco.gamma" in keys and "learning_rate" in keys
+
+
+# ------------------------------------------------------------------ no recompilation
+
+
+CHANGES = [
+    ("dpsgd", {}, {"learning_rate": 0.02, "seed": 3}),
+    ("dpsgd", {"lr_schedule": "cosine", "warmup_steps": 2}, {"learning_rate": 0.1,
+                                                             "warmup_steps": 3,
+                                                             "num_steps": 16}),
+    ("allreduce", {"weight_decay": 1e-3, "grad_clip": 1.0}, {"weight_decay": 1e-2,
+                                                             "grad_clip": 0.1,
+                                                             "momentum": 0.5}),
+    ("allreduce", {"optimizer": "adamw", "learning_rate": 0.01},
+     {"adam_b2": 0.9, "momentum": 0.8}),
+    ("diloco", {"diloco.inner_steps": 4}, {"diloco.outer_lr": 0.3,
+                                           "diloco.outer_momentum": 0.5}),
+    ("choco_sgd", {"compression.name": "top_k", "compression.density": 0.5},
+     {"choco.gamma": 0.2, "seed": 2}),
+    ("dpsgd", {"consensus.control": True, "consensus.target": 1e-3},
+     {"seed": 5, "learning_rate": 0.01}),
+]
+
+
+@pytest.mark.parametrize("algorithm,base,change", CHANGES,
+                         ids=[f"{a}-{'-'.join(c)}" for a, _, c in CHANGES])
+def test_changed_hyperparameters_compile_nothing_and_equal_a_fresh_run(algorithm, base,
+                                                                        change):
+  """Run A, then B (A with other hyperparameters) in the same process: B makes no backend
+  compilation and its every evaluation equals B compiled on its own (the cache cleared)."""
+  a = _cfg(algorithm=algorithm, **base)
+  b = _with(a, change)
+  step_lib.PROGRAMS.clear()
+  train(a)
+  warm_b, names = _compiles(lambda: train(b))
+  assert names == [], names
+  step_lib.PROGRAMS.clear()
+  cold_b, names = _compiles(lambda: train(b))
+  assert names  # compiled again: the check above can fail
+  np.testing.assert_allclose(_losses(warm_b), _losses(cold_b), rtol=1e-6, atol=1e-12)
+
+
+def test_another_rate_and_seed_on_mnist_compile_nothing():
+  """The main job's kind of run (a CNN on mnist10k, D-PSGD): a second ``train()`` with
+  another learning rate and seed makes no backend compilation; the same config run after
+  the cache is cleared gives the same figures."""
+  cfg = config_lib.override(config_lib.default_config(), {
+      "dataset": "mnist10k", "model": "cnn", "cnn_channels": (4, 8), "num_workers": 4,
+      "batch_size": 8, "num_steps": 6, "eval_every": 3, "progress": False,
+      "eval_train_examples": 64, "compilation_cache": "none"})
+  step_lib.PROGRAMS.clear()
+  train(cfg)
+  other = _with(cfg, {"learning_rate": 0.02, "seed": 1})
+  warm, names = _compiles(lambda: train(other))
+  assert names == []
+  step_lib.PROGRAMS.clear()
+  cold = train(other)
+  for k in ("train_loss", "test_loss", "test_accuracy", "consensus_distance"):
+    assert warm[k] == pytest.approx(cold[k], rel=1e-6), k
+
+
+def test_a_new_structure_compiles():
+  step_lib.PROGRAMS.clear()
+  train(_cfg())
+  _, names = _compiles(lambda: train(_cfg(momentum=0.0)))
+  assert names
+
+
+def test_the_cache_keeps_a_bounded_number_of_structures():
+  cache = step_lib.ProgramCache(max_structures=2)
+  made = []
+  for key in ("a", "b", "a", "c", "a", "b"):
+    cache.get(key, "train", lambda key=key: made.append(key) or key)
+  assert made == ["a", "b", "c", "b"]  # "b" dropped when "c" came (least recently used)
+  assert cache.get("", "train", lambda: "fresh") == "fresh"
+
+
+# ------------------------------------------------------------------ persistent cache
+
+
+def test_a_second_process_reads_the_persistent_compilation_cache(tmp_path):
+  """``config.compilation_cache``: the first process writes the run's programs, the second
+  reads them back (JAX's cache-hit events) instead of compiling them."""
+  script = textwrap.dedent(f"""
+      import json, sys
+      from jax import monitoring
+      hits, compiles = [], []
+      monitoring.register_event_listener(
+          lambda name, **kw: hits.append(name) if name == "/jax/compilation_cache/cache_hits"
+          else None)
+      monitoring.register_event_duration_secs_listener(
+          lambda name, secs, **kw: compiles.append(name)
+          if name == "/jax/core/compile/backend_compile_duration" else None)
+      from nbsgd_jax import config as config_lib
+      from nbsgd_jax.run.loop import train
+      cfg = config_lib.override(config_lib.default_config(), {{
+          "dataset": "least_squares", "num_workers": 4, "batch_size": 4, "num_steps": 4,
+          "eval_every": 4, "progress": False, "compilation_cache": {str(tmp_path / 'xla')!r}}})
+      out = train(cfg)
+      print(json.dumps({{"hits": len(hits), "compiles": len(compiles),
+                        "loss": out["train_loss"]}}))
+  """)
+  env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+  runs = [json.loads(subprocess.run([sys.executable, "-c", script], env=env, check=True,
+                                    capture_output=True, text=True).stdout.splitlines()[-1])
+          for _ in range(2)]
+  # the first may hit what it wrote itself; the second reads every program back (a hit is
+  # still a compile event)
+  assert runs[1]["hits"] == runs[1]["compiles"] > runs[0]["hits"], runs
+  assert runs[0]["loss"] == runs[1]["loss"]
+  assert any((tmp_path / "xla").iterdir())
+
+
+def test_compilation_cache_config_is_checked():
+  with pytest.raises(config_lib.ConfigError, match="compilation_cache"):
+    config_lib.validate(_cfg(compilation_cache=3))
