@@ -16,8 +16,9 @@ Three ways, side by side in one process, in this order:
   (how every study ran before runs were data: each run traced and compiled its programs);
 * ``each run, one process``: one ``train()`` per run, the in-process cache kept (a run that
   differs only in its hyperparameters and host keys compiles nothing);
-* ``one sweep``: ``config.sweep`` over the grid (``nbsgd_jax.train.sweep``): one program per
-  structure, the runs stacked on a runs axis.
+* ``one sweep, stacked``: ``config.sweep`` over the grid (``nbsgd_jax.train.sweep``) with
+  ``sweep_runs="stacked"``: one program per structure, the runs stacked on a runs axis;
+* ``one sweep, in turn``: the same with ``sweep_runs="in_turn"`` (the default on a CPU).
 
 Each way starts from an empty in-process cache; the persistent compilation cache is off.
 Runs per hour = runs / wall seconds x 3600 (set-up, compilation, training and evaluation
@@ -99,11 +100,13 @@ def one_at_a_time(grids: list, keep_cache: bool) -> tuple:
   return time.perf_counter() - t0, len(COMPILES) - start, losses
 
 
-def as_sweeps(grids: list) -> tuple:
+def as_sweeps(grids: list, mode: str) -> tuple:
   step_lib.PROGRAMS.clear()
   start, t0, losses = len(COMPILES), time.perf_counter(), []
   for g in grids:
-    losses += [s["train_loss"] for s in train.sweep(copy.deepcopy(g))]
+    g = copy.deepcopy(g)
+    g.sweep_runs = mode
+    losses += [s["train_loss"] for s in train.sweep(g)]
   return time.perf_counter() - t0, len(COMPILES) - start, losses
 
 
@@ -112,7 +115,8 @@ def measure(name: str, grids: list) -> list:
   rows, ref = [], None
   for way, fn in (("each run compiled", lambda: one_at_a_time(grids, False)),
                   ("each run, one process", lambda: one_at_a_time(grids, True)),
-                  ("one sweep", lambda: as_sweeps(grids))):
+                  ("one sweep, stacked", lambda: as_sweeps(grids, "stacked")),
+                  ("one sweep, in turn", lambda: as_sweeps(grids, "in_turn"))):
     secs, compiles, losses = fn()
     ref = losses if ref is None else ref
     diff = float(np.max(np.abs(np.subtract(losses, ref)) / np.abs(ref)))

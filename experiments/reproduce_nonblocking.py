@@ -168,6 +168,41 @@ def run(a, cfg) -> dict:
   return out
 
 
+def _result(s: dict) -> dict:
+  """What the cache keeps of a run's summary."""
+  if s.get("stopped") == "diverged":
+    return {"history": [], "minibatch_fraction": float("nan"), "diverged": True}
+  return {"history": [{k: h[k] for k in ("step", "sim_time", "train_loss")}
+                      for h in s["history"]],
+          "minibatch_fraction": s["history"][-1].get("minibatch_fraction", 1.0),
+          "steps": s["steps"], "stopped": s["stopped"], "diverged": False}
+
+
+def run_many(a, cfgs: list) -> None:
+  """Train the configs the cache lacks as one call (``nbsgd_jax.train.train_runs``: one
+  program per structure, the runs stacked) and cache each run as :func:`run` does; a run's
+  ``real_seconds`` is its share of the call's."""
+  todo, seen = [], set()
+  for cfg in cfgs:
+    text = cfg.to_json_best_effort(sort_keys=True)
+    key = cache_key(json.loads(text))
+    path = a.cache.get(key, os.path.join(a.runs_dir, key + ".json"))
+    if key not in seen and not os.path.exists(path):
+      seen.add(key)
+      todo.append((cfg, text, key, path))
+  if not todo:
+    return
+  t = time.time()
+  summaries = train.train_runs([c for c, *_ in todo])
+  share = (time.time() - t) / len(todo)
+  for (cfg, text, key, path), s in zip(todo, summaries):
+    out = {**_result(s), "config": json.loads(text), "real_seconds": share}
+    common.write_atomic(path, json.dumps(out))
+    a.seconds[key] = share
+    a.trained += 1
+  print(f"    trained {len(todo)} runs as sweeps ({time.time() - t:.0f} s)", flush=True)
+
+
 def lowest_loss(history: list, last_step: float) -> float:
   """The lowest training loss evaluated at steps <= ``last_step`` (inf if none)."""
   losses = [h["train_loss"] for h in history if h["step"] <= last_step]
@@ -237,31 +272,87 @@ def restat(obj):
   return obj
 
 
+def _budgets(a, algo: str, cell: str, lr_b: dict, targets: dict) -> dict:
+  """seed -> ``(target loss, seconds)``: where a run that is not the blocking one stops."""
+  blocking = {seed: run(a, make_config(a, algo, lr_b[algo], seed, cell)) for seed in a.seeds}
+  return {seed: (targets[algo, seed], a.time_factor * _end_time(blocking[seed]))
+          for seed in a.seeds}
+
+
+def _nb_grid(a, algo: str, cell: str, budget: dict) -> list:
+  """The non-blocking runs of the learning-rate grid on seed 0."""
+  return [make_config(a, algo, lr, a.seeds[0], cell, nb=True, budget=budget[a.seeds[0]])
+          for lr in a.lrs]
+
+
+def _lr_nb(a, algo: str, cell: str, budget: dict, targets: dict) -> float:
+  """The non-blocking learning rate: the best time to target on seed 0."""
+  grid = {cfg.learning_rate: run(a, cfg) for cfg in _nb_grid(a, algo, cell, budget)}
+  s0 = a.seeds[0]
+  return _best(grid, lambda r: (_ttt_or_inf(r, targets[algo, s0]),
+                                lowest_loss(r["history"], math.inf)))
+
+
+def _variants(a, algo: str, cell: str, lr_nb: float) -> list:
+  """``(name, make_config keywords, learning rate or None: a baseline's, chosen)``."""
+  variants = [("non-blocking", dict(nb=True), lr_nb)]
+  if algo == "allreduce_ring" and cell != "homogeneous" and a.baselines:
+    k = a.workers - max(1, a.workers // 8)
+    variants += [(f"backup workers (kth:{k})", dict(nb=True, deadline=f"kth:{k}",
+                                                    minibatches=1), None),
+                 (f"fixed deadline {a.fixed_deadline:g} T_b",
+                  dict(nb=True, deadline=f"{a.fixed_deadline * T_B:g}"), None)]
+  return variants
+
+
+def _candidates(a, algo, cell, kw, lr_b, lr_nb, budget) -> list:
+  """A baseline's runs on seed 0 at the two tuned rates."""
+  return [make_config(a, algo, x, a.seeds[0], cell, budget=budget[a.seeds[0]], **kw)
+          for x in {lr_b[algo], lr_nb}]
+
+
+def _baseline_lr(a, algo, cell, kw, lr_b, lr_nb, budget, targets) -> float:
+  """A baseline's rate: the better of the two tuned rates on seed 0."""
+  cand = {c.learning_rate: run(a, c)
+          for c in _candidates(a, algo, cell, kw, lr_b, lr_nb, budget)}
+  return _best(cand, lambda r: (_ttt_or_inf(r, targets[algo, a.seeds[0]]),
+                                lowest_loss(r["history"], math.inf)))
+
+
+def prefetch(a, cells: list, lr_b: dict, targets: dict) -> None:
+  """Every run :func:`study_cell` reads, trained stage by stage as sweeps (each stage's
+  runs need the stage before's results): the non-blocking grids, then the variants' seeds
+  and the baselines' candidates, then the baselines' seeds."""
+  plan = [(cell, algo, _budgets(a, algo, cell, lr_b, targets))
+          for cell in cells for algo in a.algorithms]
+  run_many(a, [c for cell, algo, budget in plan for c in _nb_grid(a, algo, cell, budget)])
+  stage, later = [], []
+  for cell, algo, budget in plan:
+    lr_nb = _lr_nb(a, algo, cell, budget, targets)
+    for name, kw, lr in _variants(a, algo, cell, lr_nb):
+      if lr is None:
+        stage += _candidates(a, algo, cell, kw, lr_b, lr_nb, budget)
+        later.append((cell, algo, kw, lr_nb, budget))
+      else:
+        stage += [make_config(a, algo, lr, seed, cell, budget=budget[seed], **kw)
+                  for seed in a.seeds]
+  run_many(a, stage)
+  run_many(a, [make_config(a, algo, _baseline_lr(a, algo, cell, kw, lr_b, lr_nb, budget,
+                                                  targets), seed, cell, budget=budget[seed],
+                           **kw)
+               for cell, algo, kw, lr_nb, budget in later for seed in a.seeds])
+
+
 def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
   """Every algorithm's blocking and non-blocking runs in one cell, and the baselines."""
   rows = []
   for algo in a.algorithms:
-    s0 = a.seeds[0]
     blocking = {seed: run(a, make_config(a, algo, lr_b[algo], seed, cell)) for seed in a.seeds}
-    budget = {seed: (targets[algo, seed], a.time_factor * _end_time(blocking[seed]))
-              for seed in a.seeds}
-    grid = {lr: run(a, make_config(a, algo, lr, s0, cell, nb=True, budget=budget[s0]))
-            for lr in a.lrs}
-    lr_nb = _best(grid, lambda r: (_ttt_or_inf(r, targets[algo, s0]),
-                                   lowest_loss(r["history"], math.inf)))
-    variants = [("non-blocking", dict(nb=True), lr_nb)]
-    if algo == "allreduce_ring" and cell != "homogeneous" and a.baselines:
-      k = a.workers - max(1, a.workers // 8)
-      variants += [(f"backup workers (kth:{k})", dict(nb=True, deadline=f"kth:{k}",
-                                                      minibatches=1), None),
-                   (f"fixed deadline {a.fixed_deadline:g} T_b",
-                    dict(nb=True, deadline=f"{a.fixed_deadline * T_B:g}"), None)]
-    for name, kw, lr in variants:
+    budget = _budgets(a, algo, cell, lr_b, targets)
+    lr_nb = _lr_nb(a, algo, cell, budget, targets)
+    for name, kw, lr in _variants(a, algo, cell, lr_nb):
       if lr is None:  # a baseline: the better of the two tuned rates on seed 0
-        cand = {x: run(a, make_config(a, algo, x, s0, cell, budget=budget[s0], **kw))
-                for x in {lr_b[algo], lr_nb}}
-        lr = _best(cand, lambda r: (_ttt_or_inf(r, targets[algo, s0]),
-                                    lowest_loss(r["history"], math.inf)))
+        lr = _baseline_lr(a, algo, cell, kw, lr_b, lr_nb, budget, targets)
       speedups, fracs, tb, tn, curves = [], [], [], [], None
       for seed in a.seeds:
         b = blocking[seed]
@@ -306,18 +397,26 @@ def study_order(a, cell: str, lr_b: dict, targets: dict) -> list:
 
 def run_scenario(a) -> dict:
   cells = list(a.cells)
+  run_many(a, [make_config(a, algo, lr, a.seeds[0], cells[0])
+               for algo in a.algorithms for lr in a.lrs])
   lr_b = blocking_lrs(a, cells[0])
+  run_many(a, [make_config(a, algo, lr_b[algo], seed, cell)
+               for cell in cells for algo in a.algorithms for seed in a.seeds])
   targets = {}
   for algo in a.algorithms:
     for seed in a.seeds:
       h = run(a, make_config(a, algo, lr_b[algo], seed, cells[0]))["history"]
       targets[algo, seed] = lowest_loss(h, TARGET_FRACTION * a.steps)
+  prefetch(a, cells, lr_b, targets)
   rows = []
   for cell in cells:
     rows += study_cell(a, cell, lr_b, targets)
   out = {"cells": rows, "lr_blocking": lr_b,
          "targets": {f"{k[0]}/seed{k[1]}": v for k, v in targets.items()}}
   if a.order:
+    run_many(a, [make_config(a, algo, lr_b[algo], seed, a.reference_cell, **over)
+                 for algo in a.algorithms if algo != "allreduce_ring" for seed in a.seeds
+                 for over in ({}, {"dpsgd.order": "parallel"})])
     out["order"] = study_order(a, a.reference_cell, lr_b, targets)
   return out
 

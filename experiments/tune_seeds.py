@@ -18,8 +18,10 @@ outer optimizer fixed). For every run:
 The table gives, per run, the picked rate, the test accuracy (all 2,000 held-out digits of
 mnist10k) as mean +- sample standard deviation (ddof = 1) over the seeds with each seed's
 value, the training loss, and the MB sent per worker. ``results.json`` is rewritten after
-every training run, so an interrupted study resumes where it stopped (runs already in it are
-not trained again); ``--report`` rewrites results.md from it without training.
+every batch of runs (the runs of a stage, trained as one program per structure:
+``nbsgd_jax.train.train_runs``), so an interrupted study resumes where it stopped (runs
+already in it are not trained again); ``--report`` rewrites results.md from it without
+training.
 """
 
 from __future__ import annotations
@@ -99,20 +101,6 @@ def next_lr(records: dict, name: str, lrs: list, seed: int, extend: int):
   return None
 
 
-def train_one(cfg) -> dict:
-  """One training run's final figures; a diverged run has ``train_loss`` None."""
-  from nbsgd_jax import train
-  t = time.time()
-  cfg.eval_worker_accuracy = False
-  try:
-    s = train.train(cfg)
-  except train.TrainingDiverged as e:
-    return {"test_accuracy": None, "train_loss": None, "bytes_sent": None,
-            "seconds": time.time() - t, "diverged": str(e)}
-  return {"test_accuracy": float(s["test_accuracy"]), "train_loss": float(s["train_loss"]),
-          "bytes_sent": float(s["bytes_sent"]), "seconds": time.time() - t}
-
-
 def mean_std(values: list) -> tuple:
   """Mean and sample standard deviation (ddof = 1; None for fewer than two values)."""
   v = [x for x in values if x is not None]
@@ -177,33 +165,50 @@ def save(a, records: dict, runs: list) -> None:
   common.write_atomic(os.path.join(a.out, "results.md"), markdown(rows, a))
 
 
+def train_batch(a, runs: dict, records: dict, items: list) -> None:
+  """Train the ``(name, lr, seed)`` runs ``records`` lacks in one call
+  (``nbsgd_jax.train.train_runs``: one program per structure, the runs of a structure
+  stacked), then record them (a diverged run has ``train_loss`` None) and save."""
+  from nbsgd_jax import train
+  todo = list(dict.fromkeys(i for i in items if key(*i) not in records))
+  if not todo:
+    return
+  cfgs = [runs[name](lr, seed) for name, lr, seed in todo]
+  for c in cfgs:
+    c.eval_worker_accuracy = False
+  t = time.time()
+  summaries = train.train_runs(cfgs)
+  share = (time.time() - t) / len(todo)
+  for item, s in zip(todo, summaries):
+    if s.get("stopped") == "diverged":
+      r = {"test_accuracy": None, "train_loss": None, "bytes_sent": None, "seconds": share,
+           "diverged": s.get("error", "diverged")}
+    else:
+      r = {"test_accuracy": float(s["test_accuracy"]), "train_loss": float(s["train_loss"]),
+           "bytes_sent": float(s["bytes_sent"]), "seconds": share}
+    records[key(*item)] = r
+    print(f"  {key(*item):45s} acc {_pct(r['test_accuracy'])} loss {r['train_loss']}",
+          flush=True)
+  print(f"  ({len(todo)} runs in {time.time() - t:.0f} s)", flush=True)
+  save(a, records, list(runs))
+
+
 def run_study(a, records: dict) -> None:
-  """Train what ``records`` lacks: the grid at the tuning seed (extended where its best rate
-  is at an edge), then the other seeds at each run's picked rate."""
+  """Train what ``records`` lacks, in three stages of batched runs: the grid at the tuning
+  seed, its extensions (one batch per round, where a run's best rate is at an edge), then
+  the other seeds at each run's picked rate."""
   runs = study_runs(a.study)
   names = [n for n in runs if not a.only or n in a.only]
   s0 = a.seeds[0]
-
-  def train_missing(name, lr, seed):
-    k = key(name, lr, seed)
-    if k not in records:
-      records[k] = train_one(runs[name](lr, seed))
-      r = records[k]
-      print(f"  {k:45s} acc {_pct(r['test_accuracy'])} loss {r['train_loss']} "
-            f"({r['seconds']:.0f} s)", flush=True)
-      save(a, records, list(runs))
-
-  for name in names:
-    for lr in a.lrs:
-      train_missing(name, lr, s0)
-  for name in names:
-    lr = next_lr(records, name, a.lrs, s0, a.extend)
-    while lr is not None:
-      train_missing(name, lr, s0)
-      lr = next_lr(records, name, a.lrs, s0, a.extend)
-  for name in names:
-    for seed in a.seeds[1:]:
-      train_missing(name, pick_lr(records, name, a.lrs, s0), seed)
+  train_batch(a, runs, records, [(name, lr, s0) for name in names for lr in a.lrs])
+  while True:
+    more = [(name, lr, s0) for name in names
+            for lr in [next_lr(records, name, a.lrs, s0, a.extend)] if lr is not None]
+    if not more:
+      break
+    train_batch(a, runs, records, more)
+  train_batch(a, runs, records, [(name, pick_lr(records, name, a.lrs, s0), seed)
+                                 for name in names for seed in a.seeds[1:]])
 
 
 def main():

@@ -46,6 +46,8 @@ from nbsgd_jax.backends import BACKENDS  # noqa: F401
 from nbsgd_jax.data import SCHEMES as PARTITIONS
 from nbsgd_jax.models import COMPUTE_DTYPES, MODELS, NORMS
 from nbsgd_jax.optim import LR_SCHEDULES, OPTIMIZERS, WEIGHT_DECAY_ON
+
+SWEEP_RUNS = ("auto", "stacked", "in_turn")  # config.sweep_runs (nbsgd_jax.run.sweep)
 from nbsgd_jax.per_worker import CONV_IMPLS, POOL_IMPLS
 from nbsgd_jax.problems import PROBLEMS as SYNTHETIC  # with their known F*
 from nbsgd_jax.topology import MIXING_WEIGHTS, TOPOLOGIES  # noqa: F401
@@ -153,6 +155,10 @@ def _training_defaults() -> ml_collections.ConfigDict:
                                  # by ;, each key=v1,v2,... (a:b: the integers a..b-1), e.g.
                                  # learning_rate=0.05,0.1;seed=0:3 (docs/guide.md, Sweeps);
                                  # WORKDIR/<run>/ per run
+  c.sweep_runs = "auto"          # how a sweep's runs of one structure train: stacked (one
+                                 # program, a runs axis) | in_turn (one after another, compiled
+                                 # once) | auto: stacked on a GPU / TPU, in turn on a CPU (a
+                                 # CPU step's time grows with the runs: docs/results.md, Sweeps)
   c.compilation_cache = "default"  # directory of JAX's persistent compilation cache (a later
                                  # process reads programs back instead of compiling them);
                                  # default: $NBSGD_JAX_COMPILATION_CACHE, else
@@ -294,6 +300,7 @@ def check_top_level(cfg, errs: list) -> None:
   for key in ("nesterov", "progress", "tensorboard", "double_buffer", "eval_worker_accuracy",
               "overwrite"):
     checks.boolean(cfg, errs, key)
+  checks.choice(cfg, errs, "sweep_runs", SWEEP_RUNS)
   for key in ("data_dir", "data_path", "data_cache", "imports", "compilation_cache", "sweep"):
     checks.string(cfg, errs, key)
   _check_dataset(cfg, errs)

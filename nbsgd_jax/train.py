@@ -13,7 +13,7 @@ from nbsgd_jax.optim import make_optimizer, make_schedule
 from nbsgd_jax.backends import DEVICE_AXIS, Backend, make_backend, workers_per_device
 from nbsgd_jax.run.evaluation import TrainingDiverged, make_eval_fn, make_train_loss_fn
 from nbsgd_jax.run.loop import Run, Stepper, train
-from nbsgd_jax.run.sweep import sweep
+from nbsgd_jax.run.sweep import sweep, train_runs
 from nbsgd_jax.run.records import MetricsWriter
 from nbsgd_jax.run.setup import Setup, init_state, make_host, setup
 from nbsgd_jax.run.step import (Program, TrainState, device_context, device_contexts,
@@ -28,6 +28,6 @@ __all__ = [
     "gradient_source", "make_block_step",
     "init_state", "make_backend", "make_eval_fn", "make_host", "make_optimizer",
     "make_schedule", "make_train_loss_fn", "make_train_step", "make_worker_step",
-    "sample_batch_indices", "setup", "sweep", "text_batch", "train", "worker_batch",
+    "sample_batch_indices", "setup", "sweep", "text_batch", "train", "train_runs", "worker_batch",
     "workers_per_device",
 ]

@@ -58,16 +58,10 @@ def run_cell(cfg, steps=STEPS):
   """Steps through the run's parts; checks device bytes == clock bytes at every step.
 
   Returns the final state and the host."""
-  s = train.setup(cfg)
-  state = train.init_state(s)
-  step_fn = train.make_train_step(s)
-  host = train.make_host(s)
+  stepper = train.Stepper.of(train.setup(cfg))
+  host = stepper.hosts[0]
   clock = host.part("clock")
-  for t in range(steps):
-    inputs = host.inputs(t)
-    state, (loss, report) = step_fn(state, s.worker_data, train.device_context(s, inputs),
-                                    inputs.period_end)
-    report = {k: np.asarray(v) for k, v in report.items()}
+  for t, inputs, loss, report in stepper.steps(steps):  # the host parts observed each step
     assert np.all(np.isfinite(np.asarray(loss)))
     device = report.get("bytes_sent", np.zeros(cfg.num_workers))
     charged = sum((r.num_bytes for r in clock.rounds(t, inputs, report)),
@@ -75,8 +69,7 @@ def run_cell(cfg, steps=STEPS):
     np.testing.assert_allclose(charged, device, rtol=1e-6, err_msg=f"step {t}")
     if inputs.alive is not None:  # a failed worker sends nothing
       assert np.all(device[~inputs.alive] == 0)
-    host.observe(t, inputs, report)
-  return state, host
+  return stepper.state, host
 
 
 @pytest.mark.parametrize("algorithm,nonblocking,compression,failures,control", CELLS)

@@ -174,20 +174,15 @@ def test_simulate_and_mesh_agree_with_control():
 
 
 def run_steps_with_targets(cfg, steps):
-  s = train.setup(cfg)
-  state = train.init_state(s)
-  step = train.make_train_step(s)
-  host = train.make_host(s)
-  for t in range(steps):
-    inputs = host.inputs(t)
+  stepper = train.Stepper.of(train.setup(cfg))
+
+  def target(inputs):  # controlled at every step
     inputs.target = np.float32(cfg.consensus.target)
     inputs.target_value = float(cfg.consensus.target)
-    state, (_, report) = step(state, s.worker_data, train.device_context(s, inputs),
-                              inputs.period_end)
-    report = {k: np.asarray(v) for k, v in report.items()}
-    host.observe(t, inputs, report)
+
+  for _, _, _, report in stepper.steps(steps, target):
     assert int(report["gossip_steps"][0]) == 3  # unreachable target: K steps
-  return state
+  return stepper.state
 
 
 def test_simulator_extra_charges_measurements_and_gossip():

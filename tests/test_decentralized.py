@@ -112,14 +112,10 @@ def test_one_peer_exponential_dpsgd_cycles_phases():
   params = jax.tree.map(lambda v: jnp.asarray(rng.normal(size=v.shape), v.dtype), state.params)
   state = state._replace(params=params)
   mean0 = jax.tree.map(lambda v: np.asarray(v).mean(0), params)
-  step = train.make_train_step(s)
-  host = train.make_host(s)
-  for t in range(3):
-    inputs = host.inputs(t)
-    state, (_, report) = step(state, s.worker_data, train.device_context(s, inputs),
-                              inputs.period_end)
-    host.observe(t, inputs, {k: np.asarray(v) for k, v in report.items()})
-  for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(mean0)):
+  stepper = train.Stepper.of(s)
+  stepper.state = state
+  stepper.steps(3)
+  for got, want in zip(jax.tree.leaves(stepper.state.params), jax.tree.leaves(mean0)):
     np.testing.assert_allclose(np.asarray(got), np.broadcast_to(want, got.shape), atol=1e-5)
 
 

@@ -29,7 +29,7 @@ def _cfg(**over):
   base = {"dataset": "mnist10k", "model": "mlp", "mlp_hidden": (32,), "num_workers": 4,
           "batch_size": 8, "num_steps": 8, "eval_every": 4, "eval_train_examples": 200,
           "progress": False, "lr_schedule": "constant", "momentum": 0.9,
-          "compilation_cache": "none"}
+          "compilation_cache": "none", "sweep_runs": "stacked"}
   return config_lib.override(config_lib.default_config(), {**base, **over})
 
 
@@ -106,7 +106,7 @@ def test_a_three_by_three_grid_compiles_its_step_once_and_each_run_equals_it_alo
   steps = [n for n in _EVENTS[start:] if n == "jit(program)"]
   assert len(steps) == 1, _EVENTS[start:]
   assert len(out) == 9 and len({o["train_loss"] for o in out}) == 9
-  for o in (out[0], out[4], out[8]):  # three runs against themselves alone
+  for o in (out[1], out[8]):  # two runs against themselves alone
     _assert_same(o, _alone(cfg, o["overrides"]))
   index = json.loads((tmp_path / "sweep.json").read_text())
   assert [r["group"] for r in index["runs"]] == [0] * 9
@@ -136,8 +136,19 @@ def test_every_kind_of_host_part_per_run_equals_it_alone(algorithm, over):
   cfg = _cfg(algorithm=algorithm, sweep="learning_rate=0.01,0.03;seed=1,2", **over)
   rtol = 1e-5 if cfg.optimizer == "adamw" else 1e-6
   out = sweep(cfg)
-  for o in (out[0], out[3]):
-    _assert_same(o, _alone(cfg, o["overrides"]), rtol)
+  assert len({o["train_loss"] for o in out}) == 4
+  _assert_same(out[3], _alone(cfg, out[3]["overrides"]), rtol)
+
+
+def test_in_turn_each_run_equals_it_alone_and_compiles_once():
+  """``sweep_runs="in_turn"`` (the default on a CPU): one run after another, the step
+  compiled once."""
+  cfg = _cfg(sweep="learning_rate=0.02,0.05;seed=0,1", sweep_runs="in_turn")
+  step_lib.PROGRAMS.clear()
+  start = len(_EVENTS)
+  out = sweep(cfg)
+  assert len([n for n in _EVENTS[start:] if n == "jit(program)"]) == 1
+  _assert_same(out[3], _alone(cfg, out[3]["overrides"]), rtol=0)
 
 
 def test_on_a_mesh_the_runs_go_in_turn_and_compile_once():
@@ -166,11 +177,11 @@ def test_an_interrupted_sweep_resumes_to_the_uninterrupted_result(tmp_path, monk
   whole = sweep(cfg, str(tmp_path / "whole"))
   real, calls = loop_lib.Stepper.dispatch, []
 
-  def crash(self, first, last):
+  def crash(self, first, last, edit=None):
     calls.append(first)
     if first >= 6:
       raise KeyboardInterrupt  # after the checkpoint of step 4
-    return real(self, first, last)
+    return real(self, first, last, edit)
 
   monkeypatch.setattr(loop_lib.Stepper, "dispatch", crash)
   with pytest.raises(KeyboardInterrupt):
@@ -202,3 +213,29 @@ def test_the_command_line_runs_a_sweep_and_the_report_reads_its_runs(tmp_path):
                        text=True, timeout=300)
   assert rep.returncode == 0, rep.stderr
   assert (tmp_path / "rep" / "report.md").exists()
+
+
+def test_stopped_runs_leave_the_program_and_a_resume_keeps_it(tmp_path, monkeypatch):
+  """Runs of 4, 8 and 16 steps: once a quarter of them stopped, the stopped ones are taken
+  out (one more compilation each time); every run still equals itself alone, and a sweep
+  cut after that resumes to the same figures."""
+  cfg = _cfg(sweep="num_steps=4,8,16;seed=0,1", checkpoint_every=4)
+  step_lib.PROGRAMS.clear()
+  start = len(_EVENTS)
+  whole = sweep(cfg, str(tmp_path / "whole"))
+  assert len([n for n in _EVENTS[start:] if n == "jit(program)"]) == 3  # 6, 4, then 2 runs
+  assert [o["steps"] for o in whole] == [4, 4, 8, 8, 16, 16]
+  _assert_same(whole[5], _alone(cfg, whole[5]["overrides"]))  # through both compactions
+  real = loop_lib.Stepper.dispatch
+
+  def crash(self, first, last, edit=None):
+    if first >= 12:
+      raise KeyboardInterrupt  # after the checkpoint of step 8, taken with 2 runs left
+    return real(self, first, last, edit)
+
+  monkeypatch.setattr(loop_lib.Stepper, "dispatch", crash)
+  with pytest.raises(KeyboardInterrupt):
+    sweep(cfg, str(tmp_path / "cut"))
+  monkeypatch.setattr(loop_lib.Stepper, "dispatch", real)
+  for a, b in zip(whole, sweep(cfg, str(tmp_path / "cut"))):
+    _assert_same(a, b, rtol=0)

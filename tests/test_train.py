@@ -27,18 +27,9 @@ def small_cfg(**overrides):
 def run_steps(cfg, steps):
   """``steps`` steps of the trainer's step function, driven by the run's host parts
   (periodic recipes: with the config's sync planner)."""
-  s = train.setup(cfg)
-  state = train.init_state(s)
-  step = train.make_train_step(s)
-  host = train.make_host(s)
-  losses = []
-  for t in range(steps):
-    inputs = host.inputs(t)
-    state, (loss, report) = step(state, s.worker_data, train.device_context(s, inputs),
-                                 inputs.period_end)
-    host.observe(t, inputs, {k: np.asarray(v) for k, v in report.items()})
-    losses.append(np.asarray(loss))
-  return s, state, np.stack(losses)
+  stepper = train.Stepper.of(train.setup(cfg))
+  out = stepper.steps(steps)
+  return stepper.setups[0], stepper.state, np.stack([loss for _, _, loss, _ in out])
 
 
 # ------------------------------------------------------------------ sampler

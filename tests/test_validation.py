@@ -224,7 +224,7 @@ CASES = [
     bad("consensus.smoothness", -1.0), bad("consensus.smoothness_every", 0),
     bad("consensus.smoothness_iters", 0), bad("consensus.until_step", -1),
     bad("conv_impl", "fft"), bad("data_cache", 3), bad("data_path", 3),
-    bad("compilation_cache", 3), bad("sweep", 3),
+    bad("compilation_cache", 3), bad("sweep", 3), bad("sweep_runs", "parallel"),
     bad("double_buffer", "yes"), bad("eval_worker_accuracy", "yes"), bad("grad_clip", -1.0),
     bad("imports", 3), bad("lm.num_layers", 0), bad("local_sgd.num_comm", -1),
     bad("local_sgd.offset_optimum", "yes"), bad("local_sgd.switch_step", -1),

@@ -49,16 +49,13 @@ def _launch(tmp_path, workdir):
 
 def _replay(counts):
   """Losses of a simulate-backend run whose step t uses ``counts[t]``."""
-  cfg = small_cfg(**OVERRIDES)
-  s = train.setup(cfg)
-  state, step, host = train.init_state(s), train.make_train_step(s), train.make_host(s)
-  losses = []
-  for t, c in enumerate(counts):
-    inputs = host.inputs(t)
+  stepper = train.Stepper.of(train.setup(small_cfg(**OVERRIDES)))
+
+  def measured(inputs):  # the counts the processes measured on the wall clock
+    c = counts[inputs.step]
     inputs.count, inputs.total = np.asarray(c, np.int32), np.int32(sum(c))
-    state, (loss, _) = step(state, s.worker_data, train.device_context(s, inputs))
-    losses.append(float(np.mean(np.asarray(loss))))
-  return losses
+
+  return [float(np.mean(loss)) for _, _, loss, _ in stepper.steps(len(counts), measured)]
 
 
 def test_two_processes_train_on_the_wall_clock_and_replay_exactly(tmp_path):

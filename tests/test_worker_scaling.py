@@ -354,17 +354,13 @@ def test_double_buffer_reuses_two_sets_of_buffers(backend, algorithm):
   runs = {}
   for double in (True, False):
     cfg = small_cfg(backend=backend, num_workers=8, double_buffer=double, **algorithm)
-    s = train.setup(cfg)
-    state, step, host = train.init_state(s), train.make_train_step(s), train.make_host(s)
+    stepper = train.Stepper.of(train.setup(cfg))
     seen = []
     for t in range(5):
-      inputs = host.inputs(t)
-      seen.append(_pointers(state.params))
-      state, (_, report) = step(state, s.worker_data, train.device_context(s, inputs),
-                                inputs.period_end)
-      host.observe(t, inputs, jax.device_get(report))
-    seen.append(_pointers(state.params))
-    runs[double] = (jax.device_get(state.params), seen)
+      seen.append(_pointers(stepper.state.params))
+      stepper.steps(1)
+    seen.append(_pointers(stepper.state.params))
+    runs[double] = (jax.device_get(stepper.state.params), seen)
   params, seen = runs[True]
   assert seen[1] != seen[0]
   for t in range(2, len(seen)):
@@ -392,11 +388,10 @@ def test_double_buffered_step_compiles_once(caplog):
   """The spare buffers are placed as the parameters are, so the step's program is compiled at
   the first step only (a spare committed to its device where the initial state is not made
   the second step compile again)."""
-  s = train.setup(small_cfg(algorithm="dpsgd", topology="ring"))
-  state, step, host = train.init_state(s), train.make_train_step(s), train.make_host(s)
+  step_lib.PROGRAMS.clear()  # compiled here, not by an earlier test of the same structure
+  stepper = train.Stepper.of(train.setup(small_cfg(algorithm="dpsgd", topology="ring")))
   with jax.log_compiles(True), caplog.at_level("WARNING"):
-    for t in range(3):
-      state, _ = step(state, s.worker_data, train.device_context(s, host.inputs(t)), True)
+    stepper.steps(3)
   compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()
               and "program" in r.getMessage()]
   assert len(compiles) == 1, compiles

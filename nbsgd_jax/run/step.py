@@ -168,7 +168,8 @@ class Program:
   ``config.double_buffer`` the new parameters are written into the spare buffers of the
   dispatch before (:func:`double_buffered`).
 
-  With ``runs = R > 1`` the program steps R runs of the structure at once (a sweep's group):
+  With ``runs = R`` (not None) the program steps R runs of the structure at once (a sweep's
+  group):
   ``jax.vmap`` over a leading runs axis of the state, the data (unless ``shared_data``: one
   copy for all), the contexts (:func:`stacked_contexts`) and the hparams; ``outs`` then
   ``[R, n, m]``.
@@ -176,21 +177,21 @@ class Program:
   Args:
     s: the run's :class:`~nbsgd_jax.run.setup.Setup` (the first run's, with ``runs > 1``).
     cache: the :class:`ProgramCache` (default: the process's, :data:`PROGRAMS`).
-    runs: R, the runs stepped together.
-    shared_data: with ``runs > 1``, whether every run reads the same worker data.
+    runs: R, the runs stepped together on a runs axis (None: one run, no runs axis).
+    shared_data: with ``runs``, whether every run reads the same worker data.
   """
 
   stacked = True  # outs per run of steps, each [n, m]
 
-  def __init__(self, s, cache: Optional[ProgramCache] = None, runs: int = 1,
+  def __init__(self, s, cache: Optional[ProgramCache] = None, runs: Optional[int] = None,
                shared_data: bool = False):
-    self.s, self.runs, self.shared_data = s, int(runs), bool(shared_data)
+    self.s, self.runs, self.shared_data = s, runs, bool(shared_data)
     self.cache = PROGRAMS if cache is None else cache
     self._spare: list = []  # the double buffer: the parameters' buffers of the dispatch before
 
   def _compile(self, runs: tuple):
     spmd = self.s.backend.spmd(_scanned_steps(self.s, runs), (0, 0, CONTEXT_AXES, None))
-    if self.runs > 1:  # the runs axis, outside the workers'
+    if self.runs is not None:  # the runs axis, outside the workers'
       spmd = jax.vmap(spmd, in_axes=(0, None if self.shared_data else 0, 0, 0))
     if not self.s.cfg.double_buffer:
       return jax.jit(spmd, donate_argnums=(0,))

@@ -1,12 +1,14 @@
 """A sweep: the runs of ``config.sweep`` trained as few programs as their structures allow
 (:mod:`nbsgd_jax.sweeps` reads the grid and groups it).
 
-Each group of runs that share a structure is ONE program on the simulate backend: the runs
-stacked on a runs axis outside the worker axis (``jax.vmap`` over the workers' ``vmap``),
-each run with its own hyperparameters, seed, data order, host parts (clock, stragglers,
-Non-blocking counts, failures, periods, consensus targets) and records. On the mesh and
-multihost backends the devices already hold the workers: the runs of a group go one after
-another, and from the second on compile nothing (:data:`nbsgd_jax.run.step.PROGRAMS`).
+Each group of runs that share a structure is ONE program on the simulate backend
+(``config.sweep_runs="stacked"``, the default on a GPU or TPU): the runs stacked on a runs
+axis outside the worker axis (``jax.vmap`` over the workers' ``vmap``), each run with its own
+hyperparameters, seed, data order, host parts (clock, stragglers, Non-blocking counts,
+failures, periods, consensus targets) and records. On a CPU (``"auto"``, ``"in_turn"``), on
+the mesh and on the multihost backends the runs of a group go one after another, and from
+the second on compile nothing (:data:`nbsgd_jax.run.step.PROGRAMS`): a CPU's step time grows
+with the runs stacked, and a mesh's devices already hold the workers.
 
 ``WORKDIR/sweep.json`` lists the runs and their groups; ``WORKDIR/<run>/`` holds each run's
 ``config.json``, ``metrics.jsonl``, ``summary.json`` as :func:`nbsgd_jax.run.loop.train`
@@ -26,6 +28,7 @@ from typing import Optional
 import jax
 import ml_collections
 
+from nbsgd_jax import config as config_lib
 from nbsgd_jax import files as files_lib
 from nbsgd_jax import sweeps as sweeps_lib
 from nbsgd_jax.run import loop as loop_lib
@@ -51,30 +54,77 @@ def sweep(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None, *, mode
     ConfigError: a bad grid or a run whose config is refused (named), before anything is
       written.
   """
-  runs = sweeps_lib.expand(cfg)
+  return _train(sweeps_lib.expand(cfg), workdir, cfg.sweep, model, data)
+
+
+def train_runs(cfgs: list, workdir: Optional[str] = None, names: Optional[list] = None, *,
+               model=None, data=None) -> list[dict]:
+  """Train a list of configs as :func:`sweep` trains a grid's runs: grouped by structure,
+  each group one program (a study whose runs are not a product of axes: seeds with their
+  own stopping budgets, cells of a grid, the steps of a tuning).
+
+  Args:
+    cfgs: the runs' configs (each with ``sweep`` empty).
+    workdir: ``WORKDIR/<name>/`` per run (module docstring), or None to write nothing.
+    names: the runs' directory names (default ``run0``, ``run1``, ...).
+
+  Returns:
+    the runs' summaries, in order (as :func:`sweep`'s).
+
+  Raises:
+    ConfigError: a refused config (named with its run), before anything is written.
+  """
+  names = names or [f"run{i}" for i in range(len(cfgs))]
+  if len(set(names)) != len(names) or len(names) != len(cfgs):
+    raise ValueError(f"names={names!r} is not allowed: one distinct name per config")
+  runs = []
+  for name, c in zip(names, cfgs):
+    try:
+      config_lib.validate(c)
+    except config_lib.ConfigError as e:
+      raise config_lib.ConfigError([f"run {name}: {line}" for line in e.errors]) from None
+    runs.append(sweeps_lib.Run(name, {}, c))
+  return _train(runs, workdir, None, model, data)
+
+
+def _train(runs: list, workdir: Optional[str], grid: Optional[str], model, data) -> list:
+  """The runs trained group by group (:func:`sweep`, :func:`train_runs`)."""
+  if not runs:
+    return []
+  cfg = runs[0].cfg
   parts = [loop_lib.prepare(run.cfg, model, data, quiet=i > 0) for i, run in enumerate(runs)]
-  alone = lambda i: cfg.backend != "simulate" or parts[i][1].own_plan()  # mesh: in turn
+  stacked = stacks(cfg)
+  alone = lambda i: not stacked or runs[i].cfg.backend != "simulate" or parts[i][1].own_plan()
   index = sweeps_lib.groups(runs, model, data, alone=alone)
   groups = [[runs[i] for i in g] for g in index]
   prepared = [[parts[i] for i in g] for g in index]
   if workdir:
-    _write_index(cfg, workdir, groups)
+    _write_index(grid, workdir, groups)
   total = sum(max(run.cfg.num_steps for run in group) for group in groups)
   done: dict = {}
-  with loop_lib.progress_bar(total, 0, f"{cfg.algorithm} sweep of {len(runs)}",
+  with loop_lib.progress_bar(total, 0, f"{cfg.algorithm}: {len(runs)} runs",
                              cfg.progress and jax.process_index() == 0) as bar:
-    for i, (group, parts) in enumerate(zip(groups, prepared)):
-      bar.set_description(f"{cfg.algorithm} sweep: group {i + 1}/{len(groups)} "
+    for i, (group, parts_i) in enumerate(zip(groups, prepared)):
+      bar.set_description(f"{group[0].cfg.algorithm}: group {i + 1}/{len(groups)} "
                           f"({len(group)} runs)")
       with contextlib.ExitStack() as stack:
-        done.update(_group(group, parts, workdir, i, bar, stack))
+        done.update(_group(group, parts_i, workdir, i, bar, stack))
   return [{**done[run.name], "run": run.name, "overrides": run.overrides} for run in runs]
 
 
-def _write_index(cfg, workdir: str, groups: list) -> None:
+def stacks(cfg) -> bool:
+  """Whether the runs of a group share one program (``config.sweep_runs``; ``"auto"``: on a
+  GPU or TPU, where one run seldom fills the device; on a CPU a step's time grows with the
+  runs stacked, so runs in turn, each compiling nothing after the first, are faster:
+  ``docs/results.md``, "Sweeps")."""
+  mode = cfg.get("sweep_runs", "auto")
+  return mode == "stacked" or (mode == "auto" and jax.default_backend() != "cpu")
+
+
+def _write_index(grid: Optional[str], workdir: str, groups: list) -> None:
   """``WORKDIR/sweep.json``: the grid, its runs and their groups."""
   os.makedirs(workdir, exist_ok=True)
-  index = {"sweep": cfg.sweep, "runs": [
+  index = {"sweep": grid, "runs": [
       {"name": run.name, "overrides": run.overrides, "group": i}
       for i, group in enumerate(groups) for run in group], "groups": len(groups)}
   if jax.process_index() == 0:
@@ -111,7 +161,7 @@ def _group(group: list, parts: list, workdir: Optional[str], index: int, bar,
       run.host.begin(run)
       run.evaluate(0, None)
   start = bar.n
-  save = ckpt and (lambda step: ckpt.save(step, stepper.state, stepper.state_dict()))
+  save = ckpt and (lambda step: ckpt.save(step, stepper.full_state(), stepper.state_dict()))
   loop_lib.loop(stepper, bar, save, cfg0.checkpoint_every)
   bar.update(start + max(run.cfg.num_steps for run in group) - bar.n)  # the group's share
   out = {}
@@ -122,4 +172,4 @@ def _group(group: list, parts: list, workdir: Optional[str], index: int, bar,
   return out
 
 
-__all__ = ["sweep"]
+__all__ = ["sweep", "train_runs"]
