@@ -96,10 +96,6 @@ def finite_workers(params) -> jax.Array:
                             for x in jax.tree.leaves(params)]), axis=0)
 
 
-def make_finite_fn() -> Callable:
-  """Jitted ``params [n, ...] -> bool [n]``: :func:`finite_workers`."""
-  return finite_workers
-
 
 class TrainingDiverged(RuntimeError):
   """A non-finite loss or model: training stops (the last good checkpoint is kept).

@@ -28,7 +28,7 @@ from nbsgd_jax.run.records import Records, check_tensorboard
 from nbsgd_jax.run.stepper import Run, Stepper
 
 
-def _open_checkpoints(cfg, workdir, stack):
+def open_checkpoints(cfg, workdir, stack):
   """``(checkpointer, resume step)``; both None without checkpoints."""
   if not (workdir and cfg.checkpoint_every):
     return None, None
@@ -150,7 +150,7 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
         print(f"workdir {workdir!r} holds this run, finished at step {finished['step']}: "
               "nothing to train (config.overwrite=True trains it again)", file=sys.stderr)
       return {**finished, "finished_before": True}
-  ckpt, resume = _open_checkpoints(cfg, workdir, stack)
+  ckpt, resume = open_checkpoints(cfg, workdir, stack)
   records = Records(cfg, workdir if main_process else None, resume, per_step_records(cfg),
                     stack, workdir)
   stepper = Stepper([s], [host])
@@ -173,7 +173,7 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
   loop(stepper, bar, ckpt and save, cfg.checkpoint_every, hooks)
   if run.error is not None:
     raise run.error
-  return _summary(cfg, s, run, run.rec, run.done, run.stopped)
+  return summarize(cfg, s, run, run.rec, run.done, run.stopped)
 
 
 def progress_bar(total: int, initial: int, desc: str, enabled: bool):
@@ -265,7 +265,7 @@ def stop_reason(cfg, rec: dict) -> Optional[str]:
   return None
 
 
-def _summary(cfg, s, run: Run, rec: dict, steps: int, stopped: Optional[str],
+def summarize(cfg, s, run: Run, rec: dict, steps: int, stopped: Optional[str],
              extra: Optional[dict] = None) -> dict:
   """The last evaluation plus the run's facts (``steps`` taken, ``stopped``: why before
   ``num_steps``, or None; ``extra``); written to ``summary.json``."""
@@ -291,7 +291,5 @@ def _summary(cfg, s, run: Run, rec: dict, steps: int, stopped: Optional[str],
   summary["history"] = list(run.records.history)
   return summary
 
-
-summarize = _summary
 
 __all__ = ["Run", "Stepper", "TrainingDiverged", "loop", "train"]

@@ -148,7 +148,7 @@ def _group(group: list, parts: list, workdir: Optional[str], index: int, bar,
     return {run.name: {**f, "finished_before": True} for run, f in zip(group, finished)}
   if gdir and cfg0.overwrite and main and os.path.isdir(gdir):  # the group starts again
     shutil.rmtree(gdir)
-  ckpt, resume = loop_lib._open_checkpoints(cfg0, gdir, stack)
+  ckpt, resume = loop_lib.open_checkpoints(cfg0, gdir, stack)
   records = [Records(run.cfg, d if main else None, resume, loop_lib.per_step_records(run.cfg),
                      stack, d) for run, d in zip(group, dirs)]
   stepper = loop_lib.Stepper([s for s, _ in parts], [h for _, h in parts])
