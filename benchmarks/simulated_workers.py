@@ -487,23 +487,17 @@ def framework(backend: str, n: int, b: int, steps: int, reps: int) -> list:
            "conv_impl=per_worker": {"conv_impl": "per_worker"},
            "conv_impl=per_worker, pool_impl=reshape": {"conv_impl": "per_worker",
                                                        "pool_impl": "reshape"}}
-  built = {}
-  for name, over in kinds.items():
-    s = train.setup(config_lib.override(cfg, over))
-    built[name] = (s, train.make_train_step(s))
+  built = {name: train.setup(config_lib.override(cfg, over)) for name, over in kinds.items()}
 
-  def run(s, step_fn):
-    host, state = train.make_host(s), train.init_state(s)
-    jax.block_until_ready(state)
+  def run(s):
+    stepper = train.Stepper.of(s)
+    jax.block_until_ready(stepper.state)
     t0 = time.perf_counter()
-    for t in range(steps):
-      i = host.inputs(t)
-      state, _ = step_fn(state, s.worker_data, train.device_context(s, i),
-                         i.period_end)
-    jax.block_until_ready(state)
-    return (time.perf_counter() - t0) / steps, state
+    stepper.steps(steps, read_each_dispatch=False)
+    jax.block_until_ready(stepper.state)
+    return (time.perf_counter() - t0) / steps, stepper.state
 
-  finals = [run(*built[k])[1] for k in built]  # compile
+  finals = [run(built[k])[1] for k in built]  # compile
   diff = [max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(jax.tree.leaves(finals[0]),
                                                               jax.tree.leaves(f))
               if jnp.issubdtype(u.dtype, jnp.floating) and u.size) for f in finals]
@@ -511,7 +505,7 @@ def framework(backend: str, n: int, b: int, steps: int, reps: int) -> list:
   rng = random.Random(0)
   for _ in range(reps):
     for k in rng.sample(list(built), len(built)):
-      times[k].append(run(*built[k])[0])
+      times[k].append(run(built[k])[0])
   base = times[next(iter(times))]
   rows = [f"Framework step, backend {backend}, {n} workers x {b} examples, {steps} steps x "
           f"{reps} runs (ratio: median over runs of the ratio to the models.CNN run beside it); "

@@ -39,22 +39,17 @@ def cfg_for(algorithm: str, k: int, steps: int):
 
 
 def seconds_per_step(cfg, reps: int) -> float:
-  """Median seconds per step of ``num_steps`` steps in blocks of ``steps_per_dispatch``."""
+  """Median seconds per step of ``num_steps`` steps in blocks of ``steps_per_dispatch``
+  (``Stepper.steps``: host inputs, the program, the reports read once at the end, as the
+  training loop reads them between evaluations)."""
   s = train.setup(cfg)
-  k, one, block = cfg.steps_per_dispatch, train.make_train_step(s), train.make_block_step(s)
   times = []
   for r in range(reps + 1):
-    host, state = train.make_host(s), train.init_state(s)
-    jax.block_until_ready(state)
+    stepper = train.Stepper.of(s)
+    jax.block_until_ready(stepper.state)
     t0 = time.perf_counter()
-    for first in range(0, cfg.num_steps, k):
-      inputs = [host.inputs(t) for t in range(first, min(first + k, cfg.num_steps))]
-      keys = tuple(i.period_end for i in inputs)
-      if k == 1:
-        state, _ = one(state, s.worker_data, train.device_context(s, inputs[0]), keys[0])
-      else:
-        state, _ = block(state, s.worker_data, train.device_contexts(s, inputs), keys)
-    jax.block_until_ready(state)
+    stepper.steps(cfg.num_steps, read_each_dispatch=False)
+    jax.block_until_ready(stepper.state)
     if r:  # the first run compiles
       times.append((time.perf_counter() - t0) / cfg.num_steps)
   return float(np.median(times))

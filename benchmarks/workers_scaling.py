@@ -117,6 +117,30 @@ def timing_plan(n: int, edges, budget: float):
                                alpha=1.0 / (len(ms) + 1), rho=float("nan"), laplacians=None)
 
 
+class TimedHost:
+  """A run's host parts (:class:`nbsgd_jax.host.Host`) with the seconds spent in their
+  ``inputs`` and ``observe`` counted in ``seconds``."""
+
+  def __init__(self, host):
+    self.host, self.seconds = host, 0.0
+
+  def __getattr__(self, name):
+    return getattr(self.host, name)
+
+  def _timed(self, fn, *args, **kw):
+    t = time.perf_counter()
+    try:
+      return fn(*args, **kw)
+    finally:
+      self.seconds += time.perf_counter() - t
+
+  def inputs(self, *args, **kw):
+    return self._timed(self.host.inputs, *args, **kw)
+
+  def observe(self, *args, **kw):
+    return self._timed(self.host.observe, *args, **kw)
+
+
 class Cell:
   """One (algorithm, backend, n) of the benchmark: its set-up, host parts and program."""
 
@@ -129,36 +153,21 @@ class Cell:
       self.s = train.setup(cfg)
     finally:
       matcha_lib.plan = exact
-    self.host = train.make_host(self.s)
-    self.step = train.make_train_step(self.s)
     self.times: list = []
     self.host_times: list = []
 
   def run(self, steps: int) -> tuple:
     """``(seconds per step, host seconds per step)`` of one run of ``steps`` steps from the
-    initial state: host inputs, device context and the program per step, then the reports
-    fetched and observed by the host parts (as the training loop does between
-    evaluations)."""
-    s, host = self.s, self.host
-    state = train.init_state(s)
-    jax.block_until_ready(state)
-    pending, h = [], 0.0
+    initial state (``Stepper.steps``: host inputs, device context and the program per step,
+    then the reports fetched and observed by the host parts, as the training loop does
+    between evaluations)."""
+    host = TimedHost(train.make_host(self.s))
+    stepper = train.Stepper.of(self.s, host)
+    jax.block_until_ready(stepper.state)
     t0 = time.perf_counter()
-    for t in range(steps):
-      th = time.perf_counter()
-      inputs = host.inputs(t)
-      ctx = train.device_context(s, inputs)
-      h += time.perf_counter() - th
-      state, out = self.step(state, s.worker_data, ctx, inputs.period_end,
-                             inputs=inputs)
-      pending.append((t, inputs, out))
-    outs = s.backend.fetch([o for _, _, o in pending])
-    th = time.perf_counter()
-    for (t, inputs, _), (_, report) in zip(pending, outs):
-      host.observe(t, inputs, report)
-    h += time.perf_counter() - th
-    jax.block_until_ready(state)
-    return (time.perf_counter() - t0) / steps, h / steps
+    stepper.steps(steps, read_each_dispatch=False)
+    jax.block_until_ready(stepper.state)
+    return (time.perf_counter() - t0) / steps, host.seconds / steps
 
   def median(self) -> tuple:
     return float(np.median(self.times)), float(np.median(self.host_times))

@@ -39,10 +39,9 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True)
   a = ap.parse_args()
-  for name, kw in RUNS.items():
-    cfg = config_lib.override(config_lib.default_config(), {**BASE, **kw})
-    cfg.overwrite = True
-    s = train.train(cfg, os.path.join(a.out, name))
+  cfgs = [config_lib.override(config_lib.default_config(), {**BASE, **kw, "overwrite": True})
+          for kw in RUNS.values()]
+  for name, s in zip(RUNS, train.train_runs(cfgs, a.out, list(RUNS))):  # OUT/<name>/
     print(f"{name:22s} test accuracy {s['test_accuracy']:.4f}  "
           f"{s['bytes_sent'] / 1e6:.1f} MB / worker", flush=True)
 

@@ -47,6 +47,27 @@ def run_history(cfg, keep, hooks=()) -> dict:
           "seconds": time.time() - t, "summary": s}
 
 
+def run_histories(cfgs: list, keep, hooks=None) -> list[dict]:
+  """:func:`run_history` of each config, trained as one call of
+  ``nbsgd_jax.train.train_runs`` (one compiled program per structure: a study's seeds and
+  rates compile their step once); ``"seconds"`` is each run's share of the call's wall time.
+  ``hooks``: per config, a tuple of ``train`` hooks (or None)."""
+  from nbsgd_jax import train
+  t = time.time()
+  summaries = train.train_runs(cfgs, hooks=hooks)
+  share = (time.time() - t) / max(len(cfgs), 1)
+  out = []
+  for cfg, s in zip(cfgs, summaries):
+    if s.get("stopped") == "diverged":
+      nan = float("nan")
+      out.append({"history": [{k: (cfg.num_steps if k == "step" else nan) for k in keep}],
+                  "seconds": share, "diverged": s.get("error", "diverged"), "summary": None})
+    else:
+      out.append({"history": [{k: h[k] for k in keep if k in h} for h in s["history"]],
+                  "seconds": share, "summary": s})
+  return out
+
+
 def write_results(out: str, results: dict, markdown: str) -> None:
   """``out/results.json`` and ``out/results.md``, each written atomically; prints the table."""
   write_atomic(os.path.join(out, "results.json"), json.dumps(results))

@@ -103,21 +103,24 @@ def lsq_config(overrides: dict, gamma: float | None = None):
   return config_lib.override(heterogeneous_lsq.get_config(), over)
 
 
-def run(cfg) -> dict:
-  """One training run: its evaluation history (a diverged run: one record of NaNs)."""
-  r = common.run_history(cfg, ("step", "sim_time", "bytes_sent", "test_accuracy",
-                               "train_loss", "gap"))
-  del r["summary"]
-  return r
+KEEP = ("step", "sim_time", "bytes_sent", "test_accuracy", "train_loss", "gap")
 
 
-def best_gamma(a, name: str, overrides: dict, make) -> tuple[float, dict, dict]:
-  """CHOCO's gamma from ``a.gammas`` by the lowest final training loss."""
-  tried = {}
-  for g in a.gammas:
-    tried[g] = run(make(overrides, g))
-    print(f"    {name} gamma={g}: train_loss {tried[g]['history'][-1]['train_loss']:.4f}",
-          flush=True)
+def run_all(cfgs: list) -> list[dict]:
+  """The training runs of ``cfgs`` as one call (``common.run_histories``: one compiled
+  program per structure): each run's evaluation history (a diverged run: one record of
+  NaNs)."""
+  out = common.run_histories(cfgs, KEEP)
+  for r in out:
+    del r["summary"]
+  return out
+
+
+def pick_gamma(name: str, tried: dict) -> tuple[float, dict, dict]:
+  """CHOCO's gamma among the runs ``tried`` (``{gamma: run}``) by the lowest final training
+  loss."""
+  for g, r in tried.items():
+    print(f"    {name} gamma={g}: train_loss {r['history'][-1]['train_loss']:.4f}", flush=True)
   loss = lambda k: tried[k]["history"][-1].get("train_loss", float("nan"))
   g = min(tried, key=lambda k: loss(k) if np.isfinite(loss(k)) else np.inf)
   return g, tried[g], {str(k): loss(k) for k in tried}
@@ -132,34 +135,54 @@ def _summary(runs: dict) -> dict:
   return out
 
 
+def _first_seed(a, name: str, make) -> list:
+  """``[(gamma, config)]`` of run ``name``'s first stage: each of ``a.gammas`` for CHOCO,
+  else one config (gamma None)."""
+  over = MNIST_RUNS[name][0]
+  gammas = a.gammas if name.startswith("choco") else [None]
+  return [(g, make(over, g)) for g in gammas]
+
+
 def compare(a) -> dict:
+  """(a) every run of ``a.runs`` on MNIST over ``a.seeds`` (CHOCO's gamma picked on the first
+  seed), (b) the least-squares runs; each stage's runs trained as one call."""
   out = {"mnist": {}, "lsq": {}}
   first, rest = a.seeds[0], a.seeds[1:]
-  for name in a.runs:
-    over, claim = MNIST_RUNS[name]
-    entry = {"claim": claim, "seeds": {}}
+  stage = {name: _first_seed(a, name, lambda o, g: mnist_config(a, o, g, first))
+           for name in a.runs}
+  done = iter(run_all([c for cfgs in stage.values() for _, c in cfgs]))
+  for name, cfgs in stage.items():
+    entry = {"claim": MNIST_RUNS[name][1], "seeds": {}}
+    tried = {g: next(done) for g, _ in cfgs}
     if name.startswith("choco"):
-      g, r, grid = best_gamma(a, name, over, lambda o, gm: mnist_config(a, o, gm, first))
+      g, r, grid = pick_gamma(name, tried)
       entry.update(gamma=g, gamma_grid=grid)
     else:
-      g, r = None, run(mnist_config(a, over, seed=first))
+      (g, r), = tried.items()
     entry["seeds"][str(first)] = r
-    for seed in rest:
-      entry["seeds"][str(seed)] = run(mnist_config(a, over, g, seed))
-    entry["summary"] = _summary(entry["seeds"])
-    entry["history"] = r["history"]  # the first seed's, for the plots
     out["mnist"][name] = entry
+  names = list(stage)
+  later = iter(run_all([mnist_config(a, MNIST_RUNS[name][0], out["mnist"][name].get("gamma"),
+                                     seed) for name in names for seed in rest]))
+  for name in names:
+    entry = out["mnist"][name]
+    for seed in rest:
+      entry["seeds"][str(seed)] = next(later)
+    entry["summary"] = _summary(entry["seeds"])
+    r = entry["history"] = entry["seeds"][str(first)]["history"]  # the first seed's
     acc = entry["summary"]["test_accuracy"]
     print(f"  {name:18s} acc {acc['mean']:.4f} +- {acc['std']:.4f}  "
-          f"MB {r['history'][-1]['bytes_sent'] / 1e6:8.2f}  ({r['seconds']:.0f} s a seed)",
-          flush=True)
-  for name in LSQ_RUNS if a.lsq else ():
-    over = MNIST_RUNS[name][0]
+          f"MB {r[-1]['bytes_sent'] / 1e6:8.2f}  "
+          f"({entry['seeds'][str(first)]['seconds']:.0f} s a seed)", flush=True)
+  lsq = {name: _first_seed(a, name, lsq_config) for name in (LSQ_RUNS if a.lsq else ())}
+  done = iter(run_all([c for cfgs in lsq.values() for _, c in cfgs]))
+  for name, cfgs in lsq.items():
+    tried = {g: next(done) for g, _ in cfgs}
     if name.startswith("choco"):
-      g, r, _ = best_gamma(a, name, over, lsq_config)
+      g, r, _ = pick_gamma(name, tried)
       r["gamma"] = g
     else:
-      r = run(lsq_config(over))
+      (r,) = tried.values()
     out["lsq"][name] = r
   return out
 

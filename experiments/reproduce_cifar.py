@@ -232,22 +232,29 @@ class StepTimer:
             "warm_steps_timed": len(warm)}
 
 
-def run(cfg) -> dict:
-  """One training run: its evaluation history, the final record, seconds and step times (a
-  diverged run: one record of NaNs)."""
+def run_all(cfgs: list) -> list[dict]:
+  """The training runs of ``cfgs`` as one call (``nbsgd_jax.train.train_runs``: one compiled
+  program per structure; on a CPU the runs in turn, so each run's step times are its own):
+  each run's evaluation history, final record, seconds (its share of the call's) and step
+  times (a diverged run: one record of NaNs)."""
+  timers = [StepTimer(cfg.eval_every) for cfg in cfgs]
   t = time.time()
-  timer = StepTimer(cfg.eval_every)
-  try:
-    s = train.train(cfg, hooks=(timer,))
-  except train.TrainingDiverged as e:
+  summaries = train.train_runs(cfgs, hooks=[(timer,) for timer in timers])
+  share = (time.time() - t) / max(len(cfgs), 1)
+  return [_result(cfg, s, timer, share) for cfg, s, timer in zip(cfgs, summaries, timers)]
+
+
+def _result(cfg, s: dict, timer: "StepTimer", seconds: float) -> dict:
+  """One run's entry of the results (:func:`run_all`)."""
+  if s.get("stopped") == "diverged":
     nan = float("nan")
     return {"history": [{"step": cfg.num_steps, **{k: nan for k in KEEP[1:]}}],
-            "final": {k: nan for k in KEEP}, "steps": cfg.num_steps, "diverged": str(e),
-            "seconds": time.time() - t, **timer.summary()}
+            "final": {k: nan for k in KEEP}, "steps": cfg.num_steps,
+            "diverged": s.get("error", "diverged"), "seconds": seconds, **timer.summary()}
   hist = [{k: h[k] for k in KEEP if k in h} for h in s["history"]]
   timing = timer.summary()
   images = cfg.num_workers * cfg.batch_size
-  return {"history": hist, "final": hist[-1], "steps": s["steps"], "seconds": time.time() - t,
+  return {"history": hist, "final": hist[-1], "steps": s["steps"], "seconds": seconds,
           "train_wall_s": s["wall_time"], "model_params": s["model_params"],
           "images_per_s_with_compile": s["samples_per_second"],
           "images_per_s_warm": (images / timing["warm_step_s"] if timing["warm_step_s"]
@@ -264,11 +271,10 @@ def _line(tag: str, r: dict) -> str:
 
 
 def single(a) -> dict:
-  runs = {}
-  for seed in a.single_seeds:
-    cfg = single_config(a, seed)
-    runs[str(seed)] = run(cfg)
-    print(_line(f"(1) one worker seed {seed}", runs[str(seed)]), flush=True)
+  runs = dict(zip(map(str, a.single_seeds),
+                  run_all([single_config(a, seed) for seed in a.single_seeds])))
+  for seed, r in runs.items():
+    print(_line(f"(1) one worker seed {seed}", r), flush=True)
   return {"steps": single_config(a, a.single_seeds[0]).num_steps, "epochs": a.single_epochs,
           "seeds": runs, "summary": summarize(runs)}
 
@@ -291,11 +297,11 @@ def summarize(runs: dict) -> dict:
 
 def ring(a) -> dict:
   out = {}
+  done = iter(run_all([ring_config(a, name, seed) for name in a.runs for seed in a.seeds]))
   for name in a.runs:
-    runs = {}
-    for seed in a.seeds:
-      runs[str(seed)] = run(ring_config(a, name, seed))
-      print(_line(f"(2) {name} seed {seed}", runs[str(seed)]), flush=True)
+    runs = {str(seed): next(done) for seed in a.seeds}
+    for seed, r in runs.items():
+      print(_line(f"(2) {name} seed {seed}", r), flush=True)
     cfg = ring_config(a, name, a.seeds[0])
     out[name] = {"label": RING_RUNS[name][0], "seeds": runs, "summary": summarize(runs),
                  "overrides": {k: v for k, v in config_lib.flatten_dict(cfg.to_dict()).items()
@@ -312,26 +318,18 @@ def time_steps(cfg, steps: int) -> dict:
   the first call (compilation and one step), then ``steps`` timed steps; and the final
   parameters (for the check that the two ``conv_impl`` give the same training)."""
   import jax
-  s = train.setup(cfg)
-  step_fn = train.make_train_step(s)
-  host, state = train.make_host(s), train.init_state(s)
-  jax.block_until_ready(state)
+  stepper = train.Stepper.of(train.setup(cfg))
+  jax.block_until_ready(stepper.state)
 
-  def one(state, t):
-    i = host.inputs(t)
-    return step_fn(state, s.worker_data, train.device_context(s, i),
-                   i.period_end)[0]
-
-  t = time.perf_counter()
-  state = jax.block_until_ready(one(state, 0))
-  first = time.perf_counter() - t
-  times = []
-  for k in range(steps):
+  def one() -> float:
     t = time.perf_counter()
-    state = jax.block_until_ready(one(state, k + 1))
-    times.append(time.perf_counter() - t)
+    stepper.steps(1)  # the step's reports read: the step is done
+    return time.perf_counter() - t
+
+  first = one()
+  times = [one() for _ in range(steps)]
   return {"first_call_s": first, "step_s": times, "median_step_s": statistics.median(times),
-          "params": jax.tree.map(np.asarray, state.params)}
+          "params": jax.tree.map(np.asarray, stepper.state.params)}
 
 
 def throughput(a) -> dict:

@@ -126,6 +126,29 @@ def finished_run(workdir: str, cfg) -> dict | None:
   return summary if same else None
 
 
+def train_stage(a, n: int, partition: str, base: str, plan: list) -> dict:
+  """``{name: (workdir, summary, real seconds)}`` of the runs ``plan`` (``[(name, algorithm,
+  overrides)]``): those finished before (``--reuse``) read back, the others trained as one
+  call (``nbsgd_jax.train.train_runs``: one compiled program per structure) into
+  ``base/<name>/``; a run's seconds are its share of the call's."""
+  out, todo = {}, []
+  for name, algo, kw in plan:
+    dirname = "".join(ch for ch in name.replace(" ", "_") if ch not in "(),")
+    wd = os.path.join(base, dirname)
+    s = finished_run(wd, make_config(a, n, partition, algo, **kw)) if a.reuse else None
+    if s is not None:
+      out[name] = (wd, s, 0.0)
+      continue
+    cfg = make_config(a, n, partition, algo, **kw)
+    cfg.overwrite = True  # replace what an earlier invocation left in the workdir
+    todo.append((name, dirname, cfg))
+  t = time.time()
+  summaries = train.train_runs([c for *_, c in todo], base, [d for _, d, _ in todo])
+  for (name, dirname, _), s in zip(todo, summaries):
+    out[name] = (os.path.join(base, dirname), s, (time.time() - t) / len(todo))
+  return out
+
+
 def run_setting(a, n: int, partition: str) -> dict:
   tag = f"n{n}_{partition}"
   base = os.path.join(a.runs_dir or os.path.join(a.out, "runs"), tag)
@@ -157,15 +180,12 @@ def run_setting(a, n: int, partition: str) -> dict:
       if "first" in a.control_phases:
         plan.append((f"control {c:g} Gamma ({phase_label(a)}{tag_m})", "dpsgd",
                      {**ctl, "consensus.until_step": phase_end}))
+  done = {}  # the baselines first: the controlled runs read D-PSGD's records
+  for stage in (plan[:2], plan[2:]):
+    done.update(train_stage(a, n, partition, base, stage))
   runs = {}
   for name, algo, kw in plan:
-    wd = os.path.join(base, "".join(ch for ch in name.replace(" ", "_") if ch not in "(),"))
-    t = time.time()
-    s = finished_run(wd, make_config(a, n, partition, algo, **kw)) if a.reuse else None
-    if s is None:
-      cfg = make_config(a, n, partition, algo, **kw)
-      cfg.overwrite = True  # replace what an earlier invocation left in the workdir
-      s = train.train(cfg, wd)
+    wd, s, seconds = done[name]
     steps = read_steps(wd) if algo != "allreduce" else []
     xi = [r["consensus_distance"] for r in steps]
     targets = [r["target"] for r in steps[:phase_end] if r.get("target") is not None]
@@ -179,7 +199,7 @@ def run_setting(a, n: int, partition: str) -> dict:
     print(f"  {tag:12s} {name:26s} acc {s['test_accuracy']:.4f}  "
           f"{s['bytes_sent'] / 1e6:8.1f} MB  sim {s['sim_time']:7.2f} s  "
           f"Xi(first phase) {runs[name]['mean_xi_first_phase']:.4f}  "
-          f"({time.time() - t:.0f} s real)", flush=True)
+          f"({seconds:.0f} s real)", flush=True)
   gap = runs["allreduce"]["test_accuracy"] - runs["dpsgd"]["test_accuracy"]
   for v in runs.values():
     v["gap_closed"] = ((v["test_accuracy"] - runs["dpsgd"]["test_accuracy"]) / gap

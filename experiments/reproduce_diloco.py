@@ -123,12 +123,15 @@ def base_config(a, seed: int):
   return config_lib.override(c, over)
 
 
-def run(cfg) -> dict:
-  """One training run: its evaluation history (a diverged run: one record of NaNs)."""
-  r = common.run_history(cfg, KEEP)
-  s = r.pop("summary") or {}
-  r["model_params"], r["periods"] = s.get("model_params"), s.get("periods")
-  return r
+def run_all(cfgs: list) -> list[dict]:
+  """The training runs of ``cfgs`` as one call (``common.run_histories``: one compiled
+  program per structure): each run's evaluation history (a diverged run: one record of
+  NaNs), ``model_params`` and ``periods``."""
+  out = common.run_histories(cfgs, KEEP)
+  for r in out:
+    s = r.pop("summary") or {}
+    r["model_params"], r["periods"] = s.get("model_params"), s.get("periods")
+  return out
 
 
 def _stat(values) -> dict:
@@ -156,22 +159,27 @@ def aggregate(seeds: dict) -> dict:
 
 
 def study(a, res: dict) -> None:
-  for name, (over, desc) in methods(a).items():
-    entry = res["methods"].setdefault(name, {"overrides": over, "description": desc,
-                                             "seeds": {}})
-    for seed in a.seeds:
-      r = run(config_lib.override(base_config(a, seed), over))
-      entry["seeds"][str(seed)] = r
+  """Every method on each seed, a seed's methods trained as one call; ``results.json``
+  rewritten after each seed."""
+  todo = methods(a)
+  for name, (over, desc) in todo.items():
+    res["methods"].setdefault(name, {"overrides": over, "description": desc, "seeds": {}})
+  for seed in a.seeds:
+    done = run_all([config_lib.override(base_config(a, seed), over)
+                    for over, _ in todo.values()])
+    for name, r in zip(todo, done):
+      res["methods"][name]["seeds"][str(seed)] = r
       if r.get("model_params"):
         res["model_params"] = r["model_params"]
       last = r["history"][-1]
       print(f"  {name:24s} seed {seed}: val loss {last['test_loss']:.4f}  "
             f"MB/worker {last['bytes_sent'] / 1e6:9.2f}  rounds {last['rounds']:>5}  "
             f"({r['seconds']:.0f} s)" + ("  DIVERGED" if "diverged" in r else ""), flush=True)
-      res["seconds"] = time.time() - res["_start"]
-      common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(
-          {k: v for k, v in res.items() if not k.startswith("_")}))
-    entry["summary"] = aggregate(entry["seeds"])
+    res["seconds"] = time.time() - res["_start"]
+    common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(
+        {k: v for k, v in res.items() if not k.startswith("_")}))
+  for name in todo:
+    res["methods"][name]["summary"] = aggregate(res["methods"][name]["seeds"])
 
 
 # ----------------------------------------------------------------------------- plots

@@ -139,32 +139,16 @@ def cache_index(runs_dir: str) -> dict:
 
 
 def run(a, cfg) -> dict:
-  """The run's ``{"history", "minibatch_fraction", "diverged"}``, from the cache or trained."""
+  """The run's ``{"history", "minibatch_fraction", "diverged"}``, from the cache or trained
+  (:func:`run_many` of this one config, when no stage prefetched it)."""
   text = cfg.to_json_best_effort(sort_keys=True)
   key = cache_key(json.loads(text))
   path = a.cache.get(key, os.path.join(a.runs_dir, key + ".json"))
-  if os.path.exists(path):
-    with open(path) as f:
-      out = json.load(f)
-    a.seconds[key] = out["real_seconds"]
-    return out
-  t = time.time()
-  try:
-    s = train.train(cfg)
-    out = {"history": [{k: h[k] for k in ("step", "sim_time", "train_loss")}
-                       for h in s["history"]],
-           "minibatch_fraction": s["history"][-1].get("minibatch_fraction", 1.0),
-           "steps": s["steps"], "stopped": s["stopped"],
-           "diverged": False}
-  except train.TrainingDiverged:
-    out = {"history": [], "minibatch_fraction": float("nan"), "diverged": True}
-  out["config"] = json.loads(text)
-  out["real_seconds"] = time.time() - t
-  common.write_atomic(path, json.dumps(out))
+  if not os.path.exists(path):
+    run_many(a, [cfg])
+  with open(path) as f:
+    out = json.load(f)
   a.seconds[key] = out["real_seconds"]
-  a.trained += 1
-  print(f"    trained {cfg.algorithm:14s} nb={cfg.nonblocking.enabled!s:5s} "
-        f"lr={cfg.learning_rate:<5g} seed={cfg.seed} ({out['real_seconds']:.0f} s)", flush=True)
   return out
 
 

@@ -190,22 +190,26 @@ def run_grid(a) -> dict:
   if a.only:
     grid = [g for g in grid if g[0] == "none" or g[0] in a.only]
   hist_steps = tuple(sorted({0, a.steps // 10, a.steps // 2, a.steps}))
-  for name, dens, ef in grid:
+  probes = [GradientProbe(a.probe_every, tuple(a.densities), hist_steps, dens)
+            if name != "none" else None for name, dens, ef in grid]
+  t = time.time()
+  summaries = train.train_runs(  # one call: one compiled program per structure
+      [make_config(name, dens, ef, a) for name, dens, ef in grid],
+      hooks=[(probe,) if probe else () for probe in probes])
+  share = (time.time() - t) / len(grid)
+  for (name, dens, ef), probe, s in zip(grid, probes, summaries):
     key = run_name(name, dens, ef)
-    probe = None
-    if name != "none":
-      probe = GradientProbe(a.probe_every, tuple(a.densities), hist_steps, dens)
-    t = time.time()
-    s = train.train(make_config(name, dens, ef, a), hooks=(probe,) if probe else ())
+    if s.get("stopped") == "diverged":
+      raise train.TrainingDiverged(f"{key}: {s.get('error')}")
     runs[key] = {
         "compressor": name, "density": dens, "error_feedback": ef,
         "test_accuracy": s["test_accuracy"], "train_loss": s["train_loss"],
         "bytes_sent": s["bytes_sent"], "history": s["history"],
-        "model_params": s["model_params"], "real_seconds": time.time() - t,
+        "model_params": s["model_params"], "real_seconds": share,
         "probe": probe.records if probe else None,
         "histograms": probe.histograms if probe else None}
     print(f"  {key:22s} acc {s['test_accuracy']:.4f}  train loss {s['train_loss']:.4f}  "
-          f"{s['bytes_sent'] / 1e6:9.2f} MB/worker  ({time.time() - t:.0f} s real)", flush=True)
+          f"{s['bytes_sent'] / 1e6:9.2f} MB/worker  ({share:.0f} s real, a share)", flush=True)
   return runs
 
 

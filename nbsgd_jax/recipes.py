@@ -59,6 +59,7 @@ class Recipe(NamedTuple):
     planner: for a recipe that synchronises at period ends (local SGD, DiLoCo, Gossip-PGA),
       ``loss_offset -> SyncPlanner`` (:mod:`nbsgd_jax.host.periods`): the host plans the periods
       (``ctx.period_end``); None: every step is a period end.
+    host_parts: ``() -> HostPart`` factories, its own host parts (the open context's).
   """
 
   transform: T.WorkerTransform
@@ -66,6 +67,7 @@ class Recipe(NamedTuple):
   gossip: Optional[Communication] = None
   primary: Optional[Communication] = None
   planner: Optional[Callable[[float], Any]] = None
+  host_parts: tuple = ()
 
   @property
   def periodic(self) -> bool:

@@ -265,3 +265,98 @@ def test_a_second_process_reads_the_persistent_compilation_cache(tmp_path):
 def test_compilation_cache_config_is_checked():
   with pytest.raises(config_lib.ConfigError, match="compilation_cache"):
     config_lib.validate(_cfg(compilation_cache=3))
+
+
+@pytest.mark.parametrize("over", [
+    {"algorithm": "dpsgd", "steps_per_dispatch": 3},
+    {"algorithm": "local_sgd", "local_sgd.schedule": "ada_lupa", "local_sgd.tau": 2,
+     "steps_per_dispatch": 4},  # needs F at each synchronisation: read inside the dispatch
+], ids=["blocks", "reports-at-once"])
+def test_steps_read_at_the_end_equal_steps_read_each_dispatch(over):
+  """``Stepper.steps(read_each_dispatch=False)`` (the benchmarks' timing) returns every step
+  and leaves the state and the host as reading after each dispatch does."""
+  from nbsgd_jax import train as train_api
+  cfg = _cfg(**over)
+  each, end = (train_api.Stepper.of(train_api.setup(cfg)) for _ in range(2))
+  a = each.steps(7)
+  b = end.steps(7, read_each_dispatch=False)
+  assert [x[0] for x in a] == [x[0] for x in b] == list(range(7))
+  for (_, _, la, ra), (_, _, lb, rb) in zip(a, b):
+    np.testing.assert_array_equal(la, lb)
+    assert ra.keys() == rb.keys()
+  jax.tree.map(np.testing.assert_array_equal, each.state.params, end.state.params)
+  assert each.hosts[0].state_dict() == end.hosts[0].state_dict()
+
+
+# ------------------------------------------------------------------ the open context
+
+
+def _with_ages(s, scale: float):
+  """``s`` with a recipe host part that writes ``per_worker["age"] = step + i`` (worker i)
+  and ``shared["scale"]``, and a transform that reports what it read: nothing else of the
+  step is edited."""
+  from nbsgd_jax import host as host_lib
+  n = s.cfg.num_workers
+
+  class Ages(host_lib.HostPart):
+    name = "ages"
+
+    def inputs(self, step, inputs, probe):
+      inputs.per_worker["age"] = np.arange(n, dtype=np.int32) + step
+      inputs.shared["scale"] = np.float32(scale)
+
+  inner = s.recipe.transform
+
+  def update(updates, state, params, ctx):
+    updates, state, report = inner.update(updates, state, params, ctx)
+    seen = ctx.per_worker["age"].astype(jnp.float32) * ctx.shared["scale"]
+    return updates, state, {**report, "age_seen": seen}
+
+  recipe = s.recipe._replace(transform=inner._replace(update=update), host_parts=(Ages,))
+  return s._replace(recipe=recipe)
+
+
+@pytest.mark.parametrize("over", [{}, {"steps_per_dispatch": 3}, {"backend": "mesh"}],
+                         ids=["one-step", "blocks", "mesh"])
+def test_a_host_part_s_open_context_reaches_each_worker_without_editing_the_step(over):
+  """``HostInputs.per_worker`` / ``shared`` (a recipe's own host part) arrive as
+  ``StepContext.per_worker`` / ``shared``: worker i reads its own row at every step, in one-step
+  and multi-step dispatches and on a mesh."""
+  from nbsgd_jax import train as train_api
+  s = _with_ages(train_api.setup(_cfg(algorithm="dpsgd", **over)), 0.5)
+  stepper = train_api.Stepper.of(s, cache=step_lib.ProgramCache())
+  for step, _, _, report in stepper.steps(5):
+    np.testing.assert_array_equal(report["age_seen"], 0.5 * (np.arange(4) + step))
+
+
+def test_stacked_runs_read_their_own_open_context():
+  """Two runs stacked in one program (a sweep's runs axis), each host writing its own shared
+  value: each run's workers read theirs."""
+  from nbsgd_jax import train as train_api
+  from nbsgd_jax.run.records import Records
+  import contextlib
+  setups = [_with_ages(train_api.setup(_cfg(algorithm="dpsgd", seed=seed)), scale)
+            for seed, scale in ((0, 0.5), (1, 2.0))]
+  stepper = train_api.Stepper(setups, [train_api.make_host(x) for x in setups],
+                              cache=step_lib.ProgramCache())
+  runs = stepper.attach([Records(x.cfg, None, None, False, contextlib.ExitStack())
+                         for x in setups])
+  for _ in range(3):
+    done = runs[0].done
+    stepper.dispatch(done, done + 1)
+    for run in runs:
+      run.done += 1
+    stepper.flush()
+    for scale, steps in zip((0.5, 2.0), stepper.last_read):
+      (step, _, _, report), = steps
+      np.testing.assert_array_equal(report["age_seen"], scale * (np.arange(4) + step))
+
+
+def test_a_per_worker_entry_of_the_wrong_length_is_refused_by_name():
+  from nbsgd_jax import host as host_lib
+  from nbsgd_jax import train as train_api
+  s = train_api.setup(_cfg(algorithm="dpsgd"))
+  inputs = host_lib.HostInputs(0, count=np.ones(4, np.int32))
+  inputs.per_worker["age"] = np.zeros(3)
+  with pytest.raises(ValueError, match=r"per_worker\['age'\] has shape \(3,\)"):
+    step_lib.host_context(s, inputs)

@@ -151,6 +151,29 @@ def test_in_turn_each_run_equals_it_alone_and_compiles_once():
   _assert_same(out[3], _alone(cfg, out[3]["overrides"]), rtol=0)
 
 
+def test_each_run_s_hooks_see_its_own_state_as_when_trained_alone():
+  """``train_runs(hooks=...)``: in a stacked group each run's hooks get that run's slice of
+  the state, at the steps ``train(hooks=...)`` calls them, with the same parameters."""
+  import jax
+  from nbsgd_jax.run.sweep import train_runs
+  cfgs = [config_lib.override(_cfg(), {"learning_rate": lr, "seed": seed})
+          for lr, seed in ((0.02, 0), (0.05, 1))]
+
+  def probe(seen):
+    return lambda step, state, s: seen.append(
+        (step, s.cfg.learning_rate, float(sum(jax.tree.leaves(jax.tree.map(
+            lambda x: np.abs(np.asarray(x, np.float64)).sum(), state.params))))))
+
+  together = [[], []]
+  train_runs(cfgs, hooks=[(probe(together[0]),), (probe(together[1]),)])
+  for cfg, seen in zip(cfgs, together):
+    alone = []
+    train(cfg, hooks=(probe(alone),))
+    assert [x[:2] for x in seen] == [x[:2] for x in alone]
+    assert [x[0] for x in alone] == list(range(cfg.num_steps + 1))
+    np.testing.assert_allclose([x[2] for x in seen], [x[2] for x in alone], rtol=1e-6)
+
+
 def test_on_a_mesh_the_runs_go_in_turn_and_compile_once():
   cfg = _cfg(backend="mesh", sweep="learning_rate=0.02,0.05")
   step_lib.PROGRAMS.clear()

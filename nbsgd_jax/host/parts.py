@@ -51,6 +51,11 @@ class HostInputs:
     period_end: whether the step ends a communication period (Periods; any static hashable
       value, e.g. Streaming DiLoCo's fragment), True for recipes without periods.
     wall_step_s: s the step took on the wall clock (``cluster.clock='wall'``), else None.
+    shared: the open context a part adds for the compiled step, ``{key: array}``, the same
+      for every worker (``StepContext.shared``; a key is structure, a value is not).
+    per_worker: the open per-worker context, ``{key: array [n, ...]}`` (``StepContext.
+      per_worker``: worker i reads row i), e.g. a worker's own step count or the age of its
+      gradient.
   """
 
   step: int
@@ -64,6 +69,8 @@ class HostInputs:
   target_value: Optional[float] = None
   period_end: Any = True
   wall_step_s: Optional[float] = None
+  shared: dict = dataclasses.field(default_factory=dict)
+  per_worker: dict = dataclasses.field(default_factory=dict)
 
   def update(self, **values) -> None:
     """Set fields by name.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 import ml_collections
@@ -170,7 +170,7 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
   def save(done):
     ckpt.save(done, stepper.state, {"host": host.state_dict(), "wall": stepper.watch.seconds})
 
-  loop(stepper, bar, ckpt and save, cfg.checkpoint_every, hooks)
+  loop(stepper, bar, ckpt and save, cfg.checkpoint_every, [tuple(hooks)])
   if run.error is not None:
     raise run.error
   return summarize(cfg, s, run, run.rec, run.done, run.stopped)
@@ -183,7 +183,8 @@ def progress_bar(total: int, initial: int, desc: str, enabled: bool):
               dynamic_ncols=True, mininterval=1.0)
 
 
-def loop(stepper: Stepper, bar, save=None, checkpoint_every: int = 0, hooks: tuple = ()):
+def loop(stepper: Stepper, bar, save=None, checkpoint_every: int = 0,
+         hooks: Sequence[tuple] = ()):
   """Step every run of ``stepper`` to its ``num_steps`` or its stop: dispatches to the next
   evaluation of any run, each run evaluated on its own cadence and stop rules
   (:func:`stop_reason`); ``save(done)`` after an evaluation at a multiple of
@@ -196,20 +197,22 @@ def loop(stepper: Stepper, bar, save=None, checkpoint_every: int = 0, hooks: tup
     bar: the progress bar (steps of the slowest run).
     save: ``done -> None``, or None without checkpoints.
     checkpoint_every: steps between checkpoints.
-    hooks: ``hook(step, state, setup)`` (one run only).
+    hooks: per run, a tuple of ``hook(step, state, setup)`` (:func:`train`) called with
+      that run's state and set-up (empty: none).
   """
   runs, watch = stepper.runs, stepper.watch
 
-  def run_hooks(step: int) -> None:
-    for hook in hooks:
-      watch.off_clock(stepper.state, lambda hook=hook: hook(step, stepper.state,
-                                                            stepper.setups[0]))
+  def run_hooks(step: int, which) -> None:
+    for r in sorted(which):
+      for hook in hooks[r] if r < len(hooks) else ():
+        watch.off_clock(stepper.state, lambda hook=hook, r=r: hook(
+            step, stepper.state_of(r), stepper.setups[r]))
 
   watch.resume()
   prev = min(r.done for r in runs)
   while any(r.active for r in runs):
     done = min(r.done for r in runs if r.active)
-    run_hooks(done)  # before each dispatch
+    run_hooks(done, {r.index for r in runs if r.active})  # before each dispatch
     due = {r.index: r.next_evaluation() for r in runs if r.active}
     done += stepper.dispatch(done, min(due.values()))
     evaluating = []
@@ -233,7 +236,8 @@ def loop(stepper: Stepper, bar, save=None, checkpoint_every: int = 0, hooks: tup
     bar.update(done - prev)
     prev = done
   watch.pause(stepper.state)
-  run_hooks(min(r.done for r in runs))
+  for r in runs:
+    run_hooks(r.done, {r.index})
 
 
 def _evaluate(stepper: Stepper, evaluating: list, done: int) -> Optional[dict]:

@@ -430,6 +430,7 @@ def make_host(s: Setup) -> host_lib.Host:
                                    cfg.cluster.step_overhead))
   if cfg.consensus.control:
     parts.append(_targets(cfg))
+  parts += [make() for make in s.recipe.host_parts]  # the recipe's own (its open context)
   parts += [host_lib.Clock(cluster, comms), host_lib.Totals()]
   return host_lib.Host(parts)
 

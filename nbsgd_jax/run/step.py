@@ -283,23 +283,40 @@ def fresh_like(tree):
 def host_context(s, inputs) -> StepContext:
   """The host inputs of a step as numpy arrays: ``count`` per worker (int32 ``[n]``), the
   other values once, the same for every worker (:data:`~nbsgd_jax.transforms.CONTEXT_AXES`;
-  None stays None)."""
-  del s
+  None stays None); the open parts (``inputs.shared``, ``inputs.per_worker``) as dicts of
+  arrays, None when empty.
+
+  Raises:
+    ValueError: a ``per_worker`` entry whose leading axis is not the n workers (named).
+  """
+  n = s.cfg.num_workers
 
   def once(x, dtype):
     return None if x is None else np.asarray(x, dtype)
 
+  for key, value in inputs.per_worker.items():
+    if np.ndim(value) == 0 or np.shape(value)[0] != n:
+      raise ValueError(f"HostInputs.per_worker[{key!r}] has shape {np.shape(value)}: "
+                       f"[n = {n}, ...] is allowed (one row per worker)")
+  arrays = lambda d: {k: np.asarray(v) for k, v in d.items()} or None
   return StepContext(once(inputs.step, np.int32), np.asarray(inputs.count, np.int32),
                      once(inputs.total, np.int32), once(inputs.active, bool),
-                     once(inputs.alive, bool), once(inputs.target, np.float32))
+                     once(inputs.alive, bool), once(inputs.target, np.float32),
+                     shared=arrays(inputs.shared), per_worker=arrays(inputs.per_worker))
+
+
+def _by_axis(fn: Callable, ctx: StepContext) -> StepContext:
+  """``fn(axis, array)`` on every array of ``ctx``, ``axis`` its entry of
+  :data:`~nbsgd_jax.transforms.CONTEXT_AXES` (0: per worker; None: the same for all)."""
+  return jax.tree.map(lambda ax, sub: None if sub is None else jax.tree.map(
+      lambda x: fn(ax, x), sub), CONTEXT_AXES, ctx, is_leaf=lambda x: x is None)
 
 
 def _place_context(s, ctx: StepContext) -> StepContext:
   """``ctx`` on the devices: the per-worker fields split over the workers (``place``), the
   others whole on every device (``replicate``)."""
-  put = lambda ax, x: x if x is None else (
-      s.backend.replicate(jnp.asarray(x)) if ax is None else s.backend.place(jnp.asarray(x)))
-  return jax.tree.map(put, CONTEXT_AXES, ctx, is_leaf=lambda x: x is None)
+  return _by_axis(lambda ax, x: s.backend.replicate(jnp.asarray(x)) if ax is None
+                  else s.backend.place(jnp.asarray(x)), ctx)
 
 
 def device_context(s, inputs) -> StepContext:
@@ -313,7 +330,8 @@ def _host_contexts(s, inputs: list) -> StepContext:
   """The numpy contexts of ``k`` consecutive steps, stacked (``count`` ``[n, k]``, the
   shared fields ``[k, ...]``)."""
   ctxs = [host_context(s, i) for i in inputs]
-  stack = lambda ax, *xs: None if xs[0] is None else np.stack(xs, axis=0 if ax is None else 1)
+  stack = lambda ax, *subs: None if subs[0] is None else jax.tree.map(
+      lambda *xs: np.stack(xs, axis=0 if ax is None else 1), *subs)
   return jax.tree.map(stack, CONTEXT_AXES, *ctxs, is_leaf=lambda x: x is None)
 
 
@@ -340,8 +358,7 @@ def make_train_step(s) -> Callable:
 
   def step(state, data, ctx, period_end=True, inputs=None):
     del inputs
-    stacked = jax.tree.map(lambda ax, x: None if x is None else jnp.expand_dims(
-        x, 0 if ax is None else 1), CONTEXT_AXES, ctx, is_leaf=lambda x: x is None)
+    stacked = _by_axis(lambda ax, x: jnp.expand_dims(x, 0 if ax is None else 1), ctx)
     state, ((loss, report),) = program(state, data, stacked, (period_end,))
     return state, (loss[:, 0], {k: v[:, 0] for k, v in report.items()})
 

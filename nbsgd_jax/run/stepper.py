@@ -184,20 +184,26 @@ class Stepper:
 
   @classmethod
   def of(cls, s: setup_lib.Setup, host=None, cache=None) -> "Stepper":
-    """The stepper of one run that writes nothing, for scripts and tests (with
-    :meth:`steps`): ``s``'s host parts (default :func:`~nbsgd_jax.run.setup.make_host`)."""
+    """The stepper of one new run that writes nothing, for scripts and tests (with
+    :meth:`steps`): ``s``'s host parts (default :func:`~nbsgd_jax.run.setup.make_host`),
+    begun at step 0 (ADA-LUPA reads the initial loss)."""
     stepper = cls([s], [host if host is not None else setup_lib.make_host(s)], cache)
-    stepper.attach([Records(s.cfg, None, None, False, contextlib.ExitStack())])
+    (run,) = stepper.attach([Records(s.cfg, None, None, False, contextlib.ExitStack())])
+    run.host.begin(run)
     return stepper
 
-  def steps(self, count: int, edit: Optional[Callable] = None) -> list:
-    """``count`` more steps of a one-run stepper, each dispatch's reports read at once and
-    observed by the host parts (as the loop does, without evaluations).
+  def steps(self, count: int, edit: Optional[Callable] = None, *,
+            read_each_dispatch: bool = True) -> list:
+    """``count`` more steps of a one-run stepper, the reports read and observed by the host
+    parts (as the loop does, without evaluations).
 
     Args:
       count: steps to run.
       edit: ``edit(inputs)``, called on each step's host inputs after the host parts drew
         them and before the program reads them (a test's forced counts or targets).
+      read_each_dispatch: read each dispatch's reports at once (a test's step by step);
+        False: once after the last step, as the loop does between evaluations (a
+        benchmark's timing; a host part that needs a report at once still gets it).
 
     Returns:
       ``[(step, inputs, loss [n], report)]`` per step, numpy.
@@ -209,10 +215,13 @@ class Stepper:
     out, target = [], run.done + count
     while run.done < target:
       run.done += self.dispatch(run.done, target, edit)
-      self.flush()
-      if run.error is not None:
-        raise run.error
-      out += self.last_read[0]
+      if self.pending and (read_each_dispatch or run.done >= target):
+        self.flush()
+      if not self.pending:  # read here or by the dispatch (a host part needed it at once)
+        if run.error is not None:
+          raise run.error
+        out += self.last_read[0]
+        self.last_read = [[]]
     return out
 
   def attach(self, records: list) -> list[Run]:

@@ -58,7 +58,7 @@ def sweep(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None, *, mode
 
 
 def train_runs(cfgs: list, workdir: Optional[str] = None, names: Optional[list] = None, *,
-               model=None, data=None) -> list[dict]:
+               hooks: Optional[list] = None, model=None, data=None) -> list[dict]:
   """Train a list of configs as :func:`sweep` trains a grid's runs: grouped by structure,
   each group one program (a study whose runs are not a product of axes: seeds with their
   own stopping budgets, cells of a grid, the steps of a tuning).
@@ -67,6 +67,8 @@ def train_runs(cfgs: list, workdir: Optional[str] = None, names: Optional[list] 
     cfgs: the runs' configs (each with ``sweep`` empty).
     workdir: ``WORKDIR/<name>/`` per run (module docstring), or None to write nothing.
     names: the runs' directory names (default ``run0``, ``run1``, ...).
+    hooks: per config, a tuple of ``hook(step, state, setup)`` called with that run's state
+      (:func:`~nbsgd_jax.run.loop.train`'s ``hooks``; in a stacked group, the run's slice).
 
   Returns:
     the runs' summaries, in order (as :func:`sweep`'s).
@@ -77,6 +79,9 @@ def train_runs(cfgs: list, workdir: Optional[str] = None, names: Optional[list] 
   names = names or [f"run{i}" for i in range(len(cfgs))]
   if len(set(names)) != len(names) or len(names) != len(cfgs):
     raise ValueError(f"names={names!r} is not allowed: one distinct name per config")
+  if hooks is not None and len(hooks) != len(cfgs):
+    raise ValueError(f"hooks has {len(hooks)} entries for {len(cfgs)} configs: one tuple "
+                     "per config is allowed")
   runs = []
   for name, c in zip(names, cfgs):
     try:
@@ -84,10 +89,11 @@ def train_runs(cfgs: list, workdir: Optional[str] = None, names: Optional[list] 
     except config_lib.ConfigError as e:
       raise config_lib.ConfigError([f"run {name}: {line}" for line in e.errors]) from None
     runs.append(sweeps_lib.Run(name, {}, c))
-  return _train(runs, workdir, None, model, data)
+  return _train(runs, workdir, None, model, data, dict(zip(names, hooks or ())))
 
 
-def _train(runs: list, workdir: Optional[str], grid: Optional[str], model, data) -> list:
+def _train(runs: list, workdir: Optional[str], grid: Optional[str], model, data,
+           hooks: Optional[dict] = None) -> list:
   """The runs trained group by group (:func:`sweep`, :func:`train_runs`)."""
   if not runs:
     return []
@@ -108,7 +114,7 @@ def _train(runs: list, workdir: Optional[str], grid: Optional[str], model, data)
       bar.set_description(f"{group[0].cfg.algorithm}: group {i + 1}/{len(groups)} "
                           f"({len(group)} runs)")
       with contextlib.ExitStack() as stack:
-        done.update(_group(group, parts_i, workdir, i, bar, stack))
+        done.update(_group(group, parts_i, workdir, i, bar, stack, hooks or {}))
   return [{**done[run.name], "run": run.name, "overrides": run.overrides} for run in runs]
 
 
@@ -133,7 +139,7 @@ def _write_index(grid: Optional[str], workdir: str, groups: list) -> None:
 
 
 def _group(group: list, parts: list, workdir: Optional[str], index: int, bar,
-           stack: contextlib.ExitStack) -> dict:
+           stack: contextlib.ExitStack, hooks: dict) -> dict:
   """Train one group (one program); ``{run name: summary}``."""
   main = jax.process_index() == 0
   dirs = [os.path.join(workdir, run.name) if workdir else None for run in group]
@@ -162,7 +168,8 @@ def _group(group: list, parts: list, workdir: Optional[str], index: int, bar,
       run.evaluate(0, None)
   start = bar.n
   save = ckpt and (lambda step: ckpt.save(step, stepper.full_state(), stepper.state_dict()))
-  loop_lib.loop(stepper, bar, save, cfg0.checkpoint_every)
+  loop_lib.loop(stepper, bar, save, cfg0.checkpoint_every,
+                [tuple(hooks.get(run.name, ())) for run in group])
   bar.update(start + max(run.cfg.num_steps for run in group) - bar.n)  # the group's share
   out = {}
   for run, r in zip(group, runs):

@@ -54,6 +54,12 @@ class StepContext(NamedTuple):
     hparams: the run's hyperparameters, a dict of arrays (the same on every worker and every
       step: the program's second input, ``docs/design.md`` "Runs as data"), read by the
       transforms made with :func:`injected`; None: each uses the values it was built with.
+    shared: the open part of the context: a dict ``{key: array}`` that host parts add
+      (``HostInputs.shared``), the same on every worker; None when no part adds one.
+    per_worker: the open per-worker part: a dict ``{key: array}`` (``HostInputs.
+      per_worker``, ``[n, ...]`` on the host), each worker reading its own row (a worker's
+      own step count, the age of its gradient); None when no part adds one. Its keys and
+      shapes are the program's structure (a new key compiles), its values are not.
   """
 
   step: jax.Array
@@ -64,13 +70,16 @@ class StepContext(NamedTuple):
   target: Any = None
   period_end: Any = None
   hparams: Any = None
+  shared: Any = None
+  per_worker: Any = None
 
 
-# ``jax.vmap`` in_axes of a context given to the backends (``Backend.spmd``): ``count`` is per
-# worker, every other field is the same on every worker and goes in as one value (an
-# unbatched / replicated input), not n copies (``alive`` would be ``[n, n]``).
+# ``jax.vmap`` in_axes of a context given to the backends (``Backend.spmd``): ``count`` and
+# the ``per_worker`` dict are per worker, every other field is the same on every worker and
+# goes in as one value (an unbatched / replicated input), not n copies (``alive`` would be
+# ``[n, n]``). An entry covers a whole subtree (a prefix, as ``jax.vmap``'s in_axes).
 CONTEXT_AXES = StepContext(step=None, count=0, total=None, active=None, alive=None, target=None,
-                           period_end=None, hparams=None)
+                           period_end=None, hparams=None, shared=None, per_worker=0)
 
 
 class WorkerTransform(NamedTuple):
