@@ -2,6 +2,7 @@
 
     python benchmarks/sweeps.py --out docs/sweeps.md            # (a) and (b), about 15 min
     python benchmarks/sweeps.py --out docs/sweeps.md --only mlp
+    python benchmarks/sweeps.py --out runs/sweeps_gpu.md --only mlp64   # the GPU row
 
 (a) The quick non-blocking study's MLP grid (``experiments/reproduce_nonblocking.py
 --quick``: 8 workers, the MLP on mnist10k, batch 32, momentum 0.9, 150 steps, evaluations
@@ -72,6 +73,14 @@ def mlp_grid(steps: int) -> list:
   return out
 
 
+def mlp64_grid(steps: int) -> list:
+  """The GPU row: 4 learning rates x 16 seeds of (a)'s blocking D-PSGD in its homogeneous
+  cell, 64 runs of one structure."""
+  c = mlp_grid(steps)[0]
+  c.sweep = "learning_rate=0.05,0.1,0.2,0.4;seed=0:16"
+  return [c]
+
+
 def cnn_grid(steps: int) -> list:
   """(b): the main job's CNN, 3 learning rates x 3 seeds."""
   import importlib.util
@@ -132,9 +141,10 @@ def measure(name: str, grids: list) -> list:
 
 def markdown(rows: list, args) -> str:
   lines = [f"# Sweeps: runs per hour\n\nMeasured by `python benchmarks/sweeps.py "
-           f"--out {args.out}` on {platform.processor() or platform.machine()} "
+           f"{' '.join(sys.argv[1:])}` on {platform.processor() or platform.machine()} "
            f"({os.cpu_count()} cores), jax {jax.__version__}, backend "
-           f"{jax.default_backend()}; all ways in one process, side by side.\n",
+           f"{jax.default_backend()} ({jax.devices()[0].device_kind}); all ways in one "
+           "process, side by side.\n",
            "| grid | way | runs | wall s | runs / hour | x first way | compilations | "
            "final losses vs first way |", "|---|---|---|---|---|---|---|---|"]
   for r in rows:
@@ -147,7 +157,8 @@ def markdown(rows: list, args) -> str:
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True, help="the markdown table")
-  ap.add_argument("--only", choices=("mlp", "cnn"), default=None)
+  ap.add_argument("--only", choices=("mlp", "cnn", "mlp64"), default=None,
+                  help="mlp64: the GPU row, a 64-run MLP grid (not in the default set)")
   ap.add_argument("--mlp_steps", type=int, default=150)
   ap.add_argument("--cnn_steps", type=int, default=200)
   a = ap.parse_args()
@@ -157,6 +168,8 @@ def main():
   if a.only in (None, "cnn"):
     rows += measure(f"(b) main job's CNN, 3 x 3, {a.cnn_steps} steps",
                     cnn_grid(a.cnn_steps))
+  if a.only == "mlp64":
+    rows += measure(f"(c) MLP grid of 64 runs, {a.mlp_steps} steps", mlp64_grid(a.mlp_steps))
   files.atomic_write(a.out, markdown(rows, a))
   print(f"wrote {a.out}")
 
