@@ -30,28 +30,13 @@ def save_figure(fig, path: str, dpi: int = 120) -> None:
 write_atomic = files.atomic_write
 
 
-def run_history(cfg, keep, hooks=()) -> dict:
-  """One run of ``nbsgd_jax.train.train``: ``{"history": its evaluation records with the keys
-  ``keep``, "seconds": wall seconds, "summary": the summary}``; a diverged run
-  (``TrainingDiverged``) gives one record of NaNs at ``num_steps``, its message under
-  ``"diverged"`` and ``"summary": None``, instead of stopping a study."""
-  from nbsgd_jax import train
-  t = time.time()
-  try:
-    s = train.train(cfg, hooks=hooks)
-  except train.TrainingDiverged as e:
-    nan = float("nan")
-    return {"history": [{k: (cfg.num_steps if k == "step" else nan) for k in keep}],
-            "seconds": time.time() - t, "diverged": str(e), "summary": None}
-  return {"history": [{k: h[k] for k in keep if k in h} for h in s["history"]],
-          "seconds": time.time() - t, "summary": s}
-
-
 def run_histories(cfgs: list, keep, hooks=None) -> list[dict]:
-  """:func:`run_history` of each config, trained as one call of
-  ``nbsgd_jax.train.train_runs`` (one compiled program per structure: a study's seeds and
-  rates compile their step once); ``"seconds"`` is each run's share of the call's wall time.
-  ``hooks``: per config, a tuple of ``train`` hooks (or None)."""
+  """Each config's ``{"history": its evaluation records with the keys ``keep``, "seconds",
+  "summary"}``, trained as one call of ``nbsgd_jax.train.train_runs`` (one compiled program
+  per structure: a study's seeds and rates compile their step once); ``"seconds"`` is each
+  run's share of the call's wall time. A diverged run gives one record of NaNs at
+  ``num_steps``, its message under ``"diverged"`` and ``"summary": None``, instead of
+  stopping a study. ``hooks``: per config, a tuple of ``train`` hooks (or None)."""
   from nbsgd_jax import train
   t = time.time()
   summaries = train.train_runs(cfgs, hooks=hooks)

@@ -46,12 +46,12 @@ from nbsgd_jax.backends import BACKENDS  # noqa: F401
 from nbsgd_jax.data import SCHEMES as PARTITIONS
 from nbsgd_jax.models import COMPUTE_DTYPES, MODELS, NORMS
 from nbsgd_jax.optim import LR_SCHEDULES, OPTIMIZERS, WEIGHT_DECAY_ON
-
-SWEEP_RUNS = ("auto", "stacked", "in_turn")  # config.sweep_runs (nbsgd_jax.run.sweep)
 from nbsgd_jax.per_worker import CONV_IMPLS, POOL_IMPLS
 from nbsgd_jax.problems import PROBLEMS as SYNTHETIC  # with their known F*
 from nbsgd_jax.topology import MIXING_WEIGHTS, TOPOLOGIES  # noqa: F401
 from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS  # noqa: F401
+
+SWEEP_RUNS = ("auto", "stacked", "in_turn")  # config.sweep_runs (nbsgd_jax.run.sweep)
 
 # the built-in algorithms (recipes.REGISTRY also holds those registered from outside)
 ALGORITHMS = tuple(recipes_lib.REGISTRY)

@@ -17,17 +17,16 @@ from nbsgd_jax.run.sweep import sweep, train_runs
 from nbsgd_jax.run.records import MetricsWriter
 from nbsgd_jax.run.setup import Setup, init_state, make_host, setup
 from nbsgd_jax.run.step import (Program, TrainState, device_context, device_contexts,
-                                gradient_source, make_block_step, make_train_step,
-                                make_worker_step)
+                                gradient_source, make_worker_step)
 from nbsgd_jax.run.task import (WorkerData, cross_entropy, data_key, sample_batch_indices,
                                 text_batch, worker_batch)
 
 __all__ = [
     "DEVICE_AXIS", "Backend", "MetricsWriter", "Program", "Run", "Setup", "Stepper", "TrainState", "TrainingDiverged",
     "WorkerData", "cross_entropy", "data_key", "device_context", "device_contexts",
-    "gradient_source", "make_block_step",
+    "gradient_source",
     "init_state", "make_backend", "make_eval_fn", "make_host", "make_optimizer",
-    "make_schedule", "make_train_loss_fn", "make_train_step", "make_worker_step",
+    "make_schedule", "make_train_loss_fn", "make_worker_step",
     "sample_batch_indices", "setup", "sweep", "text_batch", "train", "train_runs", "worker_batch",
     "workers_per_device",
 ]

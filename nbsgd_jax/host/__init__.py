@@ -2,11 +2,13 @@
 draws, periods, the cluster's workload, the simulated clock and totals; consensus targets,
 :mod:`nbsgd_jax.host.targets`), the cluster model and its clock (:mod:`~nbsgd_jax.host.
 cluster`, :mod:`~nbsgd_jax.host.clock`), communication periods (:mod:`~nbsgd_jax.host.
-periods`) and MATCHA's plan (:mod:`~nbsgd_jax.host.matcha`)."""
+periods`), MATCHA's plan (:mod:`~nbsgd_jax.host.matcha`) and the event clock of asynchronous
+training (:mod:`~nbsgd_jax.host.events`)."""
 
+from nbsgd_jax.host.events import Event, EventClock, batch_inputs
 from nbsgd_jax.host.parts import (Activations, Clock, Failures, Host, HostInputs, HostPart,
                                   Periods, Totals, Workload)
 from nbsgd_jax.host.targets import CriticalTarget, Targets, TargetSchedule
 
-__all__ = ["Activations", "Clock", "CriticalTarget", "Failures", "Host", "HostInputs", "HostPart", "Periods",
-           "TargetSchedule", "Targets", "Totals", "Workload"]
+__all__ = ["Activations", "Clock", "CriticalTarget", "Event", "EventClock", "Failures", "Host", "HostInputs", "HostPart", "Periods",
+           "TargetSchedule", "Targets", "Totals", "Workload", "batch_inputs"]

@@ -96,7 +96,6 @@ def finite_workers(params) -> jax.Array:
                             for x in jax.tree.leaves(params)]), axis=0)
 
 
-
 class TrainingDiverged(RuntimeError):
   """A non-finite loss or model: training stops (the last good checkpoint is kept).
 

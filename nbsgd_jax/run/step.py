@@ -350,25 +350,7 @@ def stacked_contexts(s, inputs: list) -> StepContext:
   return jax.tree.map(stack, *per_run, is_leaf=lambda x: x is None)
 
 
-def make_train_step(s) -> Callable:
-  """One step per call, for scripts and tests: ``(state, data, ctx, period_end=True,
-  inputs=None) -> (state, (loss [n], report))`` with ``ctx`` from :func:`device_context`;
-  the :class:`Program` of ``k = 1`` (the run's own path)."""
-  program = Program(s)
-
-  def step(state, data, ctx, period_end=True, inputs=None):
-    del inputs
-    stacked = _by_axis(lambda ax, x: jnp.expand_dims(x, 0 if ax is None else 1), ctx)
-    state, ((loss, report),) = program(state, data, stacked, (period_end,))
-    return state, (loss[:, 0], {k: v[:, 0] for k, v in report.items()})
-
-  return step
-
-
-make_block_step = Program  # (state, data, ctx, keys) -> (state, outs)
-
-
 __all__ = ["PROGRAMS", "Program", "ProgramCache", "TrainState", "apply_update", "device_context", "device_contexts",
            "double_buffered", "fresh_like", "full_batch", "gradient_source", "host_context",
-           "make_block_step", "make_train_step", "make_worker_step", "minibatches",
+           "make_worker_step", "minibatches",
            "stacked_contexts"]
