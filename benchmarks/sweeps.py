@@ -96,16 +96,16 @@ def cnn_grid(steps: int) -> list:
   return [c]
 
 
-def one_at_a_time(grids: list, keep_cache: bool) -> tuple:
-  """``(seconds, compilations, final losses)`` of every run of ``grids``, one ``train()``
-  each."""
+def one_at_a_time(grids: list, keep_cache: bool, sample: int | None = None) -> tuple:
+  """``(seconds, compilations, final losses)`` of the runs of ``grids`` (the first
+  ``sample`` of them when given), one ``train()`` each."""
   step_lib.PROGRAMS.clear()
   start, t0, losses = len(COMPILES), time.perf_counter(), []
-  for g in grids:
-    for run in sweeps.expand(g):
-      if not keep_cache:
-        step_lib.PROGRAMS.clear()
-      losses.append(train.train(run.cfg)["train_loss"])
+  runs = [r for g in grids for r in sweeps.expand(g)][:sample]
+  for run in runs:
+    if not keep_cache:
+      step_lib.PROGRAMS.clear()
+    losses.append(train.train(run.cfg)["train_loss"])
   return time.perf_counter() - t0, len(COMPILES) - start, losses
 
 
@@ -119,16 +119,20 @@ def as_sweeps(grids: list, mode: str) -> tuple:
   return time.perf_counter() - t0, len(COMPILES) - start, losses
 
 
-def measure(name: str, grids: list) -> list:
-  runs = sum(len(sweeps.expand(g)) for g in grids)
+def measure(name: str, grids: list, sample: int | None = None) -> list:
+  """The four ways' rows; the one-at-a-time ways train only the first ``sample`` runs when
+  given (their runs per hour is then of that sample: every run has the same structure)."""
+  total = sum(len(sweeps.expand(g)) for g in grids)
   rows, ref = [], None
-  for way, fn in (("each run compiled", lambda: one_at_a_time(grids, False)),
-                  ("each run, one process", lambda: one_at_a_time(grids, True)),
+  for way, fn in (("each run compiled", lambda: one_at_a_time(grids, False, sample)),
+                  ("each run, one process", lambda: one_at_a_time(grids, True, sample)),
                   ("one sweep, stacked", lambda: as_sweeps(grids, "stacked")),
                   ("one sweep, in turn", lambda: as_sweeps(grids, "in_turn"))):
     secs, compiles, losses = fn()
+    runs = len(losses) if way.startswith("each") else total
     ref = losses if ref is None else ref
-    diff = float(np.max(np.abs(np.subtract(losses, ref)) / np.abs(ref)))
+    m = min(len(ref), len(losses))
+    diff = float(np.max(np.abs(np.subtract(losses[:m], ref[:m])) / np.abs(ref[:m])))
     rows.append({"grid": name, "way": way, "runs": runs, "seconds": secs,
                  "runs_per_hour": runs / secs * 3600, "compilations": compiles,
                  "max_rel_diff": diff})
@@ -161,6 +165,9 @@ def main():
                   help="mlp64: the GPU row, a 64-run MLP grid (not in the default set)")
   ap.add_argument("--mlp_steps", type=int, default=150)
   ap.add_argument("--cnn_steps", type=int, default=200)
+  ap.add_argument("--sample", type=int, default=None,
+                  help="the one-at-a-time ways train only the first SAMPLE runs (a GPU "
+                       "session's 15 device minutes hold no 64 runs each compiled)")
   a = ap.parse_args()
   rows = []
   if a.only in (None, "mlp"):
@@ -169,7 +176,8 @@ def main():
     rows += measure(f"(b) main job's CNN, 3 x 3, {a.cnn_steps} steps",
                     cnn_grid(a.cnn_steps))
   if a.only == "mlp64":
-    rows += measure(f"(c) MLP grid of 64 runs, {a.mlp_steps} steps", mlp64_grid(a.mlp_steps))
+    rows += measure(f"(c) MLP grid of 64 runs, {a.mlp_steps} steps", mlp64_grid(a.mlp_steps),
+                    a.sample)
   files.atomic_write(a.out, markdown(rows, a))
   print(f"wrote {a.out}")
 
