@@ -60,6 +60,8 @@ class Recipe(NamedTuple):
       ``loss_offset -> SyncPlanner`` (:mod:`nbsgd_jax.host.periods`): the host plans the periods
       (``ctx.period_end``); None: every step is a period end.
     host_parts: ``() -> HostPart`` factories, its own host parts (the open context's).
+    clock: ``(cluster, communications, params) -> HostPart``, the run's clock instead of the
+      lockstep one (the asynchronous recipes' event clock); None: lockstep.
   """
 
   transform: T.WorkerTransform
@@ -68,6 +70,7 @@ class Recipe(NamedTuple):
   primary: Optional[Communication] = None
   planner: Optional[Callable[[float], Any]] = None
   host_parts: tuple = ()
+  clock: Optional[Callable] = None
 
   @property
   def periodic(self) -> bool:
@@ -278,8 +281,7 @@ class Builder:
     return T.mean_of(allreduce, "alive")
 
 
-# ----------------------------------------------------------------------------- config sections
-# The sections the algorithms own (``register(..., sections=...)``): defaults, value checks.
+# ----------------------------------------------------------- config sections (defaults, checks)
 
 
 def check_diloco_config(cfg, errs: list) -> None:
@@ -404,12 +406,10 @@ STREAMING_DILOCO = Section(streaming_diloco_defaults, check_streaming_diloco_con
 CHOCO = Section(choco_defaults, check_choco_config, "CHOCO-SGD (Koloskova et al. 2019)",
                 hparams=("gamma",))
 D2 = Section(d2_defaults, check_d2_config, "D^2 (Tang et al. 2018) / Exact Diffusion")
-GOSSIP_PGA = Section(gossip_pga_defaults, check_gossip_pga_config,
-                     "Gossip-PGA (Chen et al. 2021)")
+GOSSIP_PGA = Section(gossip_pga_defaults, check_gossip_pga_config, "Gossip-PGA (Chen et al. 2021)")
 LOCAL_SGD = Section(local_sgd_lib.local_sgd_defaults, local_sgd_lib.check_config,
                     "LUPA-SGD (Haddadpour et al. 2019)")
-MATCHA = Section(matcha_lib.matcha_defaults, matcha_lib.check_config,
-                 "MATCHA (Wang et al. 2019)")
+MATCHA = Section(matcha_lib.matcha_defaults, matcha_lib.check_config, "MATCHA (Wang et al. 2019)")
 
 
 # ----------------------------------------------------------------------------- recipes

@@ -18,7 +18,7 @@ LAYERS = {
     "device": ("backends", "collectives", "matchings", "topology", "per_worker", "models",
                "problems", "augment", "consensus", "codecs", "communications", "transforms"),
     "host": ("host", "data", "text_data", "tfds_data", "disk_data"),
-    "build": ("optim", "recipes", "config", "hparams", "sweeps"),
+    "build": ("optim", "recipes", "async_recipes", "config", "hparams", "sweeps"),
     "run": ("run",),
     "programs": ("train", "tx", "main", "launch", "report", "config_doc"),
 }

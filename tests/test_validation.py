@@ -121,6 +121,8 @@ CASES = [
     bad("matcha.budget", 0.0),
     bad("matcha.budget", 2.0),
     bad("matcha.seed", -1),
+    bad("ad_psgd.pairing", "pairs", algorithm="ad_psgd"),
+    bad("ad_psgd.seed", -1, algorithm="ad_psgd"),
     bad("local_sgd.tau", 0),
     bad("local_sgd.alpha", -0.5),
     bad("local_sgd.max_tau", -1),

@@ -5,10 +5,10 @@ cluster`, :mod:`~nbsgd_jax.host.clock`), communication periods (:mod:`~nbsgd_jax
 periods`), MATCHA's plan (:mod:`~nbsgd_jax.host.matcha`) and the event clock of asynchronous
 training (:mod:`~nbsgd_jax.host.events`)."""
 
-from nbsgd_jax.host.events import Event, EventClock, batch_inputs
+from nbsgd_jax.host.events import Event, EventClock, EventTimes, batch_inputs, random_peer
 from nbsgd_jax.host.parts import (Activations, Clock, Failures, Host, HostInputs, HostPart,
                                   Periods, Totals, Workload)
 from nbsgd_jax.host.targets import CriticalTarget, Targets, TargetSchedule
 
-__all__ = ["Activations", "Clock", "CriticalTarget", "Event", "EventClock", "Failures", "Host", "HostInputs", "HostPart", "Periods",
-           "TargetSchedule", "Targets", "Totals", "Workload", "batch_inputs"]
+__all__ = ["Activations", "Clock", "CriticalTarget", "Event", "EventClock", "EventTimes", "Failures", "Host", "HostInputs", "HostPart", "Periods",
+           "TargetSchedule", "Targets", "Totals", "Workload", "batch_inputs", "random_peer"]

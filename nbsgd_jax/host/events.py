@@ -12,13 +12,12 @@ index; ``touch`` and ``comm`` must be functions of ``(i, k)`` alone (seeded draw
 order does not depend on how events are batched.
 
 **Batches** (:meth:`EventClock.next_batch`): one device step applies a batch of events with
-per-worker masks (:func:`batch_inputs`). Events are taken in time order; one joins the batch
-when the workers it touches are disjoint from the *reach* of every worker whose event came
-before it in the batch, taken or left out: ``reach(w)``, every worker an event of ``w`` may
-touch (AD-PSGD: w and its neighbours), since w's later events, not drawn yet, may come before
-it too. So an event of a batch commutes with every earlier event not in it (those of the
-workers met before it, and their successors), no two events of a batch share a worker, and
-applying the batch at once equals applying its events one by one in time order
+per-worker masks (:func:`batch_inputs`). Events are taken in time order, each worker's
+following events too (drawn ahead: ``touch`` and the times are functions of ``(i, k)``); one
+joins the batch when no event before it in time, taken or left out, touches a worker it
+touches, and no event of its worker was left out. So an event of a batch commutes with every
+earlier event not in it, no two events of a batch share a worker, and applying the batch at
+once equals applying its events one by one in time order
 (``tests/test_events.py`` holds it to a plain sequential event loop).
 
 **Staleness** of an event's gradient: in steps, the changes to the worker's model (events of
@@ -34,9 +33,13 @@ SGP, Assran et al. 2019; SwarmSGD, Nadiradze et al. 2021; asynchronous DiLoCo, L
 from __future__ import annotations
 
 import heapq
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
+
+from nbsgd_jax.host import clock as clock_lib
+from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host.parts import HostPart
 
 
 class Event(NamedTuple):
@@ -71,8 +74,6 @@ class EventClock:
       (default: ``(i,)``).
     comm: ``(i, k) -> float``, s from worker i's event k to the start of its next computation
       (default 0).
-    reach: ``i -> iterable``, every worker any event of worker i may touch (default: all
-      workers when ``touch`` is given, else ``(i,)``): the smaller, the larger the batches.
 
   Raises:
     ValueError: ``n < 1``, or a ``touch`` that does not start with its worker or names a
@@ -81,16 +82,13 @@ class EventClock:
 
   def __init__(self, n: int, duration: Callable[[int], np.ndarray],
                touch: Optional[Callable[[int, int], tuple]] = None,
-               comm: Optional[Callable[[int, int], float]] = None,
-               reach: Optional[Callable[[int], tuple]] = None):
+               comm: Optional[Callable[[int, int], float]] = None):
     if n < 1:
       raise ValueError(f"n={n} is not allowed: at least one worker")
     self.n = n
     self._duration = duration
     self._touch = touch or (lambda i, k: (i,))
     self._comm = comm or (lambda i, k: 0.0)
-    everyone = tuple(range(n))
-    self._reach = reach or ((lambda i: everyone) if touch else (lambda i: (i,)))
     self._rows: dict = {}  # own step k -> duration(k), the latest few
     self.steps = np.zeros(n, np.int64)  # computations each worker finished
     self.start = np.zeros(n)  # s, when each worker's current computation started
@@ -117,16 +115,19 @@ class EventClock:
   def next_batch(self, limit: Optional[int] = None) -> list[Event]:
     """The next batch of events (module docstring), in time order; each worker in it starts
     its next computation. ``limit``: at most this many events (None: as many as commute)."""
-    heap = [(float(self.finish[i]), i) for i in range(self.n)]
+    heap = [(float(self.finish[i]), i, int(self.steps[i])) for i in range(self.n)]
     heapq.heapify(heap)
-    batch, covered = [], set()  # the reach of the workers met so far
+    batch, covered = [], set()  # the workers of every event met so far, taken or not
+    behind = np.zeros(self.n, bool)  # workers with an event left out: their later ones wait
     while heap and (limit is None or len(batch) < limit) and len(covered) < self.n:
-      t, i = heapq.heappop(heap)
-      touched = self._touched(i, int(self.steps[i]))
-      if covered.isdisjoint(touched):
+      t, i, k = heapq.heappop(heap)
+      touched = self._touched(i, k)
+      if not behind[i] and covered.isdisjoint(touched):
         batch.append(self._apply(t, i, touched))
-        heapq.heappush(heap, (float(self.finish[i]), i))  # its next event: i is covered
-      covered.update(self._reach(i))  # its events, this one or later, may touch these
+      else:  # left out: its next event, not applied either, comes after it
+        behind[i] = True
+      covered.update(touched)
+      heapq.heappush(heap, (t + float(self._comm(i, k)) + self._seconds(i, k + 1), i, k + 1))
     return batch
 
   def _apply(self, t: float, i: int, touched: tuple) -> Event:
@@ -179,4 +180,100 @@ def batch_inputs(batch: list, n: int) -> dict:
   return {"fire": fire, "peer": peer, "touched": touched, "staleness": staleness}
 
 
-__all__ = ["Event", "EventClock", "batch_inputs"]
+def random_peer(neighbours: Callable[[int], Sequence[int]], seed: int,
+                active: Optional[np.ndarray] = None) -> Callable[[int, int], tuple]:
+  """AD-PSGD's pairing as an event clock's ``touch``: worker i's event k averages with a
+  neighbour drawn uniformly (Lian et al. 2018, Algorithm 1, line 2), from a generator seeded
+  by ``(seed, i, k)`` (the same draw however events are batched).
+
+  Args:
+    neighbours: ``i -> its neighbours``.
+    seed: the draws' seed.
+    active: bool ``[n]`` or None: only active workers initiate (the reference's bipartite
+      active / passive roles, stochastic_gradient_push ``gossip/ad_psgd.py``); a passive
+      worker's event touches itself alone.
+  """
+
+  def touch(i: int, k: int) -> tuple:
+    nb = neighbours(i)
+    if not nb or (active is not None and not active[i]):
+      return (i,)
+    j = nb[int(np.random.default_rng([seed, i, k]).integers(len(nb)))]
+    return (i, int(j))
+
+  return touch
+
+
+class EventTimes(HostPart):
+  """The event clock as the run's clock (a recipe's ``Recipe.clock``, in place of the
+  lockstep :class:`~nbsgd_jax.host.parts.Clock`): each device step is one batch of events
+  (:meth:`EventClock.next_batch`).
+
+  Worker i's computation of its own step k takes the cluster model's time of its M
+  mini-batches at step k (:func:`~nbsgd_jax.host.cluster.minibatch_finish_times`, plus
+  ``cluster.step_overhead``); an event that averages with a peer sends one model and the worker
+  starts its next computation after the alpha-beta time of that message (``latency +
+  bytes / bandwidth``, :func:`~nbsgd_jax.host.clock.comm_time`; the bytes are the
+  communication's :meth:`~nbsgd_jax.communications.pairwise.PairwiseAverage.message_bytes`).
+  The model a worker reads for its next gradient is its model right after its event.
+
+  Inputs: ``per_worker`` ``start``, ``fire``, ``peer`` (:mod:`nbsgd_jax.transforms.
+  asynchronous`). Record: ``sim_time`` (s, the last event's time), ``events`` (applied so far),
+  ``staleness_steps`` / ``staleness_s`` (the mean over the applied events of the changes to a
+  worker's model between its read and its event, and of the gradient's age in seconds),
+  ``staleness_steps_max``.
+
+  Args:
+    cluster: the :class:`~nbsgd_jax.host.cluster.Cluster`.
+    touch: as :class:`EventClock`.
+    message_bytes: bytes of one exchange's message.
+    step_overhead: s added to each computation (``cluster.step_overhead``).
+  """
+
+  name = "clock"
+
+  def __init__(self, cluster, touch: Callable, message_bytes: float,
+               step_overhead: float = 0.0):
+    self.cluster, self._touch = cluster, touch
+    self.overhead = float(step_overhead)
+    self.message_s = float(clock_lib.comm_time(cluster, 1.0, float(message_bytes))[0])
+    self.clock = EventClock(cluster.n, self._duration, touch, self._comm)
+    self.started = np.ones(cluster.n, bool)  # every worker reads x_0 at step 0
+    self.events, self.stale_steps, self.stale_s, self.stale_max = 0, 0, 0.0, 0
+
+  def _duration(self, k: int) -> np.ndarray:
+    return cluster_lib.minibatch_finish_times(self.cluster, k)[:, -1] + self.overhead
+
+  def _comm(self, i: int, k: int) -> float:
+    return self.message_s if len(self._touch(i, k)) > 1 else 0.0
+
+  def inputs(self, step, inputs, probe):
+    batch = self.clock.next_batch()
+    masks = batch_inputs(batch, self.cluster.n)
+    inputs.per_worker.update(start=self.started, fire=masks["fire"], peer=masks["peer"])
+    self.started = masks["fire"]
+    self.events += len(batch)
+    for e in batch:
+      self.stale_steps += e.staleness
+      self.stale_s += e.time - e.start
+      self.stale_max = max(self.stale_max, e.staleness)
+
+  def record(self):
+    per = max(self.events, 1)
+    return {"sim_time": self.clock.now, "events": self.events,
+            "staleness_steps": self.stale_steps / per, "staleness_s": self.stale_s / per,
+            "staleness_steps_max": self.stale_max}
+
+  def state_dict(self):
+    return {"clock": self.clock.state_dict(), "started": self.started.tolist(),
+            "events": self.events, "stale_steps": self.stale_steps, "stale_s": self.stale_s,
+            "stale_max": self.stale_max}
+
+  def load_state_dict(self, d):
+    self.clock.load_state_dict(d["clock"])
+    self.started = np.asarray(d["started"], bool)
+    self.events, self.stale_steps = int(d["events"]), int(d["stale_steps"])
+    self.stale_s, self.stale_max = float(d["stale_s"]), int(d["stale_max"])
+
+
+__all__ = ["Event", "EventClock", "EventTimes", "batch_inputs", "random_peer"]

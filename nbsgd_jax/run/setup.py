@@ -431,7 +431,11 @@ def make_host(s: Setup) -> host_lib.Host:
   if cfg.consensus.control:
     parts.append(_targets(cfg))
   parts += [make() for make in s.recipe.host_parts]  # the recipe's own (its open context)
-  parts += [host_lib.Clock(cluster, comms), host_lib.Totals()]
+  if s.recipe.clock is None:
+    clock = host_lib.Clock(cluster, comms)
+  else:  # the recipe's own (the event clock): it charges one worker's model per message
+    clock = s.recipe.clock(cluster, comms, jax.eval_shape(lambda: s.task.init()[0]))
+  parts += [clock, host_lib.Totals()]
   return host_lib.Host(parts)
 
 

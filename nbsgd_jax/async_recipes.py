@@ -1,0 +1,116 @@
+"""The asynchronous family as recipes on the event clock (``docs/algorithms.md``,
+"Asynchronous training"): each recipe's ``Recipe.clock`` is :class:`~nbsgd_jax.host.events.
+EventTimes` (one device step applies one batch of events) and its transform reads the batch's
+masks (:mod:`nbsgd_jax.transforms.asynchronous`).
+
+* ``ad_psgd``: AD-PSGD (Lian, Zhang, Zhang, Liu, ICML 2018, Algorithm 1).
+
+Rules of every asynchronous recipe: no Non-blocking SGD deadline (a worker waits for nobody),
+no simulated failures and no wall clock (the event clock is the run's time), no compression
+(AD-PSGD averages models).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import ml_collections
+import numpy as np
+
+from nbsgd_jax import checks, recipes
+from nbsgd_jax.communications.pairwise import PairwiseAverage
+from nbsgd_jax.host import events as events_lib
+from nbsgd_jax.transforms import asynchronous as A
+
+PAIRINGS = ("random", "bipartite")
+NO_COMPRESSION = "AD-PSGD averages models: a compressed average needs CHOCO-SGD's public copies"
+
+
+def ad_psgd_defaults() -> ml_collections.ConfigDict:
+  """``config.ad_psgd.*`` with their defaults."""
+  s = ml_collections.ConfigDict()
+  s.pairing = "random"  # random: every worker averages with a neighbour drawn uniformly (Lian
+                        # et al. 2018, Alg. 1) | bipartite: the graph's two sides are active /
+                        # passive, only active workers initiate (the reference's roles)
+  s.seed = 0            # seed of the peer draws (per worker and event)
+  return s
+
+
+def check_ad_psgd_config(cfg, errs: list) -> None:
+  """ad_psgd.pairing, ad_psgd.seed."""
+  checks.choice(cfg, errs, "ad_psgd.pairing", PAIRINGS)
+  checks.integer(cfg, errs, "ad_psgd.seed", 0)
+
+
+def check_asynchronous(cfg, errs: list) -> None:
+  """The rules of every asynchronous recipe (module docstring)."""
+  algo = f"config.algorithm={cfg.algorithm!r}"
+  if cfg.nonblocking.get("enabled"):
+    errs.append(f"config.nonblocking.enabled=True is not allowed with {algo}: an asynchronous "
+                "worker waits for nobody, so there is no deadline")
+  if str(cfg.cluster.get("failures") or "").strip():
+    errs.append(f"config.cluster.failures={cfg.cluster.failures!r} is not allowed with {algo}: "
+                "the event clock simulates no failures")
+  if cfg.cluster.get("clock") != "simulated":
+    errs.append(f"config.cluster.clock={cfg.cluster.clock!r} is not allowed with {algo}: the "
+                "event clock is simulated")
+
+
+def two_colouring(n: int, edges) -> np.ndarray | None:
+  """bool ``[n]``, a side of each worker such that every edge joins the two sides (breadth
+  first from the lowest worker of each component, which gets True), or None when the graph has
+  an odd cycle (not bipartite)."""
+  adj = [[] for _ in range(n)]
+  for i, j in edges:
+    adj[i].append(j)
+    adj[j].append(i)
+  side = np.full(n, -1)
+  for root in range(n):
+    if side[root] >= 0:
+      continue
+    side[root], queue = 1, deque([root])
+    while queue:
+      i = queue.popleft()
+      for j in adj[i]:
+        if side[j] < 0:
+          side[j] = 1 - side[i]
+          queue.append(j)
+        elif side[j] == side[i]:
+          return None
+  return side.astype(bool)
+
+
+def _event_clock(cfg, pairwise: PairwiseAverage, active):
+  """``Recipe.clock``: :class:`~nbsgd_jax.host.events.EventTimes` with AD-PSGD's pairing."""
+  touch = events_lib.random_peer(pairwise.neighbours, cfg.ad_psgd.seed, active)
+  return lambda cluster, comms, params: events_lib.EventTimes(
+      cluster, touch, pairwise.message_bytes(params), cfg.cluster.step_overhead)
+
+
+AD_PSGD = recipes.Section(ad_psgd_defaults, check_ad_psgd_config,
+                          "AD-PSGD (Lian et al. 2018)", host=("pairing", "seed"))
+
+
+@recipes.register("ad_psgd", no_compression=NO_COMPRESSION, sections={"ad_psgd": AD_PSGD},
+                  check=check_asynchronous)
+def ad_psgd(b: recipes.Builder) -> recipes.Recipe:
+  """AD-PSGD (Lian et al. 2018, Algorithm 1) on the event clock over the topology's graph.
+
+  Raises:
+    ValueError: ``ad_psgd.pairing='bipartite'`` on a graph that is not bipartite (named).
+  """
+  cfg, topo = b.cfg, b.topology
+  pairwise = PairwiseAverage(b.n, topo.edges, b.axis_name)
+  active = None
+  if cfg.ad_psgd.pairing == "bipartite":
+    active = two_colouring(b.n, topo.edges)
+    if active is None:
+      raise ValueError(f"config.ad_psgd.pairing='bipartite' is not allowed with "
+                       f"config.topology={cfg.topology!r} and num_workers={b.n}: the graph "
+                       "has an odd cycle (not bipartite); use pairing='random' or a bipartite "
+                       "graph (a ring of even n, a torus of even sides)")
+  return recipes.Recipe(A.ad_psgd(b.optimizer(), pairwise), decentralized=True,
+                        primary=pairwise, clock=_event_clock(cfg, pairwise, active))
+
+
+__all__ = ["AD_PSGD", "PAIRINGS", "ad_psgd", "check_asynchronous", "two_colouring"]

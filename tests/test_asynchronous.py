@@ -1,0 +1,116 @@
+"""The asynchronous family on the event clock (``nbsgd_jax/async_recipes.py``) against
+independent references.
+
+AD-PSGD's reference is a plain sequential event loop in numpy float64, written from the paper
+and the reference code, not from the package: Lian, Zhang, Zhang, Liu, "Asynchronous
+Decentralized Parallel Stochastic Gradient Descent", ICML 2018, Algorithm 1 (a worker computes
+its gradient on its read of its model; at its event it averages with a neighbour drawn
+uniformly, (x_i + x_j) / 2 for both, then applies the stale gradient), with the local step of
+the reference's gossip process (facebookresearch/stochastic_gradient_push,
+``gossip/ad_psgd.py``, ``BilatGossipDataParallel._gossip_target``, commit
+ac9af237e195c812ebad08fc4697e3de1fa96ff8: ``torch.optim.SGD(lr, momentum, weight_decay,
+nesterov)``, i.e. ``d = g + wd x; buf = m buf + d; d = d + m buf; x -= lr d``) and the
+cluster's times written out: worker i computes for ``batch * time_per_example * slowdown_i``
+seconds, and after an exchange it sends one model (``latency + 4 d / bandwidth``) before its
+next computation.
+"""
+
+import heapq
+
+import numpy as np
+import pytest
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import problems
+from nbsgd_jax import train
+
+N, M, DIM = 8, 16, 4
+SLOW = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 5.0, 5.0)  # 3 speeds
+LR, MOM, WD, TPE, LAT, BW = 0.05, 0.9, 1e-3, 1e-3, 1e-4, 1e6
+
+
+def _cfg(**kw):
+  c = config_lib.default_config()
+  over = {"dataset": "least_squares", "problem.shards": N, "problem.examples_per_worker": M,
+          "problem.dim": DIM, "problem.noise": 1.0, "problem.l2": 0.0, "problem.seed": 0,
+          "problem.heterogeneity": 1.0, "problem.full_batch": True, "algorithm": "ad_psgd",
+          "num_workers": N, "batch_size": M, "learning_rate": LR, "momentum": MOM,
+          "nesterov": True, "weight_decay": WD, "cluster.slowdown": SLOW,
+          "cluster.time_per_example": TPE, "cluster.latency": LAT, "cluster.bandwidth": BW,
+          "topology": "ring", "progress": False, "num_steps": 30, "eval_every": 30, **kw}
+  return config_lib.override(c, over)
+
+
+def sequential_ad_psgd(x0, keep, seed=0):
+  """AD-PSGD event by event (module docstring): the events ``(worker, own step)`` of ``keep``
+  applied in time order (ties by worker). Returns ``(x [n, d], mean staleness)``."""
+  prob = problems.least_squares(N, M, DIM, noise=1.0, heterogeneity=1.0, seed=0)
+  a, b = prob.features.astype(np.float64), prob.targets.astype(np.float64)
+  grad = lambda i, x: a[i].T @ (a[i] @ x - b[i]) / M
+  nbrs = [sorted({(i - 1) % N, (i + 1) % N}) for i in range(N)]
+  x = np.repeat(np.asarray(x0, np.float64)[None], N, 0)
+  buf, held = np.zeros_like(x), np.stack([grad(i, x[i]) for i in range(N)])
+  changes, read, stale = np.zeros(N, int), np.zeros(N, int), []
+  heap = [(M * TPE * SLOW[i], i, 0) for i in range(N)]
+  heapq.heapify(heap)
+  while heap:
+    t, i, k = heapq.heappop(heap)
+    if (i, k) not in keep:
+      continue
+    j = nbrs[i][int(np.random.default_rng([seed, i, k]).integers(len(nbrs[i])))]
+    stale.append(changes[i] - read[i])
+    x[i] = x[j] = (x[i] + x[j]) / 2
+    changes[[i, j]] += 1
+    d = held[i] + WD * x[i]
+    buf[i] = MOM * buf[i] + d
+    x[i] -= LR * (d + MOM * buf[i])
+    held[i], read[i] = grad(i, x[i]), changes[i]
+    heapq.heappush(heap, (t + LAT + 4 * DIM / BW + M * TPE * SLOW[i], i, k + 1))
+  return x, float(np.mean(stale))
+
+
+def test_ad_psgd_equals_the_sequential_event_loop():
+  """30 device steps (batches of events) of ``ad_psgd`` equal the events they applied, run
+  one by one by the numpy loop, to 1e-6 relative; the logged mean staleness is the loop's."""
+  s = train.setup(_cfg())
+  stepper = train.Stepper.of(s)
+  x0 = np.asarray(stepper.state.params["w"][0])
+  steps = stepper.steps(30)
+  clock = stepper.runs[0].host.part("clock")
+  done = clock.clock.steps
+  assert sum(int(x["fire"].sum()) for _, x, _, _ in
+             [(st, i.per_worker, l, r) for st, i, l, r in steps]) == done.sum()
+  keep = {(i, k) for i in range(N) for k in range(int(done[i]))}
+  ref, stale = sequential_ad_psgd(x0, keep)
+  got = np.asarray(stepper.state.params["w"], np.float64)
+  np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+  rec = clock.record()
+  assert rec["events"] == done.sum() > 30  # batches of several events
+  assert rec["staleness_steps"] == pytest.approx(stale) and stale > 0
+  assert done[0] > done[7]  # the fast workers made more steps
+
+
+def test_bipartite_pairing_pairs_an_active_with_a_passive_worker():
+  from nbsgd_jax import async_recipes
+  s = train.setup(_cfg(**{"ad_psgd.pairing": "bipartite"}))
+  side = async_recipes.two_colouring(N, s.topology.edges)
+  pairs = 0
+  for _, inputs, _, _ in train.Stepper.of(s).steps(20):
+    peer = inputs.per_worker["peer"]
+    for i in np.flatnonzero(peer != np.arange(N)):
+      assert side[i] != side[peer[i]]
+      pairs += 1
+  assert pairs > 0
+
+
+@pytest.mark.parametrize("over, named", [
+    ({"ad_psgd.pairing": "bipartite", "num_workers": 7, "problem.shards": 7,
+      "cluster.slowdown": ()},
+     "config.ad_psgd.pairing='bipartite' is not allowed"),
+    ({"ad_psgd.pairing": "pairs"}, "ad_psgd.pairing"),
+    ({"nonblocking.enabled": True}, "config.nonblocking.enabled=True is not allowed"),
+    ({"cluster.failures": "1:0:5"}, "config.cluster.failures"),
+])
+def test_bad_input_is_one_line_naming_the_key(over, named):
+  with pytest.raises(config_lib.ConfigError, match=named.replace("[", r"\[")):
+    train.setup(_cfg(**over))
