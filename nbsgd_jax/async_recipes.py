@@ -3,11 +3,13 @@
 EventTimes` (one device step applies one batch of events) and its transform reads the batch's
 masks (:mod:`nbsgd_jax.transforms.asynchronous`).
 
-* ``ad_psgd``: AD-PSGD (Lian, Zhang, Zhang, Liu, ICML 2018, Algorithm 1).
+* ``ad_psgd``: AD-PSGD (Lian, Zhang, Zhang, Liu, ICML 2018, Algorithm 1);
+* ``swarm_sgd``: SwarmSGD (Nadiradze, Sabour, Davies, Li, Alistarh, NeurIPS 2021): H local
+  steps, then an average with a neighbour drawn uniformly.
 
 Rules of every asynchronous recipe: no Non-blocking SGD deadline (a worker waits for nobody),
 no simulated failures and no wall clock (the event clock is the run's time), no compression
-(AD-PSGD averages models).
+(they average models; SwarmSGD's quantized averaging is not built).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from nbsgd_jax.host import events as events_lib
 from nbsgd_jax.transforms import asynchronous as A
 
 PAIRINGS = ("random", "bipartite")
-NO_COMPRESSION = "AD-PSGD averages models: a compressed average needs CHOCO-SGD's public copies"
+NO_COMPRESSION = ("the asynchronous recipes average models: a compressed average needs "
+                  "CHOCO-SGD's public copies (SwarmSGD's quantized averaging is not built)")
 
 
 def ad_psgd_defaults() -> ml_collections.ConfigDict:
@@ -40,6 +43,20 @@ def check_ad_psgd_config(cfg, errs: list) -> None:
   """ad_psgd.pairing, ad_psgd.seed."""
   checks.choice(cfg, errs, "ad_psgd.pairing", PAIRINGS)
   checks.integer(cfg, errs, "ad_psgd.seed", 0)
+
+
+def swarm_sgd_defaults() -> ml_collections.ConfigDict:
+  """``config.swarm_sgd.*`` with their defaults."""
+  s = ml_collections.ConfigDict()
+  s.local_steps = 2  # H: a worker's local SGD steps between two averages it starts
+  s.seed = 0         # seed of the peer draws (per worker and event)
+  return s
+
+
+def check_swarm_sgd_config(cfg, errs: list) -> None:
+  """swarm_sgd.local_steps, swarm_sgd.seed."""
+  checks.integer(cfg, errs, "swarm_sgd.local_steps", 1, note="H")
+  checks.integer(cfg, errs, "swarm_sgd.seed", 0)
 
 
 def check_asynchronous(cfg, errs: list) -> None:
@@ -80,15 +97,18 @@ def two_colouring(n: int, edges) -> np.ndarray | None:
   return side.astype(bool)
 
 
-def _event_clock(cfg, pairwise: PairwiseAverage, active):
-  """``Recipe.clock``: :class:`~nbsgd_jax.host.events.EventTimes` with AD-PSGD's pairing."""
-  touch = events_lib.random_peer(pairwise.neighbours, cfg.ad_psgd.seed, active)
+def _event_clock(cfg, pairwise: PairwiseAverage, seed: int, active=None, every: int = 1):
+  """``Recipe.clock``: :class:`~nbsgd_jax.host.events.EventTimes` with a random pairing
+  (:func:`~nbsgd_jax.host.events.random_peer`)."""
+  touch = events_lib.random_peer(pairwise.neighbours, seed, active, every)
   return lambda cluster, comms, params: events_lib.EventTimes(
       cluster, touch, pairwise.message_bytes(params), cfg.cluster.step_overhead)
 
 
 AD_PSGD = recipes.Section(ad_psgd_defaults, check_ad_psgd_config,
                           "AD-PSGD (Lian et al. 2018)", host=("pairing", "seed"))
+SWARM_SGD = recipes.Section(swarm_sgd_defaults, check_swarm_sgd_config,
+                            "SwarmSGD (Nadiradze et al. 2021)", host=("local_steps", "seed"))
 
 
 @recipes.register("ad_psgd", no_compression=NO_COMPRESSION, sections={"ad_psgd": AD_PSGD},
@@ -109,8 +129,24 @@ def ad_psgd(b: recipes.Builder) -> recipes.Recipe:
                        f"config.topology={cfg.topology!r} and num_workers={b.n}: the graph "
                        "has an odd cycle (not bipartite); use pairing='random' or a bipartite "
                        "graph (a ring of even n, a torus of even sides)")
-  return recipes.Recipe(A.ad_psgd(b.optimizer(), pairwise), decentralized=True,
-                        primary=pairwise, clock=_event_clock(cfg, pairwise, active))
+  return recipes.Recipe(A.pairwise_events(b.optimizer(), pairwise, "average_first"),
+                        decentralized=True, primary=pairwise,
+                        clock=_event_clock(cfg, pairwise, cfg.ad_psgd.seed, active))
 
 
-__all__ = ["AD_PSGD", "PAIRINGS", "ad_psgd", "check_asynchronous", "two_colouring"]
+@recipes.register("swarm_sgd", no_compression=NO_COMPRESSION,
+                  sections={"swarm_sgd": SWARM_SGD}, check=check_asynchronous)
+def swarm_sgd(b: recipes.Builder) -> recipes.Recipe:
+  """SwarmSGD (Nadiradze et al. 2021) on the event clock: each event is one local SGD step of
+  a worker; after every H-th (``swarm_sgd.local_steps``) it averages with a neighbour drawn
+  uniformly, ``x_i, x_j <- (x_i + x_j) / 2`` (the peer keeps computing: its in-flight step
+  lands on the average)."""
+  pairwise = PairwiseAverage(b.n, b.topology.edges, b.axis_name)
+  sw = b.cfg.swarm_sgd
+  return recipes.Recipe(A.pairwise_events(b.optimizer(), pairwise, "gradient_first"),
+                        decentralized=True, primary=pairwise,
+                        clock=_event_clock(b.cfg, pairwise, sw.seed, every=sw.local_steps))
+
+
+__all__ = ["AD_PSGD", "PAIRINGS", "SWARM_SGD", "ad_psgd", "check_asynchronous", "swarm_sgd",
+           "two_colouring"]

@@ -41,9 +41,10 @@ def _cfg(**kw):
   return config_lib.override(c, over)
 
 
-def sequential_ad_psgd(x0, keep, seed=0):
-  """AD-PSGD event by event (module docstring): the events ``(worker, own step)`` of ``keep``
-  applied in time order (ties by worker). Returns ``(x [n, d], mean staleness)``."""
+def sequential(x0, keep, seed=0, every=1, swarm=False):
+  """AD-PSGD (or SwarmSGD: ``swarm``, a local step at every event and an average after every
+  ``every``-th) event by event (module docstring): the events ``(worker, own step)`` of
+  ``keep`` applied in time order (ties by worker). Returns ``(x [n, d], mean staleness)``."""
   prob = problems.least_squares(N, M, DIM, noise=1.0, heterogeneity=1.0, seed=0)
   a, b = prob.features.astype(np.float64), prob.targets.astype(np.float64)
   grad = lambda i, x: a[i].T @ (a[i] @ x - b[i]) / M
@@ -57,33 +58,40 @@ def sequential_ad_psgd(x0, keep, seed=0):
     t, i, k = heapq.heappop(heap)
     if (i, k) not in keep:
       continue
-    j = nbrs[i][int(np.random.default_rng([seed, i, k]).integers(len(nbrs[i])))]
+    pairs = (k + 1) % every == 0
+    j = nbrs[i][int(np.random.default_rng([seed, i, k]).integers(len(nbrs[i])))] if pairs else i
     stale.append(changes[i] - read[i])
-    x[i] = x[j] = (x[i] + x[j]) / 2
-    changes[[i, j]] += 1
+    if not swarm:
+      x[i] = x[j] = (x[i] + x[j]) / 2
     d = held[i] + WD * x[i]
     buf[i] = MOM * buf[i] + d
     x[i] -= LR * (d + MOM * buf[i])
+    if swarm:
+      x[i] = x[j] = (x[i] + x[j]) / 2
+    changes[list({i, j})] += 1
     held[i], read[i] = grad(i, x[i]), changes[i]
-    heapq.heappush(heap, (t + LAT + 4 * DIM / BW + M * TPE * SLOW[i], i, k + 1))
+    send = LAT + 4 * DIM / BW if j != i else 0.0
+    heapq.heappush(heap, (t + send + M * TPE * SLOW[i], i, k + 1))
   return x, float(np.mean(stale))
 
 
-def test_ad_psgd_equals_the_sequential_event_loop():
-  """30 device steps (batches of events) of ``ad_psgd`` equal the events they applied, run
-  one by one by the numpy loop, to 1e-6 relative; the logged mean staleness is the loop's."""
-  s = train.setup(_cfg())
+@pytest.mark.parametrize("algorithm, over, ref", [
+    ("ad_psgd", {}, {}),
+    ("swarm_sgd", {"swarm_sgd.local_steps": 3}, {"every": 3, "swarm": True})])
+def test_equals_the_sequential_event_loop(algorithm, over, ref):
+  """30 device steps (batches of events) equal the events they applied, run one by one by the
+  numpy loop, to 1e-6 relative; the logged mean staleness is the loop's."""
+  s = train.setup(_cfg(algorithm=algorithm, **over))
   stepper = train.Stepper.of(s)
   x0 = np.asarray(stepper.state.params["w"][0])
   steps = stepper.steps(30)
   clock = stepper.runs[0].host.part("clock")
   done = clock.clock.steps
-  assert sum(int(x["fire"].sum()) for _, x, _, _ in
-             [(st, i.per_worker, l, r) for st, i, l, r in steps]) == done.sum()
+  assert sum(int(inputs.per_worker["fire"].sum()) for _, inputs, _, _ in steps) == done.sum()
   keep = {(i, k) for i in range(N) for k in range(int(done[i]))}
-  ref, stale = sequential_ad_psgd(x0, keep)
+  want, stale = sequential(x0, keep, **ref)
   got = np.asarray(stepper.state.params["w"], np.float64)
-  np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
   rec = clock.record()
   assert rec["events"] == done.sum() > 30  # batches of several events
   assert rec["staleness_steps"] == pytest.approx(stale) and stale > 0

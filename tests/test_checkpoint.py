@@ -32,6 +32,10 @@ CASES = {
         "cluster.scenario": "lognormal", "cluster.delay": "bernoulli_exponential",
         "consensus.control": True, "consensus.critical": True,
         "consensus.smoothness_every": 7, "consensus.smoothness_iters": 3},
+    # the event clock (host) and the in-flight gradients (device) of asynchronous training
+    "ad_psgd_events": {"algorithm": "ad_psgd", "cluster.scenario": "lognormal",
+                       "cluster.delay": "bernoulli_exponential", "cluster.delay_prob": 0.2,
+                       "cluster.delay_mean": 0.01},
 }
 
 
@@ -83,12 +87,14 @@ def test_crash_and_resume_equals_uninterrupted(tmp_path, case):
           == {k: v for k, v in full.items() if k not in drop})
 
 
-def test_sigkill_and_resume_from_the_command_line(tmp_path):
-  """A real SIGKILL of the CLI mid-run, then the same command again."""
+@pytest.mark.parametrize("algorithm", ["dpsgd", "ad_psgd"])
+def test_sigkill_and_resume_from_the_command_line(tmp_path, algorithm):
+  """A real SIGKILL of the CLI mid-run, then the same command again (AD-PSGD: with the event
+  clock's events and the in-flight gradients)."""
   overrides = ["--config.model=mlp", "--config.num_workers=4", "--config.batch_size=8",
                "--config.num_steps=40", "--config.eval_every=5", "--config.checkpoint_every=10",
                "--config.eval_train_examples=64", "--config.progress=False",
-               "--config.algorithm=dpsgd"]
+               f"--config.algorithm={algorithm}", "--config.cluster.scenario=lognormal"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
   def cmd(wd):

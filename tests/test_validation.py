@@ -123,6 +123,8 @@ CASES = [
     bad("matcha.seed", -1),
     bad("ad_psgd.pairing", "pairs", algorithm="ad_psgd"),
     bad("ad_psgd.seed", -1, algorithm="ad_psgd"),
+    bad("swarm_sgd.local_steps", 0, algorithm="swarm_sgd"),
+    bad("swarm_sgd.seed", -1, algorithm="swarm_sgd"),
     bad("local_sgd.tau", 0),
     bad("local_sgd.alpha", -0.5),
     bad("local_sgd.max_tau", -1),

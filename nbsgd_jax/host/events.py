@@ -181,10 +181,10 @@ def batch_inputs(batch: list, n: int) -> dict:
 
 
 def random_peer(neighbours: Callable[[int], Sequence[int]], seed: int,
-                active: Optional[np.ndarray] = None) -> Callable[[int, int], tuple]:
-  """AD-PSGD's pairing as an event clock's ``touch``: worker i's event k averages with a
-  neighbour drawn uniformly (Lian et al. 2018, Algorithm 1, line 2), from a generator seeded
-  by ``(seed, i, k)`` (the same draw however events are batched).
+                active: Optional[np.ndarray] = None, every: int = 1) -> Callable[[int, int], tuple]:
+  """A random pairing as an event clock's ``touch``: worker i's event k averages with a
+  neighbour drawn uniformly (AD-PSGD, Lian et al. 2018, Algorithm 1, line 2), from a generator
+  seeded by ``(seed, i, k)`` (the same draw however events are batched).
 
   Args:
     neighbours: ``i -> its neighbours``.
@@ -192,11 +192,13 @@ def random_peer(neighbours: Callable[[int], Sequence[int]], seed: int,
     active: bool ``[n]`` or None: only active workers initiate (the reference's bipartite
       active / passive roles, stochastic_gradient_push ``gossip/ad_psgd.py``); a passive
       worker's event touches itself alone.
+    every: only every ``every``-th event of a worker pairs (events ``k`` with ``(k + 1) %
+      every == 0``: SwarmSGD's H local steps between interactions); >= 1.
   """
 
   def touch(i: int, k: int) -> tuple:
     nb = neighbours(i)
-    if not nb or (active is not None and not active[i]):
+    if not nb or (active is not None and not active[i]) or (k + 1) % every:
       return (i,)
     j = nb[int(np.random.default_rng([seed, i, k]).integers(len(nb)))]
     return (i, int(j))
