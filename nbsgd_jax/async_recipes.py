@@ -73,6 +73,13 @@ def check_asynchronous(cfg, errs: list) -> None:
                 "event clock is simulated")
 
 
+def is_asynchronous(algorithm: str) -> bool:
+  """Whether ``config.algorithm=algorithm`` runs on the event clock (registered with
+  :func:`check_asynchronous`)."""
+  entry = recipes.REGISTRY.get(algorithm)
+  return entry is not None and entry.check is check_asynchronous
+
+
 def two_colouring(n: int, edges) -> np.ndarray | None:
   """bool ``[n]``, a side of each worker such that every edge joins the two sides (breadth
   first from the lowest worker of each component, which gets True), or None when the graph has
@@ -101,8 +108,9 @@ def _event_clock(cfg, pairwise: PairwiseAverage, seed: int, active=None, every: 
   """``Recipe.clock``: :class:`~nbsgd_jax.host.events.EventTimes` with a random pairing
   (:func:`~nbsgd_jax.host.events.random_peer`)."""
   touch = events_lib.random_peer(pairwise.neighbours, seed, active, every)
+  reach = lambda i: (i,) + (pairwise.neighbours(i) if active is None or active[i] else ())
   return lambda cluster, comms, params: events_lib.EventTimes(
-      cluster, touch, pairwise.message_bytes(params), cfg.cluster.step_overhead)
+      cluster, touch, pairwise.message_bytes(params), cfg.cluster.step_overhead, reach)
 
 
 AD_PSGD = recipes.Section(ad_psgd_defaults, check_ad_psgd_config,
@@ -148,5 +156,6 @@ def swarm_sgd(b: recipes.Builder) -> recipes.Recipe:
                         clock=_event_clock(b.cfg, pairwise, sw.seed, every=sw.local_steps))
 
 
-__all__ = ["AD_PSGD", "PAIRINGS", "SWARM_SGD", "ad_psgd", "check_asynchronous", "swarm_sgd",
+__all__ = ["AD_PSGD", "PAIRINGS", "SWARM_SGD", "ad_psgd", "check_asynchronous", "is_asynchronous",
+           "swarm_sgd",
            "two_colouring"]

@@ -10,7 +10,8 @@ the reference's gossip process (facebookresearch/stochastic_gradient_push,
 ``gossip/ad_psgd.py``, ``BilatGossipDataParallel._gossip_target``, commit
 ac9af237e195c812ebad08fc4697e3de1fa96ff8: ``torch.optim.SGD(lr, momentum, weight_decay,
 nesterov)``, i.e. ``d = g + wd x; buf = m buf + d; d = d + m buf; x -= lr d``) and the
-cluster's times written out: worker i computes for ``batch * time_per_example * slowdown_i``
+cluster's times written out (the peer of worker i's event k is the seeded draw
+``draw_index(seed, i, k, degree)``, an input of the run like its seed): worker i computes for ``batch * time_per_example * slowdown_i``
 seconds, and after an exchange it sends one model (``latency + 4 d / bandwidth``) before its
 next computation.
 """
@@ -23,6 +24,7 @@ import pytest
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import problems
 from nbsgd_jax import train
+from nbsgd_jax.host.events import draw_index  # the seeded draw: an input, like a seed
 
 N, M, DIM = 8, 16, 4
 SLOW = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 5.0, 5.0)  # 3 speeds
@@ -59,7 +61,7 @@ def sequential(x0, keep, seed=0, every=1, swarm=False):
     if (i, k) not in keep:
       continue
     pairs = (k + 1) % every == 0
-    j = nbrs[i][int(np.random.default_rng([seed, i, k]).integers(len(nbrs[i])))] if pairs else i
+    j = nbrs[i][draw_index(seed, i, k, len(nbrs[i]))] if pairs else i
     stale.append(changes[i] - read[i])
     if not swarm:
       x[i] = x[j] = (x[i] + x[j]) / 2

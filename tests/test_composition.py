@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from nbsgd_jax import async_recipes
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import recipes, train
 from nbsgd_jax import transforms as T
@@ -22,6 +23,8 @@ ALGORITHMS = config_lib.ALGORITHMS
 GOSSIP = tuple(recipes.gossip_recipes())
 UNCOMPRESSED_GOSSIP = tuple(n for n in GOSSIP if recipes.REGISTRY[n].no_compression
                             == recipes.GOSSIP_REASON)
+# the asynchronous family (the event clock): no deadline, no simulated failures, no codec
+ASYNC = tuple(n for n in ALGORITHMS if async_recipes.is_asynchronous(n))
 STEPS = 4
 
 
@@ -47,10 +50,16 @@ CELLS = [cell for cell in itertools.product(ALGORITHMS, (False, True), (False, T
          and (cell[2] or cell[0] != "choco_sgd")]  # CHOCO without a codec is D-PSGD
 
 
-def refusal(algorithm, compression):
-  """The mathematical reason a cell is refused, or None."""
+def refusal(algorithm, compression, nonblocking=False, failures=False):
+  """The reason a cell is refused, or None."""
   if compression and algorithm in UNCOMPRESSED_GOSSIP:
     return "gossip exchanges models, not gradients"
+  if algorithm in ASYNC and nonblocking:
+    return "an asynchronous worker waits for nobody"
+  if algorithm in ASYNC and failures:
+    return "the event clock simulates no failures"
+  if algorithm in ASYNC and compression:
+    return "the asynchronous recipes average models"
   return None
 
 
@@ -75,7 +84,7 @@ def run_cell(cfg, steps=STEPS):
 @pytest.mark.parametrize("algorithm,nonblocking,compression,failures,control", CELLS)
 def test_composition_cell(algorithm, nonblocking, compression, failures, control):
   cfg = cell_cfg(algorithm, nonblocking, compression, failures, control)
-  reason = refusal(algorithm, compression)
+  reason = refusal(algorithm, compression, nonblocking, failures)
   if reason:
     with pytest.raises(config_lib.ConfigError) as e:
       train.setup(cfg)
@@ -111,8 +120,12 @@ def test_refused_cells_are_only_compressed_gossip():
   """No combination is refused as "not combined yet": only compressed gossip, whose reason
   is mathematical (it needs CHOCO-SGD's public copies)."""
   for algorithm, nb, comp, fail, ctl in CELLS:
-    errs = recipes.combination_errors(cell_cfg(algorithm, nb, comp, fail, ctl))
-    assert bool(errs) == bool(refusal(algorithm, comp)), (algorithm, nb, comp, fail, ctl, errs)
+    cfg = cell_cfg(algorithm, nb, comp, fail, ctl)
+    errs = recipes.combination_errors(cfg)
+    if algorithm in ASYNC:  # the family's own rules (its registration's check)
+      async_recipes.check_asynchronous(cfg, errs)
+    assert bool(errs) == bool(refusal(algorithm, comp, nb, fail)), (algorithm, nb, comp, fail,
+                                                                     ctl, errs)
     assert not any("not combined yet" in e for e in errs)
 
 
@@ -240,7 +253,8 @@ def test_design_page_states_the_matrix_as_the_test_runs_it():
   import re
   with open(os.path.join(os.path.dirname(__file__), "..", "docs", "design.md")) as f:
     text = " ".join(f.read().split())
-  refused = sum(1 for cell in CELLS if refusal(cell[0], cell[2]))
-  m = re.search(r"(\d+) cells, of which the (\d+) that compress a plain gossip are refused",
-                text)
-  assert m and (int(m.group(1)), int(m.group(2))) == (len(CELLS), refused), m
+  gossip = sum(1 for cell in CELLS if cell[2] and cell[0] in UNCOMPRESSED_GOSSIP)
+  refused = sum(1 for cell in CELLS if refusal(cell[0], cell[2], cell[1], cell[3]))
+  m = re.search(r"(\d+) cells, of which the (\d+) that compress a plain gossip and the (\d+) "
+                r"of the asynchronous family", text)
+  assert m and [int(g) for g in m.groups()] == [len(CELLS), gossip, refused - gossip], m

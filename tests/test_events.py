@@ -43,8 +43,12 @@ class Toy:
   def grad(self, i, x):
     return self.curve[i] * (x - self.centre[i])
 
-  def clock(self):
-    return events_lib.EventClock(self.n, self.duration, self.touch, self.comm)
+  def reach(self, i):
+    return (i,) + tuple(self.nb[i])
+
+  def clock(self, reach=False):
+    return events_lib.EventClock(self.n, self.duration, self.touch, self.comm,
+                                 self.reach if reach else None)
 
 
 def ring(n):
@@ -89,10 +93,10 @@ def sequential(toy, keep):
   return x, order
 
 
-def batched(toy, num_batches):
+def batched(toy, num_batches, reach=False):
   """The same toy stepped in the clock's batches with per-worker masks (as a device step
   would): ``(x, events in application order, batch sizes)``."""
-  n, clock = toy.n, toy.clock()
+  n, clock = toy.n, toy.clock(reach)
   x = np.zeros((n, D))
   g = np.array([toy.grad(i, x[i]) for i in range(n)])
   applied, sizes = [], []
@@ -107,10 +111,11 @@ def batched(toy, num_batches):
   return x, applied, sizes
 
 
+@pytest.mark.parametrize("reach", [False, True], ids=["drawn ahead", "reach"])
 @pytest.mark.parametrize("name", list(TOYS))
-def test_batches_equal_the_sequential_event_loop(name):
+def test_batches_equal_the_sequential_event_loop(name, reach):
   toy = TOYS[name]
-  x, applied, sizes = batched(toy, 40)
+  x, applied, sizes = batched(toy, 40, reach)
   want_x, order = sequential(toy, {(e.worker, e.step) for e in applied})
   assert len(order) == len(applied) == sum(sizes)
   np.testing.assert_allclose(x, want_x, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,133 @@
+"""The asynchronous family against D-PSGD and Non-blocking D-PSGD on the main job's CNN, one
+heterogeneous cluster: simulated time to 97 % test accuracy and the accuracy at equal time.
+
+    python experiments/asynchronous_cnn.py --out docs/asynchronous          # about 15 min
+    python experiments/asynchronous_cnn.py --out runs/async --seeds 0 1 2
+
+The main job (``experiments/configs/mnist.py``: 8 workers, the LeNet-style CNN on mnist10k,
+batch 32, SGD with momentum 0.9, weight decay 5e-4, a ring), with a constant learning rate
+(``--lr``: a worker's schedule would count its own steps) on the non-blocking study's
+reference cluster (``experiments/reproduce_nonblocking.py``, "speeds 0.3 + stragglers":
+lognormal speeds, sigma 0.3; a straggler delay with probability 0.1, mean one batch time).
+Runs, each with the same cluster seed as its training seed:
+
+* ``dpsgd``: D-PSGD, ``--steps`` steps;
+* ``dpsgd, non-blocking``: Non-blocking D-PSGD (He & Dube 2022, M = 4, deadline ``fastest``),
+  ``--steps`` steps;
+* ``ad_psgd``, ``swarm_sgd`` (H = 2): on the event clock, until D-PSGD's simulated time
+  (``stop_sim_time``; ``num_steps`` counts batches of events).
+
+Each run writes ``OUT/runs/<name>_s<seed>/`` (``config.json``, ``metrics.jsonl``,
+``summary.json``); ``OUT/results.json`` and ``OUT/table.md`` hold, per algorithm, the mean and
+spread over seeds of: the simulated seconds to 97 % test accuracy (first evaluation at or
+above), the final test accuracy, the final simulated time, the gradients computed per worker
+and the mean staleness of an applied gradient (steps and seconds). Runs already finished are
+read back (the study resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import common  # noqa: E402,F401  (puts the repository on sys.path)
+import reproduce_nonblocking as nb  # noqa: E402
+from nbsgd_jax import config as config_lib  # noqa: E402
+from nbsgd_jax import files  # noqa: E402
+from nbsgd_jax import train  # noqa: E402
+
+TARGET = 0.97
+RUNS = {"dpsgd": ("dpsgd", {}),
+        "dpsgd, non-blocking": ("dpsgd", {"nonblocking.enabled": True,
+                                          "nonblocking.num_minibatches": 4}),
+        "ad_psgd": ("ad_psgd", {}),
+        "swarm_sgd": ("swarm_sgd", {"swarm_sgd.local_steps": 2})}
+
+
+def make_config(a, name: str, seed: int, stop_sim_time: float = 0.0):
+  """One run's config (module docstring)."""
+  algorithm, extra = RUNS[name]
+  spread, prob, mean = nb.CELLS[nb.REFERENCE_CELL]
+  asynchronous = stop_sim_time > 0
+  over = {"algorithm": algorithm, "num_workers": 8, "model": "cnn", "dataset": "mnist10k",
+          "topology": "ring", "batch_size": nb.BATCH, "learning_rate": a.lr,
+          "lr_schedule": "constant", "momentum": 0.9, "weight_decay": 5e-4, "seed": seed,
+          "num_steps": a.steps * (8 if asynchronous else 1),
+          "eval_every": a.eval_every * (2 if asynchronous else 1), "stop_sim_time": stop_sim_time,
+          "eval_train_examples": 1000, "progress": False, "cluster.seed": seed,
+          "cluster.time_per_example": nb.TIME_PER_EXAMPLE, "cluster.scenario": "lognormal",
+          "cluster.spread": spread, "cluster.delay": "bernoulli_exponential",
+          "cluster.delay_prob": prob, "cluster.delay_mean": mean * nb.T_B, **extra}
+  return config_lib.override(config_lib.default_config(), over)
+
+
+def history(workdir: str) -> list:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def run(a, name: str, seed: int, stop: float = 0.0) -> dict:
+  """The run's facts, trained unless its summary exists."""
+  wd = os.path.join(a.out, "runs", f"{name.replace(', ', '_').replace('-', '_')}_s{seed}")
+  if not os.path.exists(os.path.join(wd, "summary.json")):
+    train.train(make_config(a, name, seed, stop), wd)
+  h = history(wd)
+  reached = [r["sim_time"] for r in h if r.get("test_accuracy", 0) >= TARGET]
+  last = h[-1]
+  steps = last["step"] if not stop else last.get("events", 0) / 8
+  return {"time_to_target": reached[0] if reached else None,
+          "test_accuracy": last["test_accuracy"], "sim_time": last["sim_time"],
+          "steps_per_worker": steps, "staleness_steps": last.get("staleness_steps", 0.0),
+          "staleness_s": last.get("staleness_s", 0.0)}
+
+
+def spread(values: list) -> dict:
+  v = [x for x in values if x is not None]
+  return {"mean": float(np.mean(v)) if v else None, "std": float(np.std(v)) if v else None,
+          "reached": len(v), "runs": len(values)}
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+  ap.add_argument("--steps", type=int, default=600)
+  ap.add_argument("--eval_every", type=int, default=50)
+  ap.add_argument("--lr", type=float, default=0.05)
+  a = ap.parse_args()
+  facts = {name: [] for name in RUNS}
+  for seed in a.seeds:
+    base = run(a, "dpsgd", seed)
+    facts["dpsgd"].append(base)
+    for name in RUNS:
+      if name != "dpsgd":
+        stop = base["sim_time"] if RUNS[name][0] != "dpsgd" else 0.0
+        facts[name].append(run(a, name, seed, stop))
+      print(f"seed {seed} {name:22s} {facts[name][-1]}", flush=True)
+  results = {"args": vars(a), "target": TARGET, "runs": facts,
+             "summary": {name: {k: spread([f[k] for f in fs]) for k in fs[0]}
+                         for name, fs in facts.items()}}
+  files.atomic_write(os.path.join(a.out, "results.json"), json.dumps(results, indent=1))
+  lines = [f"Seeds {a.seeds}; mean (std) over seeds; 'to 97 %': simulated seconds to the first "
+           "evaluation at >= 97 % test accuracy (runs that reached it / runs).\n",
+           "| algorithm | s to 97 % | test accuracy | sim time, s | steps per worker | "
+           "staleness, steps | staleness, s |", "|---|---|---|---|---|---|---|"]
+  fmt = lambda d, p: "-" if d["mean"] is None else f"{d['mean']:.{p}f} ({d['std']:.{p}f})"
+  for name, sm in results["summary"].items():
+    t = sm["time_to_target"]
+    lines.append(f"| {name} | {fmt(t, 1)} [{t['reached']}/{t['runs']}] | "
+                 f"{fmt(sm['test_accuracy'], 4)} | {fmt(sm['sim_time'], 1)} | "
+                 f"{fmt(sm['steps_per_worker'], 0)} | {fmt(sm['staleness_steps'], 2)} | "
+                 f"{fmt(sm['staleness_s'], 3)} |")
+  files.atomic_write(os.path.join(a.out, "table.md"), "\n".join(lines) + "\n")
+  print("\n".join(lines))
+
+
+if __name__ == "__main__":
+  main()
