@@ -131,7 +131,7 @@ def test_refused_cells_are_only_compressed_gossip():
 
 MESH_CELLS = [("allreduce", True, True, False, False), ("dpsgd", True, False, True, True),
               ("local_sgd", True, True, False, False), ("diloco", False, False, True, False),
-              ("matcha", False, False, True, True)]
+              ("matcha", False, False, True, True), ("ad_psgd", False, False, False, False)]
 
 
 @pytest.mark.parametrize("algorithm,nonblocking,compression,failures,control", MESH_CELLS)
