@@ -5,9 +5,13 @@ masks (:mod:`nbsgd_jax.transforms.asynchronous`).
 
 * ``ad_psgd``: AD-PSGD (Lian, Zhang, Zhang, Liu, ICML 2018, Algorithm 1);
 * ``swarm_sgd``: SwarmSGD (Nadiradze, Sabour, Davies, Li, Alistarh, NeurIPS 2021): H local
-  steps, then an average with a neighbour drawn uniformly.
+  steps, then an average with a neighbour drawn uniformly;
+* ``sgp``: Stochastic Gradient Push and Overlap-SGP (Assran et al., ICML 2019), push-sum over
+  the topology's W_t (the time-varying directed exponential graph: ``one_peer_exponential``),
+  on the lockstep clock: with ``sgp.overlap`` its rounds overlap the computation and land
+  ``sgp.synch_freq`` steps late.
 
-Rules of every asynchronous recipe: no Non-blocking SGD deadline (a worker waits for nobody),
+Rules of the event-clock recipes (``ad_psgd``, ``swarm_sgd``): no Non-blocking SGD deadline (a worker waits for nobody),
 no simulated failures and no wall clock (the event clock is the run's time), no compression
 (they average models; SwarmSGD's quantized averaging is not built).
 """
@@ -23,6 +27,7 @@ from nbsgd_jax import checks, recipes
 from nbsgd_jax.communications.pairwise import PairwiseAverage
 from nbsgd_jax.host import events as events_lib
 from nbsgd_jax.transforms import asynchronous as A
+from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
 
 PAIRINGS = ("random", "bipartite")
 NO_COMPRESSION = ("the asynchronous recipes average models: a compressed average needs "
@@ -57,6 +62,32 @@ def check_swarm_sgd_config(cfg, errs: list) -> None:
   """swarm_sgd.local_steps, swarm_sgd.seed."""
   checks.integer(cfg, errs, "swarm_sgd.local_steps", 1, note="H")
   checks.integer(cfg, errs, "swarm_sgd.seed", 0)
+
+
+def sgp_defaults() -> ml_collections.ConfigDict:
+  """``config.sgp.*`` with their defaults."""
+  s = ml_collections.ConfigDict()
+  s.overlap = False  # Overlap-SGP: a round is sent before the step's gradient and lands
+                     # after it (the reference's overlap=True)
+  s.synch_freq = 0   # s: with overlap, steps a worker goes on before it waits for its round
+                     # in flight (a round every s + 1 steps; the reference's synch_freq)
+  return s
+
+
+def check_sgp_config(cfg, errs: list) -> None:
+  """sgp.overlap, sgp.synch_freq."""
+  checks.boolean(cfg, errs, "sgp.overlap")
+  if checks.integer(cfg, errs, "sgp.synch_freq", 0) and cfg.sgp.synch_freq \
+      and cfg.sgp.get("overlap") is False:
+    errs.append(f"config.sgp.synch_freq={cfg.sgp.synch_freq} is not allowed with "
+                "config.sgp.overlap=False: a worker waits for every round it sends")
+
+
+def check_sgp(cfg, errs: list) -> None:
+  """SGP's rules: no simulated failures (push-sum over failed workers is not built)."""
+  if str(cfg.cluster.get("failures") or "").strip():
+    errs.append(f"config.cluster.failures={cfg.cluster.failures!r} is not allowed with "
+                "config.algorithm='sgp': push-sum over failed workers is not built")
 
 
 def check_asynchronous(cfg, errs: list) -> None:
@@ -115,6 +146,7 @@ def _event_clock(cfg, pairwise: PairwiseAverage, seed: int, active=None, every: 
 
 AD_PSGD = recipes.Section(ad_psgd_defaults, check_ad_psgd_config,
                           "AD-PSGD (Lian et al. 2018)", host=("pairing", "seed"))
+SGP = recipes.Section(sgp_defaults, check_sgp_config, "SGP (Assran et al. 2019)")
 SWARM_SGD = recipes.Section(swarm_sgd_defaults, check_swarm_sgd_config,
                             "SwarmSGD (Nadiradze et al. 2021)", host=("local_steps", "seed"))
 
@@ -156,6 +188,17 @@ def swarm_sgd(b: recipes.Builder) -> recipes.Recipe:
                         clock=_event_clock(b.cfg, pairwise, sw.seed, every=sw.local_steps))
 
 
-__all__ = ["AD_PSGD", "PAIRINGS", "SWARM_SGD", "ad_psgd", "check_asynchronous", "is_asynchronous",
+@recipes.register("sgp", no_compression=recipes.GOSSIP_REASON, sections={"sgp": SGP},
+                  check=check_sgp)
+def sgp(b: recipes.Builder) -> recipes.Recipe:
+  """SGP / Overlap-SGP (Assran et al. 2019) over the topology's W_t (``one_peer_exponential``
+  is the paper's graph: every phase (I + P_t) / 2, doubly stochastic, so without overlap SGP
+  is D-PSGD over the same W_t)."""
+  sg = b.cfg.sgp
+  t = stochastic_gradient_push(b.optimizer("local"), b.gossip(), sg.overlap, sg.synch_freq)
+  return recipes.Recipe(t, decentralized=True, primary=t.communications[-1])
+
+
+__all__ = ["AD_PSGD", "PAIRINGS", "SGP", "SWARM_SGD", "sgp", "ad_psgd", "check_asynchronous", "is_asynchronous",
            "swarm_sgd",
            "two_colouring"]

@@ -120,7 +120,90 @@ def test_bipartite_pairing_pairs_an_active_with_a_passive_worker():
     ({"ad_psgd.pairing": "pairs"}, "ad_psgd.pairing"),
     ({"nonblocking.enabled": True}, "config.nonblocking.enabled=True is not allowed"),
     ({"cluster.failures": "1:0:5"}, "config.cluster.failures"),
+    ({"algorithm": "sgp", "sgp.synch_freq": -1}, "config.sgp.synch_freq=-1 is not allowed"),
+    ({"algorithm": "sgp", "sgp.synch_freq": 2},
+     "config.sgp.synch_freq=2 is not allowed with config.sgp.overlap=False"),
 ])
 def test_bad_input_is_one_line_naming_the_key(over, named):
   with pytest.raises(config_lib.ConfigError, match=named.replace("[", r"\[")):
     train.setup(_cfg(**over))
+
+
+# ----------------------------------------------------------------------------- SGP
+
+
+def reference_sgp(x0, steps, overlap, synch_freq):
+  """SGP as facebookresearch/stochastic_gradient_push ``gossip/distributed.py`` runs it
+  (commit e682064; ``GossipDataParallel(push_sum=True, overlap, synch_freq)``), all workers
+  in lockstep, in numpy float64. Per iteration: the forward pre-hook (with ``overlap``: query
+  the round in flight, which lands when the worker must wait for it, ``num_updates >=
+  synch_freq``: the limit of slow communication; then, if no round is in flight, transfer:
+  keep half of the numerator and weight, send half to the peer), the gradient at the de-biased
+  ``z = x / w``, ``torch.optim.SGD``'s step on the numerator; without overlap, after the
+  step, one blocking push-sum round. Round r goes to ``i + 2^(r mod log2 n)`` (the package's
+  one-peer exponential graph; the reference's DynamicDirectedExponentialGraph also alternates
+  the backward peers ``i - 2^r``). Returns the de-biased models after ``steps`` iterations
+  (and a round due at the next query landed)."""
+  prob = problems.least_squares(N, M, DIM, noise=1.0, heterogeneity=1.0, seed=0)
+  a, b = prob.features.astype(np.float64), prob.targets.astype(np.float64)
+  levels = (N - 1).bit_length()
+  x = np.repeat(np.asarray(x0, np.float64)[None], N, 0)
+  w, buf = np.ones(N), np.zeros_like(x)
+  flight, waited, r = None, 0, 0
+
+  def query():
+    nonlocal flight, waited, x, w
+    if flight is not None and waited >= synch_freq:
+      to, part_x, part_w = flight
+      np.add.at(x, to, part_x)
+      np.add.at(w, to, part_w)
+      flight, waited = None, 0
+    elif flight is not None:
+      waited += 1
+
+  for k in range(steps):
+    if overlap:
+      query()
+      if flight is None:
+        to = (np.arange(N) + 2 ** (r % levels)) % N
+        r += 1
+        x, w = x / 2, w / 2
+        flight = (to, x.copy(), w.copy())
+    z = x / w[:, None]
+    g = np.stack([a[i].T @ (a[i] @ z[i] - b[i]) / M for i in range(N)])
+    d = g + WD * x
+    buf = MOM * buf + d
+    x = x - LR * (d + MOM * buf)
+    if not overlap:
+      src = (np.arange(N) - 2 ** (k % levels)) % N
+      x, w = (x + x[src]) / 2, (w + w[src]) / 2
+  if overlap and flight is not None and waited >= synch_freq:
+    query()
+  return x / w[:, None]
+
+
+@pytest.mark.parametrize("overlap, synch_freq", [(False, 0), (True, 0), (True, 2)])
+def test_sgp_equals_the_reference_s_iterations(overlap, synch_freq):
+  """25 steps of ``sgp`` equal the numpy transcription of the reference's iterations to 1e-6
+  relative (SGP; Overlap-SGP landing each round at the end of its step, and every third step
+  with synch_freq = 2)."""
+  s = train.setup(_cfg(algorithm="sgp", topology="one_peer_exponential", **{
+      "sgp.overlap": overlap, "sgp.synch_freq": synch_freq}))
+  stepper = train.Stepper.of(s)
+  x0 = np.asarray(stepper.state.params["w"][0])
+  stepper.steps(25)
+  want = reference_sgp(x0, 25, overlap, synch_freq)
+  got = np.asarray(stepper.state.params["w"], np.float64)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+def test_sgp_without_overlap_is_dpsgd_over_the_same_graph():
+  """Every phase of the one-peer exponential graph, (I + P_t) / 2, is doubly stochastic: the
+  push-sum weights stay 1 and SGP is D-PSGD over W_t (local step, then gossip)."""
+  out = {}
+  for algorithm in ("sgp", "dpsgd"):
+    stepper = train.Stepper.of(train.setup(_cfg(algorithm=algorithm,
+                                                topology="one_peer_exponential")))
+    stepper.steps(25)
+    out[algorithm] = np.asarray(stepper.state.params["w"])
+  np.testing.assert_allclose(out["sgp"], out["dpsgd"], rtol=1e-6, atol=1e-7)

@@ -125,6 +125,8 @@ CASES = [
     bad("ad_psgd.seed", -1, algorithm="ad_psgd"),
     bad("swarm_sgd.local_steps", 0, algorithm="swarm_sgd"),
     bad("swarm_sgd.seed", -1, algorithm="swarm_sgd"),
+    bad("sgp.synch_freq", -1, algorithm="sgp"),
+    bad("sgp.overlap", "yes", algorithm="sgp"),
     bad("local_sgd.tau", 0),
     bad("local_sgd.alpha", -0.5),
     bad("local_sgd.max_tau", -1),
