@@ -15,7 +15,8 @@ Runs, each with the same cluster seed as its training seed:
 * ``dpsgd, non-blocking``: Non-blocking D-PSGD (He & Dube 2022, M = 4, deadline ``fastest``),
   ``--steps`` steps;
 * ``ad_psgd``, ``swarm_sgd`` (H = 2): on the event clock, until D-PSGD's simulated time
-  (``stop_sim_time``; ``num_steps`` counts batches of events).
+  (``stop_sim_time``; ``num_steps`` counts batches of events);
+* ``sgp, overlap``: Overlap-SGP on the one-peer exponential graph, ``--steps`` steps.
 
 Each run writes ``OUT/runs/<name>_s<seed>/`` (``config.json``, ``metrics.jsonl``,
 ``summary.json``); ``OUT/results.json`` and ``OUT/table.md`` hold, per algorithm, the mean and
@@ -38,6 +39,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402,F401  (puts the repository on sys.path)
 import reproduce_nonblocking as nb  # noqa: E402
+from nbsgd_jax import async_recipes  # noqa: E402
 from nbsgd_jax import config as config_lib  # noqa: E402
 from nbsgd_jax import files  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
@@ -47,7 +49,8 @@ RUNS = {"dpsgd": ("dpsgd", {}),
         "dpsgd, non-blocking": ("dpsgd", {"nonblocking.enabled": True,
                                           "nonblocking.num_minibatches": 4}),
         "ad_psgd": ("ad_psgd", {}),
-        "swarm_sgd": ("swarm_sgd", {"swarm_sgd.local_steps": 2})}
+        "swarm_sgd": ("swarm_sgd", {"swarm_sgd.local_steps": 2}),
+        "sgp, overlap": ("sgp", {"topology": "one_peer_exponential", "sgp.overlap": True})}
 
 
 def make_config(a, name: str, seed: int, stop_sim_time: float = 0.0):
@@ -107,7 +110,8 @@ def main():
     facts["dpsgd"].append(base)
     for name in RUNS:
       if name != "dpsgd":
-        stop = base["sim_time"] if RUNS[name][0] != "dpsgd" else 0.0
+        on_events = async_recipes.is_asynchronous(RUNS[name][0])  # until D-PSGD's time
+        stop = base["sim_time"] if on_events else 0.0
         facts[name].append(run(a, name, seed, stop))
       print(f"seed {seed} {name:22s} {facts[name][-1]}", flush=True)
   results = {"args": vars(a), "target": TARGET, "runs": facts,

@@ -6,14 +6,18 @@ masks (:mod:`nbsgd_jax.transforms.asynchronous`).
 * ``ad_psgd``: AD-PSGD (Lian, Zhang, Zhang, Liu, ICML 2018, Algorithm 1);
 * ``swarm_sgd``: SwarmSGD (Nadiradze, Sabour, Davies, Li, Alistarh, NeurIPS 2021): H local
   steps, then an average with a neighbour drawn uniformly;
+* ``async_diloco``: asynchronous DiLoCo (Liu, Douillard et al. 2024): a worker pushes its
+  pseudo-gradient when its inner steps end and the server steps at once (delayed Nesterov,
+  dynamic local updates, the notebook's staleness weights);
 * ``sgp``: Stochastic Gradient Push and Overlap-SGP (Assran et al., ICML 2019), push-sum over
   the topology's W_t (the time-varying directed exponential graph: ``one_peer_exponential``),
   on the lockstep clock: with ``sgp.overlap`` its rounds overlap the computation and land
   ``sgp.synch_freq`` steps late.
 
-Rules of the event-clock recipes (``ad_psgd``, ``swarm_sgd``): no Non-blocking SGD deadline (a worker waits for nobody),
-no simulated failures and no wall clock (the event clock is the run's time), no compression
-(they average models; SwarmSGD's quantized averaging is not built).
+Rules of the event-clock recipes (``ad_psgd``, ``swarm_sgd``, ``async_diloco``): no
+Non-blocking SGD deadline (a worker waits for nobody), no simulated failures and no wall clock
+(the event clock is the run's time), no compression (SwarmSGD's quantized averaging and a
+compressed push are not built).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 
 from nbsgd_jax import checks, recipes
 from nbsgd_jax.communications.pairwise import PairwiseAverage
+from nbsgd_jax.communications.server import ParameterServer
 from nbsgd_jax.host import events as events_lib
 from nbsgd_jax.transforms import asynchronous as A
 from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
@@ -90,6 +95,40 @@ def check_sgp(cfg, errs: list) -> None:
                 "config.algorithm='sgp': push-sum over failed workers is not built")
 
 
+def async_diloco_defaults() -> ml_collections.ConfigDict:
+  """``config.async_diloco.*`` with their defaults (H, the outer lr and momentum are
+  ``config.diloco``'s)."""
+  s = ml_collections.ConfigDict()
+  s.buffer = 0                  # N: pushes per outer momentum update (delayed Nesterov); 0: n
+  s.activation = 0.0            # c: momentum applied between updates (delayed Nesterov)
+  s.staleness_weight = "none"   # none | constant: sqrt(n)/n | polynomial: sqrt(n)/n /
+                                # sqrt(1 + staleness) (the asyncdiloco notebook)
+  s.dynamic_local_updates = False  # H_i = max(H t_min / t_i, min_inner_steps): slower
+                                   # workers run fewer inner steps
+  s.min_inner_steps = 5         # the floor of dynamic local updates (the notebook's 5)
+  s.reset_inner = True          # a pull starts a fresh inner optimizer (the notebook's)
+  return s
+
+
+def check_async_diloco_config(cfg, errs: list) -> None:
+  """async_diloco.*."""
+  a = "async_diloco."
+  checks.integer(cfg, errs, a + "buffer", 0)
+  checks.number(cfg, errs, a + "activation", 0, hi=1)
+  checks.choice(cfg, errs, a + "staleness_weight", A.WEIGHTS)
+  checks.boolean(cfg, errs, a + "dynamic_local_updates")
+  checks.integer(cfg, errs, a + "min_inner_steps", 1)
+  checks.boolean(cfg, errs, a + "reset_inner")
+
+
+def check_async_diloco(cfg, errs: list) -> None:
+  """The event clock's rules, and an outer step that is Nesterov's."""
+  check_asynchronous(cfg, errs)
+  if cfg.diloco.get("outer_nesterov") is False:
+    errs.append("config.diloco.outer_nesterov=False is not allowed with "
+                "config.algorithm='async_diloco': its outer step is delayed Nesterov")
+
+
 def check_asynchronous(cfg, errs: list) -> None:
   """The rules of every asynchronous recipe (module docstring)."""
   algo = f"config.algorithm={cfg.algorithm!r}"
@@ -106,9 +145,9 @@ def check_asynchronous(cfg, errs: list) -> None:
 
 def is_asynchronous(algorithm: str) -> bool:
   """Whether ``config.algorithm=algorithm`` runs on the event clock (registered with
-  :func:`check_asynchronous`)."""
+  :func:`check_asynchronous` or :func:`check_async_diloco`)."""
   entry = recipes.REGISTRY.get(algorithm)
-  return entry is not None and entry.check is check_asynchronous
+  return entry is not None and entry.check in (check_asynchronous, check_async_diloco)
 
 
 def two_colouring(n: int, edges) -> np.ndarray | None:
@@ -146,6 +185,9 @@ def _event_clock(cfg, pairwise: PairwiseAverage, seed: int, active=None, every: 
 
 AD_PSGD = recipes.Section(ad_psgd_defaults, check_ad_psgd_config,
                           "AD-PSGD (Lian et al. 2018)", host=("pairing", "seed"))
+ASYNC_DILOCO = recipes.Section(async_diloco_defaults, check_async_diloco_config,
+                               "asynchronous DiLoCo (Liu, Douillard et al. 2024)",
+                               host=("dynamic_local_updates", "min_inner_steps"))
 SGP = recipes.Section(sgp_defaults, check_sgp_config, "SGP (Assran et al. 2019)")
 SWARM_SGD = recipes.Section(swarm_sgd_defaults, check_swarm_sgd_config,
                             "SwarmSGD (Nadiradze et al. 2021)", host=("local_steps", "seed"))
@@ -188,6 +230,35 @@ def swarm_sgd(b: recipes.Builder) -> recipes.Recipe:
                         clock=_event_clock(b.cfg, pairwise, sw.seed, every=sw.local_steps))
 
 
+def inner_steps(cfg, cluster) -> np.ndarray:
+  """Each worker's H_i: ``diloco.inner_steps``, or with dynamic local updates
+  ``max(int(H t_min / t_i), min(min_inner_steps, H))`` for a worker whose step takes t_i
+  (the asyncdiloco notebook's ``sample_train_task(scale_steps=True)``)."""
+  h, a = cfg.diloco.inner_steps, cfg.async_diloco
+  if not a.dynamic_local_updates:
+    return np.full(cluster.n, h, np.int64)
+  t = np.asarray(cluster.minibatch_time, np.float64)
+  return np.maximum((h * t.min() / t).astype(np.int64), min(a.min_inner_steps, h))
+
+
+@recipes.register("async_diloco", no_compression="a compressed push (with its error feedback "
+                  "across asynchronous rounds) is not built",
+                  sections={"diloco": recipes.DILOCO, "async_diloco": ASYNC_DILOCO},
+                  check=check_async_diloco)
+def async_diloco(b: recipes.Builder) -> recipes.Recipe:
+  """Asynchronous DiLoCo (Liu, Douillard et al. 2024) on the event clock (module
+  docstring)."""
+  cfg, server = b.cfg, ParameterServer(b.n, b.axis_name)
+  a = cfg.async_diloco
+  buffer = a.buffer or b.n
+  t = b.injected(lambda lr, m: A.server_rounds(b.optimizer(), server, lr, m, buffer,
+                                               a.activation, a.staleness_weight, a.reset_inner),
+                 "diloco.outer_lr", "diloco.outer_momentum")
+  clock = lambda cluster, comms, params: events_lib.ServerEventTimes(
+      cluster, server.message_bytes(params), inner_steps(cfg, cluster), cfg.cluster.step_overhead)
+  return recipes.Recipe(t, decentralized=True, primary=server, clock=clock)
+
+
 @recipes.register("sgp", no_compression=recipes.GOSSIP_REASON, sections={"sgp": SGP},
                   check=check_sgp)
 def sgp(b: recipes.Builder) -> recipes.Recipe:
@@ -199,6 +270,6 @@ def sgp(b: recipes.Builder) -> recipes.Recipe:
   return recipes.Recipe(t, decentralized=True, primary=t.communications[-1])
 
 
-__all__ = ["AD_PSGD", "PAIRINGS", "SGP", "SWARM_SGD", "sgp", "ad_psgd", "check_asynchronous", "is_asynchronous",
-           "swarm_sgd",
+__all__ = ["AD_PSGD", "ASYNC_DILOCO", "PAIRINGS", "SGP", "SWARM_SGD", "ad_psgd", "async_diloco",
+           "check_asynchronous", "inner_steps", "is_asynchronous", "sgp", "swarm_sgd",
            "two_colouring"]

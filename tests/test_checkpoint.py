@@ -36,6 +36,10 @@ CASES = {
     "ad_psgd_events": {"algorithm": "ad_psgd", "cluster.scenario": "lognormal",
                        "cluster.delay": "bernoulli_exponential", "cluster.delay_prob": 0.2,
                        "cluster.delay_mean": 0.01},
+    # the server's replica, its delayed Nesterov buffer and each worker's pull (host)
+    "async_diloco_events": {"algorithm": "async_diloco", "cluster.scenario": "lognormal",
+                            "diloco.inner_steps": 2, "async_diloco.buffer": 2,
+                            "async_diloco.staleness_weight": "polynomial"},
 }
 
 

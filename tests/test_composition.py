@@ -62,7 +62,7 @@ def refusal(algorithm, compression, nonblocking=False, failures=False):
   if algorithm in ASYNC and failures:
     return "the event clock simulates no failures"
   if algorithm in ASYNC and compression:
-    return "the asynchronous recipes average models"
+    return recipes.REGISTRY[algorithm].no_compression
   return None
 
 

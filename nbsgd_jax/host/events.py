@@ -76,6 +76,9 @@ class EventClock:
       (default: ``(i,)``).
     comm: ``(i, k) -> float``, s from worker i's event k to the start of its next computation
       (default 0).
+    resources: shared objects an event may touch besides workers, named ``n .. n + resources
+      - 1`` in ``touch`` (asynchronous DiLoCo's server: its pushes and pulls touch it, so no
+      two of them share a batch).
     reach: ``i -> workers`` any event of worker i may touch, or None. Given, a worker's events
       after the first one a batch meets count as touching all of its reach (no look-ahead:
       a faster host, batches a little smaller); None: they are drawn ahead (module docstring).
@@ -88,10 +91,10 @@ class EventClock:
   def __init__(self, n: int, duration: Callable[[int], np.ndarray],
                touch: Optional[Callable[[int, int], tuple]] = None,
                comm: Optional[Callable[[int, int], float]] = None,
-               reach: Optional[Callable[[int], Sequence[int]]] = None):
+               reach: Optional[Callable[[int], Sequence[int]]] = None, resources: int = 0):
     if n < 1:
       raise ValueError(f"n={n} is not allowed: at least one worker")
-    self.n = n
+    self.n, self.resources = n, int(resources)
     self._duration = duration
     self._touch = touch or (lambda i, k: (i,))
     self._comm = comm or (lambda i, k: 0.0)
@@ -102,7 +105,7 @@ class EventClock:
     self.steps = np.zeros(n, np.int64)  # computations each worker finished
     self.start = np.zeros(n)  # s, when each worker's current computation started
     self.finish = np.array([self._seconds(i, 0) for i in range(n)])  # s, when it ends
-    self.version = np.zeros(n, np.int64)  # changes to each worker's model so far
+    self.version = np.zeros(n + self.resources, np.int64)  # changes to each model so far
     self.read = np.zeros(n, np.int64)  # its version when its computation started
     self.now = 0.0  # s, the time of the last event applied
 
@@ -115,10 +118,11 @@ class EventClock:
 
   def _touched(self, i: int, k: int) -> tuple:
     touched = tuple(int(j) for j in self._touch(i, k))
-    if not touched or touched[0] != i or any(not 0 <= j < self.n for j in touched) \
+    top = self.n + self.resources
+    if not touched or touched[0] != i or any(not 0 <= j < top for j in touched) \
         or len(set(touched)) != len(touched):
-      raise ValueError(f"touch({i}, {k}) = {touched} is not allowed: distinct workers in "
-                       f"[0, {self.n}), worker {i} first")
+      raise ValueError(f"touch({i}, {k}) = {touched} is not allowed: distinct workers or "
+                       f"resources in [0, {top}), worker {i} first")
     return touched
 
   def next_batch(self, limit: Optional[int] = None) -> list[Event]:
@@ -126,9 +130,10 @@ class EventClock:
     its next computation. ``limit``: at most this many events (None: as many as commute)."""
     heap = [(float(self.finish[i]), i, int(self.steps[i])) for i in range(self.n)]
     heapq.heapify(heap)
+    top = self.n + self.resources
     batch, covered = [], set()  # the workers of every event met so far, taken or not
     met, left = np.zeros(self.n, bool), self.n  # workers whose next event was met
-    while left and (limit is None or len(batch) < limit) and len(covered) < self.n:
+    while left and (limit is None or len(batch) < limit) and len(covered) < top:
       t, i, k = heapq.heappop(heap)
       if not met[i]:  # its next event: taken if it commutes, else it and its later ones wait
         met[i], left = True, left - 1
@@ -192,18 +197,22 @@ def batch_inputs(batch: list, n: int) -> dict:
   Returns:
     ``{"fire": bool [n]`` (the worker's own event is in the batch), ``"peer": int32 [n]`` (for
     an event touching two workers, each one's other; else the worker itself),
-    ``"touched": bool [n]``, ``"staleness": int32 [n]`` (the firing workers', else 0)``}``.
+    ``"touched": bool [n]``, ``"staleness": int32 [n]`` (the firing workers', else 0),
+    ``"shared": bool [n]`` (the worker's event touches a resource)``}``.
   """
-  fire, touched = np.zeros(n, bool), np.zeros(n, bool)
+  fire, touched, shared = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
   peer, staleness = np.arange(n, dtype=np.int32), np.zeros(n, np.int32)
   for e in batch:
     fire[e.worker] = True
-    touched[list(e.touched)] = True
+    workers = [j for j in e.touched if j < n]
+    touched[workers] = True
+    shared[e.worker] = len(workers) < len(e.touched)
     staleness[e.worker] = e.staleness
-    if len(e.touched) == 2:
-      i, j = e.touched
+    if len(workers) == 2:
+      i, j = workers
       peer[i], peer[j] = j, i
-  return {"fire": fire, "peer": peer, "touched": touched, "staleness": staleness}
+  return {"fire": fire, "peer": peer, "touched": touched, "staleness": staleness,
+          "shared": shared}
 
 
 _MASK = (1 << 64) - 1
@@ -336,4 +345,84 @@ class EventTimes(HostPart):
     self.stale_s, self.stale_max = float(d["stale_s"]), int(d["stale_max"])
 
 
-__all__ = ["Event", "EventClock", "EventTimes", "batch_inputs", "draw_index", "random_peer"]
+class ServerEventTimes(EventTimes):
+  """The event clock of asynchronous DiLoCo (:func:`nbsgd_jax.transforms.asynchronous.
+  server_rounds`): worker i repeats a cycle of ``inner_steps[i] + 1`` events: a pull of the
+  server's model (it takes one message's time), then its inner steps (the cluster model's
+  time each), the last one pushing its pseudo-gradient (one message's time before its next
+  pull). Pushes and pulls touch the server (resource ``n``), so none shares a batch with
+  another; inner steps touch their worker alone.
+
+  Inputs: ``per_worker`` ``fire``, ``pull``, ``push``, ``staleness`` (at a push: the server
+  updates since the worker's pull). Record: as :class:`EventTimes`, with ``staleness_steps``
+  / ``_max`` / ``staleness_s`` over the pushes (server updates, and seconds since the pull).
+
+  Args:
+    cluster, message_bytes, step_overhead: as :class:`EventTimes`.
+    inner_steps: int ``[n]``, H_i >= 1 (dynamic local updates: fewer for slower workers).
+  """
+
+  def __init__(self, cluster, message_bytes: float, inner_steps, step_overhead: float = 0.0):
+    self.cycle = np.asarray(inner_steps, np.int64) + 1
+    server = cluster.n
+    touch = lambda i, k: (i, server) if k % self.cycle[i] in (0, self.cycle[i] - 1) else (i,)
+    super().__init__(cluster, touch, message_bytes, step_overhead,
+                     reach=lambda i: (i, server))
+    self.clock = EventClock(cluster.n, self._duration, touch, self._comm,
+                            lambda i: (i, server), resources=1)
+    self.pushes, self.pulled, self.pulled_at = 0, np.zeros(cluster.n, np.int64), np.zeros(
+        cluster.n)
+
+  def _kinds(self, k: int) -> np.ndarray:
+    return k % self.cycle  # 0: a pull, cycle - 1: a push, else an inner step
+
+  def _duration(self, k: int) -> np.ndarray:
+    compute = cluster_lib.minibatch_finish_times(self.cluster, k)[:, -1] + self.overhead
+    return np.where(self._kinds(k) == 0, self.message_s, compute)
+
+  def _comm(self, i: int, k: int) -> float:
+    return self.message_s if k % self.cycle[i] == self.cycle[i] - 1 else 0.0
+
+  def inputs(self, step, inputs, probe):
+    n = self.cluster.n
+    batch = self.clock.next_batch()
+    pull, push, stale = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int32)
+    for e in batch:
+      kind = e.step % self.cycle[e.worker]
+      if kind == 0:
+        pull[e.worker] = True
+        self.pulled[e.worker], self.pulled_at[e.worker] = self.pushes, e.time
+      if kind == self.cycle[e.worker] - 1:
+        push[e.worker], stale[e.worker] = True, self.pushes - self.pulled[e.worker]
+        self.pushes += 1
+        self.events += 1
+        self.stale_steps += int(stale[e.worker])
+        self.stale_s += e.time - self.pulled_at[e.worker]
+        self.stale_max = max(self.stale_max, int(stale[e.worker]))
+    inputs.per_worker.update(fire=batch_inputs(batch, n)["fire"], pull=pull, push=push,
+                             staleness=stale)
+
+  def rounds(self, step, inputs, report) -> list:
+    """Each push and pull moves one model."""
+    del step, report
+    n = self.cluster.n
+    moved = (inputs.per_worker["pull"] | inputs.per_worker["push"]).astype(np.float64)
+    return [Round(Neighbours(np.arange(n)[:, None]), moved, moved * self.message_bytes)]
+
+  def record(self):
+    rec = super().record()
+    rec["pushes"] = rec.pop("events")
+    return rec
+
+  def state_dict(self):
+    return {**super().state_dict(), "pushes": self.pushes, "pulled": self.pulled.tolist(),
+            "pulled_at": self.pulled_at.tolist()}
+
+  def load_state_dict(self, d):
+    super().load_state_dict(d)
+    self.pushes, self.pulled = int(d["pushes"]), np.asarray(d["pulled"], np.int64)
+    self.pulled_at = np.asarray(d["pulled_at"], np.float64)
+
+
+__all__ = ["Event", "EventClock", "EventTimes", "ServerEventTimes", "batch_inputs", "draw_index",
+           "random_peer"]

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
                                        replace_params)
@@ -102,4 +103,110 @@ def pairwise_events(inner, pairwise, order: str = "average_first") -> WorkerTran
   return WorkerTransform(init, update, (pairwise,) + inner.communications)
 
 
-__all__ = ["InFlightState", "ORDERS", "pairwise_events"]
+class ServerState(NamedTuple):
+  """A worker's state in asynchronous DiLoCo (:func:`server_rounds`).
+
+  Attributes:
+    anchor: the server model the worker pulled last (its round's start).
+    inner: the inner optimizer's state.
+    server: the server's model (a replica, the same on every worker).
+    momentum: the outer momentum m.
+    pushed: the pseudo-gradients pushed since the last momentum update (Delta).
+    pushes: int32, pushes applied so far (t).
+  """
+
+  anchor: Any
+  inner: Any
+  server: Any
+  momentum: Any
+  pushed: Any
+  pushes: Any
+
+
+WEIGHTS = ("none", "constant", "polynomial")
+
+
+def staleness_weight(rule: str, staleness, n: int):
+  """A push's weight (google-deepmind/asyncdiloco's toy notebook, ``get_sync_weight``):
+  ``"none"`` 1, ``"constant"`` sqrt(n) / n, ``"polynomial"`` sqrt(n) / n / sqrt(1 +
+  staleness), staleness in server updates since the worker's pull.
+
+  Raises:
+    ValueError: an unknown rule (named).
+  """
+  if rule not in WEIGHTS:
+    raise ValueError(f"async_diloco.staleness_weight={rule!r} is not allowed: use one of "
+                     f"{list(WEIGHTS)}")
+  if rule == "none":
+    return jnp.float32(1.0)
+  base = jnp.float32(np.sqrt(n) / n)
+  if rule == "constant":
+    return base
+  return base / jnp.sqrt(1.0 + staleness.astype(jnp.float32))
+
+
+def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
+                  weight: str = "none", reset_inner: bool = True) -> WorkerTransform:
+  """Asynchronous DiLoCo (Liu, Douillard et al. 2024, arXiv 2401.09135) on the event clock:
+  a worker pulls the server's model, runs its inner steps (one event each), and with its last
+  one pushes its pseudo-gradient ``Delta_i = anchor_i - x_i``, which the server applies at
+  once with the delayed Nesterov step (utnslab/halos ``src/halos/opt.py``,
+  ``DelayedNesterovOptimizer``, commit 4b5bf73; the t-th push g, buffer N, activation c):
+  ``D += g``; every N-th push ``m <- beta m + D / N``, ``x <- x - lr ((1 - cN + c) beta m +
+  g / N)``, ``D <- 0``; between, ``x <- x - lr (c beta m + g / N)``. N = 1, c = 0 is Nesterov
+  SGD on each push; N = n with equal speeds is DiLoCo's outer step on the mean.
+
+  Reads ``ctx.per_worker``: ``fire`` (the worker's event), ``pull``, ``push`` (its kind) and
+  ``staleness`` (server updates since its pull, for the weight).
+
+  Args:
+    inner: the inner optimizer.
+    server: a :class:`~nbsgd_jax.communications.server.ParameterServer`.
+    lr, beta: the outer learning rate and momentum (traced values are fine).
+    buffer: N >= 1.
+    activation: c.
+    weight: the staleness rule of :func:`staleness_weight` (on each push).
+    reset_inner: a pull starts a fresh inner optimizer (the notebook's ``inner_loop``);
+      False keeps it, as the package's synchronous DiLoCo does.
+  """
+  inner = as_worker_transform(inner)
+
+  def init(params):
+    zero = jax.tree.map(jnp.zeros_like, params)
+    return ServerState(params, inner.init(params), params, zero, zero, jnp.int32(0))
+
+  def outer(state, g, any_push):
+    pushed = jax.tree.map(lambda d, u: d + u, state.pushed, g)
+    boundary = (state.pushes + 1) % buffer == 0
+    m_new = jax.tree.map(lambda m, d: jnp.where(boundary, beta * m + d / buffer, m),
+                         state.momentum, pushed)
+    scale = jnp.where(boundary, (1 - activation * buffer + activation) * beta,
+                      activation * beta)
+    srv = jax.tree.map(lambda x, m, u: x - lr * (scale * m + u / buffer), state.server, m_new, g)
+    clear = jax.tree.map(lambda d: jnp.where(boundary, jnp.zeros_like(d), d), pushed)
+    return (_where(any_push, srv, state.server), _where(any_push, m_new, state.momentum),
+            _where(any_push, clear, state.pushed), state.pushes + any_push.astype(jnp.int32))
+
+  def update(grads, state, params, ctx):
+    ev = ctx.per_worker
+    pull, push = ev["fire"] & ev["pull"], ev["fire"] & ev["push"]
+    step = ev["fire"] & ~ev["pull"]
+    u, new_inner, report = inner.update(grads, state.inner, params, ctx)
+    x = _where(step, jax.tree.map(lambda p, d: p + d, params, u), params)
+    inner_state = _where(step, new_inner, state.inner)
+    w = staleness_weight(weight, ev["staleness"], server.n)
+    delta = jax.tree.map(lambda a, b: w * (a - b), state.anchor, x)
+    g, any_push, comm = server.push(delta, push, pull, ctx)
+    srv, m, pushed, pushes = outer(state, g, any_push)
+    x = _where(pull, srv, x)
+    anchor = _where(pull, srv, state.anchor)
+    if reset_inner:
+      inner_state = _where(pull, inner.init(srv), inner_state)
+    state = ServerState(anchor, inner_state, srv, m, pushed, pushes)
+    return replace_params(params, x), state, merge_reports(comm, report)
+
+  return WorkerTransform(init, update, (server,) + inner.communications)
+
+
+__all__ = ["InFlightState", "ORDERS", "ServerState", "WEIGHTS", "pairwise_events",
+           "server_rounds", "staleness_weight"]
