@@ -14,8 +14,10 @@ Runs, each with the same cluster seed as its training seed:
 * ``dpsgd``: D-PSGD, ``--steps`` steps;
 * ``dpsgd, non-blocking``: Non-blocking D-PSGD (He & Dube 2022, M = 4, deadline ``fastest``),
   ``--steps`` steps;
-* ``ad_psgd``, ``swarm_sgd`` (H = 2): on the event clock, until D-PSGD's simulated time
-  (``stop_sim_time``; ``num_steps`` counts batches of events);
+* ``ad_psgd``, ``swarm_sgd`` (H = 2), ``async_diloco`` (H = 10, outer lr 0.7, momentum 0.9,
+  delayed Nesterov with N = 8): on the event clock, until D-PSGD's simulated time
+  (``stop_sim_time``; ``num_steps`` counts batches of events; asynchronous DiLoCo's
+  evaluations average the workers' models, not the server's);
 * ``sgp, overlap``: Overlap-SGP on the one-peer exponential graph, ``--steps`` steps.
 
 Each run writes ``OUT/runs/<name>_s<seed>/`` (``config.json``, ``metrics.jsonl``,
@@ -50,6 +52,7 @@ RUNS = {"dpsgd": ("dpsgd", {}),
                                           "nonblocking.num_minibatches": 4}),
         "ad_psgd": ("ad_psgd", {}),
         "swarm_sgd": ("swarm_sgd", {"swarm_sgd.local_steps": 2}),
+        "async_diloco": ("async_diloco", {"diloco.inner_steps": 10}),
         "sgp, overlap": ("sgp", {"topology": "one_peer_exponential", "sgp.overlap": True})}
 
 
@@ -83,7 +86,13 @@ def run(a, name: str, seed: int, stop: float = 0.0) -> dict:
   h = history(wd)
   reached = [r["sim_time"] for r in h if r.get("test_accuracy", 0) >= TARGET]
   last = h[-1]
-  steps = last["step"] if not stop else last.get("events", 0) / 8
+  cfg = make_config(a, name, seed, stop)
+  if not stop:
+    steps = last["step"]
+  elif "pushes" in last:  # asynchronous DiLoCo: H inner steps a push
+    steps = last["pushes"] * cfg.diloco.inner_steps / 8
+  else:
+    steps = last["events"] / 8
   return {"time_to_target": reached[0] if reached else None,
           "test_accuracy": last["test_accuracy"], "sim_time": last["sim_time"],
           "steps_per_worker": steps, "staleness_steps": last.get("staleness_steps", 0.0),

@@ -282,7 +282,7 @@ class EventTimes(HostPart):
 
   Args:
     cluster: the :class:`~nbsgd_jax.host.cluster.Cluster`.
-    touch, reach: as :class:`EventClock`.
+    touch, reach, resources: as :class:`EventClock`.
     message_bytes: bytes of one exchange's message.
     step_overhead: s added to each computation (``cluster.step_overhead``).
   """
@@ -290,12 +290,13 @@ class EventTimes(HostPart):
   name = "clock"
 
   def __init__(self, cluster, touch: Callable, message_bytes: float,
-               step_overhead: float = 0.0, reach: Optional[Callable] = None):
+               step_overhead: float = 0.0, reach: Optional[Callable] = None,
+               resources: int = 0):
     self.cluster, self._touch = cluster, touch
     self.overhead = float(step_overhead)
     self.message_bytes = float(message_bytes)
     self.message_s = float(clock_lib.comm_time(cluster, 1.0, self.message_bytes)[0])
-    self.clock = EventClock(cluster.n, self._duration, touch, self._comm, reach)
+    self.clock = EventClock(cluster.n, self._duration, touch, self._comm, reach, resources)
     self.started = np.ones(cluster.n, bool)  # every worker reads x_0 at step 0
     self.events, self.stale_steps, self.stale_s, self.stale_max = 0, 0, 0.0, 0
 
@@ -366,10 +367,7 @@ class ServerEventTimes(EventTimes):
     self.cycle = np.asarray(inner_steps, np.int64) + 1
     server = cluster.n
     touch = lambda i, k: (i, server) if k % self.cycle[i] in (0, self.cycle[i] - 1) else (i,)
-    super().__init__(cluster, touch, message_bytes, step_overhead,
-                     reach=lambda i: (i, server))
-    self.clock = EventClock(cluster.n, self._duration, touch, self._comm,
-                            lambda i: (i, server), resources=1)
+    super().__init__(cluster, touch, message_bytes, step_overhead, lambda i: (i, server), 1)
     self.pushes, self.pulled, self.pulled_at = 0, np.zeros(cluster.n, np.int64), np.zeros(
         cluster.n)
 
