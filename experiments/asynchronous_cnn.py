@@ -17,7 +17,7 @@ Runs, each with the same cluster seed as its training seed:
 * ``ad_psgd``, ``swarm_sgd`` (H = 2), ``async_diloco`` (H = 10, outer lr 0.7, momentum 0.9,
   delayed Nesterov with N = 8): on the event clock, until D-PSGD's simulated time
   (``stop_sim_time``; ``num_steps`` counts batches of events; asynchronous DiLoCo's
-  evaluations average the workers' models, not the server's);
+  evaluations read the server's model);
 * ``sgp, overlap``: Overlap-SGP on the one-peer exponential graph, ``--steps`` steps.
 
 Each run writes ``OUT/runs/<name>_s<seed>/`` (``config.json``, ``metrics.jsonl``,

@@ -256,7 +256,8 @@ def async_diloco(b: recipes.Builder) -> recipes.Recipe:
                  "diloco.outer_lr", "diloco.outer_momentum")
   clock = lambda cluster, comms, params: events_lib.ServerEventTimes(
       cluster, server.message_bytes(params), inner_steps(cfg, cluster), cfg.cluster.step_overhead)
-  return recipes.Recipe(t, decentralized=True, primary=server, clock=clock)
+  return recipes.Recipe(t, decentralized=True, primary=server, clock=clock,
+                        evaluated=A.server_models)
 
 
 @recipes.register("sgp", no_compression=recipes.GOSSIP_REASON, sections={"sgp": SGP},

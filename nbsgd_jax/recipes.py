@@ -53,15 +53,15 @@ class Recipe(NamedTuple):
   Attributes:
     transform: the worker transform of a step (gradient in, parameter change out).
     decentralized: whether workers hold different models (consensus distance > 0).
-    gossip: the communication consensus control repeats (None: the recipe does not gossip
-      every step, and consensus control is refused).
+    gossip: the communication consensus control repeats (None: consensus control refused).
     primary: the step's main communication (Non-blocking SGD's per-neighbourhood deadlines).
-    planner: for a recipe that synchronises at period ends (local SGD, DiLoCo, Gossip-PGA),
-      ``loss_offset -> SyncPlanner`` (:mod:`nbsgd_jax.host.periods`): the host plans the periods
-      (``ctx.period_end``); None: every step is a period end.
+    planner: ``loss_offset -> SyncPlanner`` (:mod:`nbsgd_jax.host.periods`) of a recipe that
+      synchronises at period ends (``ctx.period_end``); None: every step is a period end.
     host_parts: ``() -> HostPart`` factories, its own host parts (the open context's).
     clock: ``(cluster, communications, params) -> HostPart``, the run's clock instead of the
       lockstep one (the asynchronous recipes' event clock); None: lockstep.
+    evaluated: ``(opt_state, params) -> params`` ``[n, ...]``, the models an evaluation reads
+      (asynchronous DiLoCo's server replicas); None: the workers' parameters.
   """
 
   transform: T.WorkerTransform
@@ -71,6 +71,7 @@ class Recipe(NamedTuple):
   planner: Optional[Callable[[float], Any]] = None
   host_parts: tuple = ()
   clock: Optional[Callable] = None
+  evaluated: Optional[Callable] = None
 
   @property
   def periodic(self) -> bool:
@@ -413,7 +414,6 @@ MATCHA = Section(matcha_lib.matcha_defaults, matcha_lib.check_config, "MATCHA (W
 
 
 # ----------------------------------------------------------------------------- recipes
-
 
 def _centralized(b: Builder, ring: bool) -> Recipe:
   comm = b.allreduce(ring=ring)

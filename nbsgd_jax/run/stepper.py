@@ -65,8 +65,11 @@ class Run:
   # ---------------------------------------------------------------- off-clock measurements
 
   def models(self):
-    """The stacked models, whole on every device (evaluation reads whole models)."""
-    p = self.state.params
+    """The stacked models an evaluation reads (``Recipe.evaluated``, by default the workers'
+    parameters), whole on every device (evaluation reads whole models)."""
+    p, read = self.state.params, self.s.recipe.evaluated
+    if read is not None:
+      p = read(self.state.opt_state, p)
     return p if self.s.backend.mesh is None else self.s.backend.replicate(p)
 
   def model_states(self):

@@ -145,6 +145,21 @@ def staleness_weight(rule: str, staleness, n: int):
   return base / jnp.sqrt(1.0 + staleness.astype(jnp.float32))
 
 
+def server_models(opt_state, params):
+  """The server's model replicas ``[n, ...]`` held in a stacked state that contains a
+  :class:`ServerState` (``Recipe.evaluated`` of asynchronous DiLoCo).
+
+  Raises:
+    ValueError: the state holds no or several :class:`ServerState`.
+  """
+  del params
+  found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda z: isinstance(z, ServerState))
+           if isinstance(x, ServerState)]
+  if len(found) != 1:
+    raise ValueError(f"the optimizer state holds {len(found)} ServerState, not one")
+  return found[0].server
+
+
 def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
                   weight: str = "none", reset_inner: bool = True) -> WorkerTransform:
   """Asynchronous DiLoCo (Liu, Douillard et al. 2024, arXiv 2401.09135) on the event clock:
@@ -209,4 +224,4 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
 
 
 __all__ = ["InFlightState", "ORDERS", "ServerState", "WEIGHTS", "pairwise_events",
-           "server_rounds", "staleness_weight"]
+           "server_models", "server_rounds", "staleness_weight"]
