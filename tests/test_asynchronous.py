@@ -322,3 +322,15 @@ def test_async_diloco_with_equal_speeds_is_diloco():
   got, _ = _server_after(stepper, 32)
   np.testing.assert_allclose(np.asarray(got[0]), np.asarray(sync.state.params["w"][0]),
                              rtol=1e-6, atol=1e-6)
+
+
+def test_async_diloco_evaluates_the_server_s_model():
+  """``Recipe.evaluated``: an evaluation of asynchronous DiLoCo reads the server's model (the
+  same on every worker), not the workers' models in their rounds."""
+  stepper = train.Stepper.of(train.setup(_cfg(algorithm="async_diloco", num_steps=10 ** 5,
+                                               **{"diloco.inner_steps": 3})))
+  server, _ = _server_after(stepper, 10)
+  read = np.asarray(stepper.runs[0].models()["w"])
+  np.testing.assert_array_equal(read, np.asarray(server))
+  np.testing.assert_array_equal(read, np.broadcast_to(read[0], read.shape))
+  assert not np.allclose(read, np.asarray(stepper.state.params["w"]))
