@@ -12,6 +12,11 @@ the host by :class:`nbsgd_jax.host.events.EventTimes`):
   computed on a read that other workers' events may have changed since (the staleness);
 * ``peer``: int32, the worker its event averages with (itself: none); a worker touched by a
   peer's event averages too, without firing.
+
+:func:`pairwise_events` is AD-PSGD's and SwarmSGD's device half; :func:`server_rounds`
+asynchronous DiLoCo's, whose events are pulls, inner steps and pushes (masks ``pull``,
+``push`` and the host's ``staleness``); no other worker changes a worker's model there, so its
+gradient is the current parameters' and nothing is held in flight.
 """
 
 from __future__ import annotations
