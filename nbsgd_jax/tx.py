@@ -35,8 +35,10 @@ the neighbours); :func:`bytes_sent` reads them from any state (a chain's include
 state, seeded by ``seed`` and folded with the worker index.
 
 What does not fit: MATCHA's activations and consensus control are drawn by the host for all
-workers (``active``, ``target`` of :class:`~nbsgd_jax.transforms.StepContext`), and Streaming
-DiLoCo's fragment schedule and ADA-LUPA's loss-driven periods are host plans: use ``train()``.
+workers (``active``, ``target`` of :class:`~nbsgd_jax.transforms.StepContext`), Streaming
+DiLoCo's fragment schedule and ADA-LUPA's loss-driven periods are host plans, and AD-PSGD,
+SwarmSGD and asynchronous DiLoCo step on the host's event clock (a device step is a batch of
+events): use ``train()``. SGP (:func:`sgp`) fits: its rounds follow the step counter.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from nbsgd_jax import codecs, collectives
 from nbsgd_jax import topology as topology_lib
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import varying_like
+from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
 from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip, SparseAllGather
 from nbsgd_jax.communications.sparse import MessageAllGather
@@ -369,6 +372,33 @@ def gossip(topology: Topologyish, *, axis_name: Any, order: str = "atc",
     raise ValueError(f"{owner}(order={order!r}) is not allowed: use one of {list(DPSGD_ORDERS)}")
   make = lambda n: T.gossip_step(optax.identity(), Gossip(phases(n), axis_name), order)
   return to_optax(_sized(make, T.no_state, axis_name, owner), axis_name=axis_name,
+                  needs_params=True, name=owner)
+
+
+def sgp(topology: Topologyish = "one_peer_exponential", *, axis_name: Any,
+        overlap: bool = False, synch_freq: int = 0) -> optax.GradientTransformationExtraArgs:
+  """Stochastic Gradient Push (Assran et al. 2019, Algorithm 1; Overlap-SGP with ``overlap``),
+  after the optimizer: the optimizer's update is added to the push-sum numerator, ``(x, w)``
+  mixed over the topology's ``W_t``, and the returned change makes ``params`` the de-biased
+  ``x / w`` (:func:`nbsgd_jax.transforms.push_sum.stochastic_gradient_push`). Bytes: the
+  model's and the weight's, times the neighbours of the round.
+
+  Args:
+    topology: as :func:`gossip` (the paper's: ``"one_peer_exponential"``).
+    axis_name: the worker axis.
+    overlap, synch_freq: Overlap-SGP; a round every ``synch_freq + 1`` steps, landing after
+      as many steps.
+
+  Raises:
+    ValueError: as :func:`gossip`; ``synch_freq < 0``, or ``> 0`` without ``overlap``.
+  """
+  owner = "tx.sgp"
+  phases = _phases(topology, owner, "metropolis_hastings")
+  make = lambda n: stochastic_gradient_push(optax.identity(), Gossip(phases(n), axis_name),
+                                            overlap, synch_freq)
+  make(2)  # the arguments' checks, at once
+  init = make(1).init
+  return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name,
                   needs_params=True, name=owner)
 
 

@@ -119,6 +119,33 @@ def test_gossip_after_sgd_is_dpsgd_closed_form():
   np.testing.assert_allclose(tx.bytes_sent(state), [2 * 5 * 4.0] * N)  # 2 neighbours x 20 B
 
 
+def test_sgp_after_sgd_is_dpsgd_on_the_one_peer_exponential_graph():
+  """tx.sgp without overlap equals tx.gossip over the same doubly stochastic W_t (the push-sum
+  weights stay 1) step for step; with overlap it differs (the round carries the model from
+  before the step), and synch_freq without overlap is refused by name."""
+  x0 = np.random.default_rng(0).normal(size=(N, 5)).astype(np.float32)
+  target = np.random.default_rng(1).normal(size=(N, 5)).astype(np.float32)
+  runs = {}
+  for name, t in (("gossip", tx.gossip("one_peer_exponential", axis_name="w")),
+                  ("sgp", tx.sgp(axis_name="w")),
+                  ("overlap", tx.sgp(axis_name="w", overlap=True))):
+    opt = optax.chain(optax.sgd(0.1), t)
+
+    @functools.partial(jax.vmap, axis_name="w")
+    def step(p, s, c):
+      u, s = opt.update(p - c, s, p)  # the gradient of |p - c|^2 / 2
+      return optax.apply_updates(p, u), s
+
+    p, s = jnp.asarray(x0), jax.vmap(opt.init)(jnp.asarray(x0))
+    for _ in range(6):
+      p, s = step(p, s, jnp.asarray(target))
+    runs[name] = np.asarray(p)
+  np.testing.assert_allclose(runs["sgp"], runs["gossip"], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(runs["overlap"], runs["gossip"], atol=1e-3)
+  with pytest.raises(ValueError, match="sgp.synch_freq=2 is not allowed"):
+    tx.sgp(axis_name="w", synch_freq=2)
+
+
 def test_error_feedback_is_a_plain_optax_transformation():
   ef = tx.error_feedback(functools.partial(compression.top_k, density=0.4))
   g = jnp.array([3.0, -1.0, 0.5, -4.0, 0.1])
