@@ -84,8 +84,8 @@ class EventClock:
       a faster host, batches a little smaller); None: they are drawn ahead (module docstring).
 
   Raises:
-    ValueError: ``n < 1``, or a ``touch`` that does not start with its worker or names a
-      worker outside ``[0, n)`` (named, when drawn).
+    ValueError: ``n < 1``, or a ``touch`` that does not start with its worker or names an
+      index outside ``[0, n + resources)`` (named, when drawn).
   """
 
   def __init__(self, n: int, duration: Callable[[int], np.ndarray],
