@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
-                                       replace_params)
+                                       replace_params, tree_where)
 
 
 class InFlightState(NamedTuple):
@@ -42,10 +42,6 @@ class InFlightState(NamedTuple):
 
   grads: Any
   inner: Any
-
-
-def _where(cond, new, old):
-  return jax.tree.map(lambda a, b: jnp.where(cond, a, b), new, old)
 
 
 ORDERS = ("average_first", "gradient_first")
@@ -90,12 +86,12 @@ def pairwise_events(inner, pairwise, order: str = "average_first") -> WorkerTran
   def local_step(held, state, params, ctx):
     step, new_inner, report = inner.update(held, state.inner, params, ctx)
     fire = ctx.per_worker["fire"]
-    moved = _where(fire, jax.tree.map(lambda p, u: p + u, params, step), params)
-    return moved, _where(fire, new_inner, state.inner), report
+    moved = tree_where(fire, jax.tree.map(lambda p, u: p + u, params, step), params)
+    return moved, tree_where(fire, new_inner, state.inner), report
 
   def update(grads, state, params, ctx):
     events = ctx.per_worker
-    held = _where(events["start"], grads, state.grads)
+    held = tree_where(events["start"], grads, state.grads)
     if order == "average_first":
       x, report = pairwise.average(params, events["peer"], ctx)
       x, new_inner, inner_report = local_step(held, state, x, ctx)
@@ -204,24 +200,24 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
                       activation * beta)
     srv = jax.tree.map(lambda x, m, u: x - lr * (scale * m + u / buffer), state.server, m_new, g)
     clear = jax.tree.map(lambda d: jnp.where(boundary, jnp.zeros_like(d), d), pushed)
-    return (_where(any_push, srv, state.server), _where(any_push, m_new, state.momentum),
-            _where(any_push, clear, state.pushed), state.pushes + any_push.astype(jnp.int32))
+    return (tree_where(any_push, srv, state.server), tree_where(any_push, m_new, state.momentum),
+            tree_where(any_push, clear, state.pushed), state.pushes + any_push.astype(jnp.int32))
 
   def update(grads, state, params, ctx):
     ev = ctx.per_worker
     pull, push = ev["fire"] & ev["pull"], ev["fire"] & ev["push"]
     step = ev["fire"] & ~ev["pull"]
     u, new_inner, report = inner.update(grads, state.inner, params, ctx)
-    x = _where(step, jax.tree.map(lambda p, d: p + d, params, u), params)
-    inner_state = _where(step, new_inner, state.inner)
+    x = tree_where(step, jax.tree.map(lambda p, d: p + d, params, u), params)
+    inner_state = tree_where(step, new_inner, state.inner)
     w = staleness_weight(weight, ev["staleness"], server.n)
     delta = jax.tree.map(lambda a, b: w * (a - b), state.anchor, x)
     g, any_push, comm = server.push(delta, push, pull, ctx)
     srv, m, pushed, pushes = outer(state, g, any_push)
-    x = _where(pull, srv, x)
-    anchor = _where(pull, srv, state.anchor)
+    x = tree_where(pull, srv, x)
+    anchor = tree_where(pull, srv, state.anchor)
     if reset_inner:
-      inner_state = _where(pull, inner.init(srv), inner_state)
+      inner_state = tree_where(pull, inner.init(srv), inner_state)
     state = ServerState(anchor, inner_state, srv, m, pushed, pushes)
     return replace_params(params, x), state, merge_reports(comm, report)
 

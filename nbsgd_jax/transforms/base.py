@@ -184,7 +184,7 @@ def skip_when_idle(inner, scope: str = "local") -> WorkerTransform:
     keep = (ctx.count if scope == "local" else ctx.total) > 0
     new_updates, new_state, report = inner.update(updates, state, params, ctx)
     new_updates = jax.tree.map(lambda u: jnp.where(keep, u, jnp.zeros_like(u)), new_updates)
-    new_state = jax.tree.map(lambda a, b: jnp.where(keep, a, b), new_state, state)
+    new_state = tree_where(keep, new_state, state)
     return new_updates, new_state, report
 
   return WorkerTransform(inner.init, update, inner.communications)
@@ -225,6 +225,12 @@ def replace_params(params, new_params):
   """The updates that turn ``params`` into ``new_params`` (a transform that computes new
   parameters, e.g. a gossip or a synchronisation, returns these)."""
   return jax.tree.map(lambda new, old: new - old, new_params, params)
+
+
+def tree_where(cond, new, old):
+  """``new`` where the scalar bool ``cond`` holds, else ``old``, leaf by leaf (a masked
+  update: a worker that is not in an event, a step that is skipped)."""
+  return jax.tree.map(lambda a, b: jnp.where(cond, a, b), new, old)
 
 
 def no_state(params) -> tuple:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
-                                       replace_params)
+                                       replace_params, tree_where)
 
 
 class PushSumState(NamedTuple):
@@ -47,10 +47,6 @@ def _scale(tree, s):
 
 def _add(a, b):
   return jax.tree.map(lambda u, v: u + v, a, b)
-
-
-def _where(c, a, b):
-  return jax.tree.map(lambda u, v: jnp.where(c, u, v), a, b)
 
 
 def stochastic_gradient_push(inner, gossip, overlap: bool = False,
@@ -102,12 +98,12 @@ def stochastic_gradient_push(inner, gossip, overlap: bool = False,
       keep = jnp.asarray(diag)[gossip.phase(round_ctx), gossip.index()]
       mixed, comm = gossip.mix((x, w), round_ctx)
       recv = jax.tree.map(lambda m, a: m - keep.astype(a.dtype) * a, mixed, (x, w))
-      inbox = _where(send, recv, state.inbox)
-      x, w = _where(send, (_scale(x, keep), w * keep), (x, w))
+      inbox = tree_where(send, recv, state.inbox)
+      x, w = tree_where(send, (_scale(x, keep), w * keep), (x, w))
       u, new_inner, r_inner = inner.update(grads, state.inner, x, ctx)
       x = _add(x, u)
-      x, w = _where(land, (_add(x, inbox[0]), w + inbox[1]), (x, w))
-      inbox = _where(land, jax.tree.map(jnp.zeros_like, inbox), inbox)
+      x, w = tree_where(land, (_add(x, inbox[0]), w + inbox[1]), (x, w))
+      inbox = tree_where(land, jax.tree.map(jnp.zeros_like, inbox), inbox)
       comm = {k: v * send.astype(v.dtype) for k, v in comm.items()}  # only when a round goes
     z = _scale(x, 1.0 / w)
     state = PushSumState(x, w, inbox, new_inner)
