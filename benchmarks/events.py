@@ -18,7 +18,11 @@ side by side in one process, over the same event schedule (the recipe's own
   average with the peer, the momentum step with the held gradient, and the gradient of the
   worker's next read on its next batch (drawn on the host). The loop's schedule (the same
   clock, ``next_batch(limit=1)``) is drawn before its timing starts: only its updates are
-  timed, while the event clock's time includes its host scheduler.
+  timed, while the event clock's time includes its host scheduler;
+* ``ceiling``: the loop's own update, ``jax.vmap``-ed over as many events as the event
+  clock's mean batch, its inputs already stacked (no scheduler, no gather or scatter, no
+  worker that is not in an event): the cost of an event's arithmetic alone, so the most any
+  batching engine can gain over the loop on this device is ceiling / loop.
 
 Events per second = events applied / wall seconds. Written as a markdown table with the
 device, the command and the date.
@@ -77,20 +81,11 @@ def per_event_loop(cfg, events: int) -> tuple:
   """``(events, seconds)`` of the same schedule, one jitted update per event."""
   s = train.setup(cfg)
   clock = train.make_host(s).part("clock").clock
-  model, n, lr, mom = s.model, cfg.num_workers, cfg.learning_rate, cfg.momentum
+  n, lr, mom = cfg.num_workers, cfg.learning_rate, cfg.momentum
   images = np.asarray(s.dataset.train_images, np.float32)
   labels = np.asarray(s.dataset.train_labels, np.int32)
   shards = np.array_split(np.random.default_rng(0).permutation(len(labels)), n)
-
-  def loss(p, x, y):
-    logits = model.apply(p, x)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-  def step(xi, xj, held, buf, x, y):
-    avg = jax.tree.map(lambda a, b: (a + b) / 2, xi, xj)
-    buf = jax.tree.map(lambda m, g: mom * m + g, buf, held)
-    new = jax.tree.map(lambda p, m: p - lr * m, avg, buf)
-    return new, avg, jax.grad(loss)(new, x, y), buf
+  step, loss = _mlp_update(cfg, s)
 
   def alone(xi, held, buf, x, y):  # an event without a peer (AD-PSGD: a passive worker's)
     buf = jax.tree.map(lambda m, g: mom * m + g, buf, held)
@@ -130,6 +125,49 @@ def per_event_loop(cfg, events: int) -> tuple:
   return len(schedule) - 4 * n, time.perf_counter() - t0
 
 
+def _mlp_update(cfg, s):
+  """The loop's paired update (average, momentum step with the held gradient, the next
+  gradient) and its loss, for the setup ``s``."""
+  model, lr, mom = s.model, cfg.learning_rate, cfg.momentum
+
+  def loss(p, x, y):
+    logits = model.apply(p, x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+  def step(xi, xj, held, buf, x, y):
+    avg = jax.tree.map(lambda a, b: (a + b) / 2, xi, xj)
+    buf = jax.tree.map(lambda m, g: mom * m + g, buf, held)
+    new = jax.tree.map(lambda p, m: p - lr * m, avg, buf)
+    return new, avg, jax.grad(loss)(new, x, y), buf
+
+  return step, loss
+
+
+def ceiling(cfg, k: int, events: int) -> tuple:
+  """``(events, seconds)`` of the paired update vmapped over ``k`` events at once, the inputs
+  stacked beforehand: an event's arithmetic without any engine around it."""
+  s = train.setup(cfg)
+  step, loss = _mlp_update(cfg, s)
+  p0 = s.task.init()[0]
+  stack = lambda t: jax.tree.map(lambda a: jnp.stack([a] * k), t)  # noqa: E731
+  xi, xj = stack(p0), stack(p0)
+  buf = jax.tree.map(jnp.zeros_like, xi)
+  rng = np.random.default_rng(0)
+  idx = rng.integers(0, len(s.dataset.train_labels), (k, cfg.batch_size))
+  x = jnp.asarray(np.asarray(s.dataset.train_images, np.float32)[idx])
+  y = jnp.asarray(np.asarray(s.dataset.train_labels, np.int32)[idx])
+  held = jax.vmap(jax.grad(loss))(xi, x, y)
+  run = jax.jit(jax.vmap(step))
+  out = run(xi, xj, held, buf, x, y)
+  jax.block_until_ready(out)
+  calls = max(1, events // k)
+  t0 = time.perf_counter()
+  for _ in range(calls):
+    xi, xj, held, buf = run(xi, xj, held, buf, x, y)
+  jax.block_until_ready((xi, xj, held, buf))
+  return calls * k, time.perf_counter() - t0
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True, help="the markdown table")
@@ -143,9 +181,11 @@ def main():
     cfg = make_config(a, n)
     ev_a, sec_a, batch = engine(cfg, a.events)
     ev_b, sec_b = per_event_loop(cfg, a.events)
-    rows.append((n, ev_a / sec_a, batch, ev_b / sec_b))
+    ev_c, sec_c = ceiling(cfg, max(1, int(round(batch))), a.events)
+    rows.append((n, ev_a / sec_a, batch, ev_b / sec_b, ev_c / sec_c))
     print(f"n={n}: event clock {ev_a / sec_a:.0f} events/s (batches of {batch:.0f}), one "
-          f"update per event {ev_b / sec_b:.0f} events/s: {ev_a / sec_a * sec_b / ev_b:.2f}x",
+          f"update per event {ev_b / sec_b:.0f} events/s: {ev_a / sec_a * sec_b / ev_b:.2f}x; "
+          f"ceiling {ev_c / sec_c:.0f} events/s ({ev_c / sec_c * sec_b / ev_b:.2f}x)",
           flush=True)
   hidden = "-".join(str(h) for h in [784] + a.mlp_hidden + [10])
   lines = [f"# Events per second: AD-PSGD on the event clock\n\nMeasured by `python "
@@ -155,9 +195,11 @@ def main():
            f"({jax.devices()[0].device_kind}), {datetime.date.today()}; MLP {hidden}, "
            f"{a.batch_size} examples per worker, both ways in one process.\n",
            "| workers | event clock, events/s | events per device step | one jitted update "
-           "per event, events/s | ratio |", "|---|---|---|---|---|"]
-  for n, fast, batch, slow in rows:
-    lines.append(f"| {n} | {fast:.0f} | {batch:.0f} | {slow:.0f} | {fast / slow:.2f}x |")
+           "per event, events/s | ratio | ceiling, events/s | ceiling / loop |",
+           "|---|---|---|---|---|---|---|"]
+  for n, fast, batch, slow, top in rows:
+    lines.append(f"| {n} | {fast:.0f} | {batch:.0f} | {slow:.0f} | {fast / slow:.2f}x | "
+                 f"{top:.0f} | {top / slow:.2f}x |")
   files.atomic_write(a.out, "\n".join(lines) + "\n")
   print(f"wrote {a.out}")
 

@@ -30,6 +30,21 @@ def save_figure(fig, path: str, dpi: int = 120) -> None:
 write_atomic = files.atomic_write
 
 
+def time_to(history: list, target: float, key: str = "train_loss"):
+  """Simulated seconds until ``history``'s ``key`` is at or below ``target``: linear
+  interpolation between the evaluations around the first that reaches it (its own time
+  when it is the first evaluation or the loss did not fall), or None if none does."""
+  prev = None
+  for h in history:
+    if h[key] <= target:
+      if prev is None:
+        return h["sim_time"]
+      t0, l0, t1, l1 = prev["sim_time"], prev[key], h["sim_time"], h[key]
+      return t0 + (t1 - t0) * (l0 - target) / (l0 - l1) if l0 > l1 else t1
+    prev = h
+  return None
+
+
 def run_histories(cfgs: list, keep, hooks=None) -> list[dict]:
   """Each config's ``{"history": its evaluation records with the keys ``keep``, "seconds",
   "summary"}``, trained as one call of ``nbsgd_jax.train.train_runs`` (one compiled program

@@ -84,9 +84,12 @@ TARGET_FRACTION = 0.8
 
 
 def make_config(a, algorithm: str, lr: float, seed: int, cell: str, nb: bool = False,
-                deadline="fastest", minibatches: int = M, budget=None, **extra):
+                deadline="fastest", minibatches: int = M, budget=None, events=False,
+                as_algorithm=None, **extra):
   """One run's config; ``budget``: ``(target loss, seconds)`` at which a non-blocking run
-  stops (it runs ``--nb_step_factor`` x ``--steps`` steps at most)."""
+  stops (it runs ``--nb_step_factor`` x ``--steps`` steps at most; ``events``: a run on the
+  event clock, whose steps are batches of events, ``--event_step_factor`` x ``--steps``;
+  ``as_algorithm``: a variant of ``algorithm`` that is another registration, on its graph)."""
   spread, prob, mean = CELLS[cell]
   c = config_lib.default_config()
   c.algorithm = algorithm
@@ -99,7 +102,8 @@ def make_config(a, algorithm: str, lr: float, seed: int, cell: str, nb: bool = F
   c.batch_size = BATCH
   c.learning_rate = lr
   c.momentum = 0.9
-  c.num_steps = int(round(a.steps * (a.nb_step_factor if nb else 1)))
+  factor = a.event_step_factor if events else (a.nb_step_factor if nb else 1)
+  c.num_steps = int(round(a.steps * factor))
   c.eval_every = a.eval_every
   c.eval_train_examples = 1000
   c.seed = seed
@@ -117,6 +121,8 @@ def make_config(a, algorithm: str, lr: float, seed: int, cell: str, nb: bool = F
     c.nonblocking.enabled = True
     c.nonblocking.num_minibatches = minibatches
     c.nonblocking.deadline = deadline
+  if as_algorithm is not None:
+    c.algorithm = as_algorithm
   return config_lib.override(c, extra)
 
 
@@ -156,8 +162,8 @@ def _result(s: dict) -> dict:
   """What the cache keeps of a run's summary."""
   if s.get("stopped") == "diverged":
     return {"history": [], "minibatch_fraction": float("nan"), "diverged": True}
-  return {"history": [{k: h[k] for k in ("step", "sim_time", "train_loss")}
-                      for h in s["history"]],
+  keys = ("step", "sim_time", "train_loss", "bytes_sent", "staleness_steps", "staleness_s")
+  return {"history": [{k: h[k] for k in keys if k in h} for h in s["history"]],
           "minibatch_fraction": s["history"][-1].get("minibatch_fraction", 1.0),
           "steps": s["steps"], "stopped": s["stopped"], "diverged": False}
 
@@ -196,15 +202,7 @@ def lowest_loss(history: list, last_step: float) -> float:
 def time_to_target(history: list, target: float):
   """Simulated seconds until ``train_loss <= target`` (linear interpolation between
   evaluations), or None if never."""
-  prev = None
-  for h in history:
-    if h["train_loss"] <= target:
-      if prev is None:
-        return h["sim_time"]
-      t0, l0, t1, l1 = prev["sim_time"], prev["train_loss"], h["sim_time"], h["train_loss"]
-      return t0 + (t1 - t0) * (l0 - target) / (l0 - l1) if l0 > l1 else t1
-    prev = h
-  return None
+  return common.time_to(history, target, "train_loss")
 
 
 def _best(runs: dict, score) -> float:
@@ -216,11 +214,11 @@ def _best(runs: dict, score) -> float:
 
 
 def blocking_lrs(a, cell0: str) -> dict:
-  """Per algorithm, the learning rate whose blocking run on seed 0 reaches the lowest loss
-  within 80 % of its budget."""
+  """Per algorithm, the learning rate whose blocking run on the tuning seed reaches the lowest
+  loss within 80 % of its budget."""
   out = {}
   for algo in a.algorithms:
-    runs = {lr: run(a, make_config(a, algo, lr, a.seeds[0], cell0)) for lr in a.lrs}
+    runs = {lr: run(a, make_config(a, algo, lr, a.tune_seed, cell0)) for lr in a.lrs}
     out[algo] = _best(runs, lambda r: lowest_loss(r["history"], TARGET_FRACTION * a.steps))
   return out
 
@@ -256,68 +254,101 @@ def restat(obj):
   return obj
 
 
+# name -> (config keys, on the event clock): the asynchronous variants of D-PSGD (ring; SGP on
+# the time-varying exponential graph of its paper), ``--asynchronous``
+ASYNCHRONOUS = {
+    "AD-PSGD": ({"as_algorithm": "ad_psgd"}, True),
+    "SwarmSGD (H = 2)": ({"as_algorithm": "swarm_sgd"}, True),
+    "Overlap-SGP": ({"as_algorithm": "sgp", "sgp.overlap": True,
+                     "topology": "one_peer_exponential"}, False),
+}
+
+
 def _budgets(a, algo: str, cell: str, lr_b: dict, targets: dict) -> dict:
   """seed -> ``(target loss, seconds)``: where a run that is not the blocking one stops."""
-  blocking = {seed: run(a, make_config(a, algo, lr_b[algo], seed, cell)) for seed in a.seeds}
+  blocking = {seed: run(a, make_config(a, algo, lr_b[algo], seed, cell))
+              for seed in all_seeds(a)}
   return {seed: (targets[algo, seed], a.time_factor * _end_time(blocking[seed]))
-          for seed in a.seeds}
+          for seed in all_seeds(a)}
 
 
-def _nb_grid(a, algo: str, cell: str, budget: dict) -> list:
-  """The non-blocking runs of the learning-rate grid on seed 0."""
-  return [make_config(a, algo, lr, a.seeds[0], cell, nb=True, budget=budget[a.seeds[0]])
+def all_seeds(a) -> list:
+  """The tuning seed (``--tune_seed``; the first of ``--seeds`` when not given), then the
+  reported seeds."""
+  return list(dict.fromkeys([a.tune_seed, *a.seeds]))
+
+
+def _grid(a, algo: str, cell: str, kw: dict, budget: dict) -> list:
+  """A tuned variant's runs of the learning-rate grid on the tuning seed."""
+  return [make_config(a, algo, lr, a.tune_seed, cell, budget=budget[a.tune_seed], **kw)
           for lr in a.lrs]
 
 
-def _lr_nb(a, algo: str, cell: str, budget: dict, targets: dict) -> float:
-  """The non-blocking learning rate: the best time to target on seed 0."""
-  grid = {cfg.learning_rate: run(a, cfg) for cfg in _nb_grid(a, algo, cell, budget)}
-  s0 = a.seeds[0]
-  return _best(grid, lambda r: (_ttt_or_inf(r, targets[algo, s0]),
+def _lr_tuned(a, algo: str, cell: str, kw: dict, budget: dict, targets: dict) -> float:
+  """A tuned variant's learning rate: the best time to target on the tuning seed."""
+  grid = {cfg.learning_rate: run(a, cfg) for cfg in _grid(a, algo, cell, kw, budget)}
+  return _best(grid, lambda r: (_ttt_or_inf(r, targets[algo, a.tune_seed]),
                                 lowest_loss(r["history"], math.inf)))
 
 
-def _variants(a, algo: str, cell: str, lr_nb: float) -> list:
-  """``(name, make_config keywords, learning rate or None: a baseline's, chosen)``."""
-  variants = [("non-blocking", dict(nb=True), lr_nb)]
+def _variants(a, algo: str, cell: str) -> list:
+  """``(name, make_config keywords, "tuned" or "baseline")``: a tuned variant's learning rate
+  comes from its own grid, a baseline's is the better of the blocking and non-blocking ones."""
+  variants = [("non-blocking", dict(nb=True), "tuned")]
   if algo == "allreduce_ring" and cell != "homogeneous" and a.baselines:
     k = a.workers - max(1, a.workers // 8)
     variants += [(f"backup workers (kth:{k})", dict(nb=True, deadline=f"kth:{k}",
-                                                    minibatches=1), None),
+                                                    minibatches=1), "baseline"),
                  (f"fixed deadline {a.fixed_deadline:g} T_b",
-                  dict(nb=True, deadline=f"{a.fixed_deadline * T_B:g}"), None)]
+                  dict(nb=True, deadline=f"{a.fixed_deadline * T_B:g}"), "baseline")]
+  if algo == "dpsgd" and a.asynchronous:
+    variants += [(name, dict(keys, events=events), "tuned")
+                 for name, (keys, events) in ASYNCHRONOUS.items()]
   return variants
 
 
 def _candidates(a, algo, cell, kw, lr_b, lr_nb, budget) -> list:
-  """A baseline's runs on seed 0 at the two tuned rates."""
-  return [make_config(a, algo, x, a.seeds[0], cell, budget=budget[a.seeds[0]], **kw)
+  """A baseline's runs on the tuning seed at the two tuned rates."""
+  return [make_config(a, algo, x, a.tune_seed, cell, budget=budget[a.tune_seed], **kw)
           for x in {lr_b[algo], lr_nb}]
 
 
 def _baseline_lr(a, algo, cell, kw, lr_b, lr_nb, budget, targets) -> float:
-  """A baseline's rate: the better of the two tuned rates on seed 0."""
+  """A baseline's rate: the better of the two tuned rates on the tuning seed."""
   cand = {c.learning_rate: run(a, c)
           for c in _candidates(a, algo, cell, kw, lr_b, lr_nb, budget)}
-  return _best(cand, lambda r: (_ttt_or_inf(r, targets[algo, a.seeds[0]]),
+  return _best(cand, lambda r: (_ttt_or_inf(r, targets[algo, a.tune_seed]),
                                 lowest_loss(r["history"], math.inf)))
+
+
+def _rates(a, algo, cell, lr_b, budget, targets) -> dict:
+  """variant name -> its learning rate (the tuned grids and the baselines' candidates must
+  have been trained)."""
+  nb_kw = dict(nb=True)
+  lr_nb = _lr_tuned(a, algo, cell, nb_kw, budget, targets)
+  return {name: (_lr_tuned(a, algo, cell, kw, budget, targets) if rule == "tuned" else
+                 _baseline_lr(a, algo, cell, kw, lr_b, lr_nb, budget, targets))
+          for name, kw, rule in _variants(a, algo, cell)}
 
 
 def prefetch(a, cells: list, lr_b: dict, targets: dict) -> None:
   """Every run :func:`study_cell` reads, trained stage by stage as sweeps (each stage's
-  runs need the stage before's results): the non-blocking grids, then the variants' seeds
-  and the baselines' candidates, then the baselines' seeds."""
+  runs need the stage before's results): the tuned variants' grids, then their seeds and the
+  baselines' candidates, then the baselines' seeds."""
   plan = [(cell, algo, _budgets(a, algo, cell, lr_b, targets))
           for cell in cells for algo in a.algorithms]
-  run_many(a, [c for cell, algo, budget in plan for c in _nb_grid(a, algo, cell, budget)])
+  run_many(a, [c for cell, algo, budget in plan
+               for name, kw, rule in _variants(a, algo, cell) if rule == "tuned"
+               for c in _grid(a, algo, cell, kw, budget)])
   stage, later = [], []
   for cell, algo, budget in plan:
-    lr_nb = _lr_nb(a, algo, cell, budget, targets)
-    for name, kw, lr in _variants(a, algo, cell, lr_nb):
-      if lr is None:
+    lr_nb = _lr_tuned(a, algo, cell, dict(nb=True), budget, targets)
+    for name, kw, rule in _variants(a, algo, cell):
+      if rule == "baseline":
         stage += _candidates(a, algo, cell, kw, lr_b, lr_nb, budget)
         later.append((cell, algo, kw, lr_nb, budget))
       else:
+        lr = _lr_tuned(a, algo, cell, kw, budget, targets)
         stage += [make_config(a, algo, lr, seed, cell, budget=budget[seed], **kw)
                   for seed in a.seeds]
   run_many(a, stage)
@@ -327,33 +358,55 @@ def prefetch(a, cells: list, lr_b: dict, targets: dict) -> None:
                for cell, algo, kw, lr_nb, budget in later for seed in a.seeds])
 
 
+def at_target(history: list, target: float, key: str):
+  """``key`` (e.g. ``bytes_sent``) linearly interpolated at the time the run reaches
+  ``target`` (None if never or not recorded)."""
+  t = time_to_target(history, target)
+  if t is None or not history or key not in history[0]:
+    return None
+  times = [h["sim_time"] for h in history]
+  return float(np.interp(t, times, [h[key] for h in history]))
+
+
+def mean_of(history: list, key: str):
+  """The mean of ``key`` over a run's evaluations (None if not recorded)."""
+  vals = [h[key] for h in history if h.get(key) is not None]
+  return float(np.mean(vals)) if vals else None
+
+
 def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
   """Every algorithm's blocking and non-blocking runs in one cell, and the baselines."""
   rows = []
   for algo in a.algorithms:
     blocking = {seed: run(a, make_config(a, algo, lr_b[algo], seed, cell)) for seed in a.seeds}
     budget = _budgets(a, algo, cell, lr_b, targets)
-    lr_nb = _lr_nb(a, algo, cell, budget, targets)
-    for name, kw, lr in _variants(a, algo, cell, lr_nb):
-      if lr is None:  # a baseline: the better of the two tuned rates on seed 0
-        lr = _baseline_lr(a, algo, cell, kw, lr_b, lr_nb, budget, targets)
-      speedups, fracs, tb, tn, curves = [], [], [], [], None
+    rates = _rates(a, algo, cell, lr_b, budget, targets)
+    for name, kw, _ in _variants(a, algo, cell):
+      lr = rates[name]
+      speedups, fracs, tb, tn, mb, stale, stale_s, curves = [], [], [], [], [], [], [], None
       for seed in a.seeds:
         b = blocking[seed]
         r = run(a, make_config(a, algo, lr, seed, cell, budget=budget[seed], **kw))
         if curves is None:  # the first seed's curves, for the plot
           curves = {"blocking": b["history"], "this": r["history"]}
-        t_b = time_to_target(b["history"], targets[algo, seed])
-        t_n = time_to_target(r["history"], targets[algo, seed])
+        target = targets[algo, seed]
+        t_b = time_to_target(b["history"], target)
+        t_n = time_to_target(r["history"], target)
         tb.append(t_b)
         tn.append(t_n)
         speedups.append(t_b / t_n if (t_b and t_n) else None)
         fracs.append(r["minibatch_fraction"])
+        bytes_at = at_target(r["history"], target, "bytes_sent")
+        mb.append(None if bytes_at is None else bytes_at / 1e6 / a.workers)
+        stale.append(mean_of(r["history"], "staleness_steps"))
+        stale_s.append(mean_of(r["history"], "staleness_s"))
       rows.append({"cell": cell, "algorithm": algo, "variant": name,
                    "slowdown_sigma": CELLS[cell][0], "delay_prob": CELLS[cell][1],
                    "delay_mean_T_b": CELLS[cell][2], "lr_blocking": lr_b[algo],
-                   "lr": lr, "seeds": list(a.seeds), "speedup": _stats(speedups),
-                   "time_blocking": _stats(tb), "time": _stats(tn),
+                   "lr": lr, "seeds": list(a.seeds), "tune_seed": a.tune_seed,
+                   "speedup": _stats(speedups), "time_blocking": _stats(tb),
+                   "time": _stats(tn), "mb_per_worker_to_target": _stats(mb),
+                   "staleness_steps": _stats(stale), "staleness_s": _stats(stale_s),
                    "minibatch_fraction": float(np.nanmean(fracs)),
                    "target_seed0": targets[algo, a.seeds[0]], "curves_seed0": curves})
       sp = rows[-1]["speedup"]
@@ -381,14 +434,14 @@ def study_order(a, cell: str, lr_b: dict, targets: dict) -> list:
 
 def run_scenario(a) -> dict:
   cells = list(a.cells)
-  run_many(a, [make_config(a, algo, lr, a.seeds[0], cells[0])
+  run_many(a, [make_config(a, algo, lr, a.tune_seed, cells[0])
                for algo in a.algorithms for lr in a.lrs])
   lr_b = blocking_lrs(a, cells[0])
   run_many(a, [make_config(a, algo, lr_b[algo], seed, cell)
-               for cell in cells for algo in a.algorithms for seed in a.seeds])
+               for cell in cells for algo in a.algorithms for seed in all_seeds(a)])
   targets = {}
   for algo in a.algorithms:
-    for seed in a.seeds:
+    for seed in all_seeds(a):
       h = run(a, make_config(a, algo, lr_b[algo], seed, cells[0]))["history"]
       targets[algo, seed] = lowest_loss(h, TARGET_FRACTION * a.steps)
   prefetch(a, cells, lr_b, targets)
@@ -421,11 +474,20 @@ def markdown(res: dict) -> str:
   for name, sc in res["scenarios"].items():
     lines += [f"### {name}", "", sc["setting"], "",
               "| cell | algorithm | variant | speed-up (mean +- std, ddof = 1) | mini-batches used | "
-              "blocking time to target (s) | lr (blocking / this) |",
-              "|---|---|---|---:|---:|---:|---|"]
+              "blocking time to target (s) | MB sent per worker to target | staleness, steps "
+              "| staleness, ms | lr (blocking / this) |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in sc["cells"]:
+      na = {"mean": None, "std": None, "per_seed": [], "reached": 0}
+      stale_ms = dict(r.get("staleness_s", na))
+      if stale_ms["mean"] is not None:
+        stale_ms.update(mean=stale_ms["mean"] * 1e3,
+                        std=None if stale_ms["std"] is None else stale_ms["std"] * 1e3)
       lines.append(f"| {r['cell']} | {r['algorithm']} | {r['variant']} | {_fmt(r['speedup'])} "
                    f"| {r['minibatch_fraction']:.0%} | {_fmt(r['time_blocking'], 2, '')} | "
+                   f"{_fmt(r.get('mb_per_worker_to_target', na), 1, '')} | "
+                   f"{_fmt(r.get('staleness_steps', na), 2, '').replace('not reached', '-')} | "
+                   f"{_fmt(stale_ms, 1, '').replace('not reached', '-')} | "
                    f"{r['lr_blocking']:g} / {r['lr']:g} |")
     if sc.get("order"):
       lines += ["", "Update order (blocking, same learning rate and target): time to target "
@@ -441,30 +503,38 @@ def markdown(res: dict) -> str:
 
 
 def plot(res: dict, path: str) -> None:
+  """Speed-up to the target per cell: a bar for each non-blocking algorithm (and, in
+  ``--asynchronous`` studies, each variant of D-PSGD and All-Reduce)."""
   plt = common.pyplot()
   sc = res["scenarios"]["main"]
-  rows = [r for r in sc["cells"] if r["variant"] == "non-blocking"]
+  several = any(r["variant"] in ASYNCHRONOUS for r in sc["cells"])
+  rows = sc["cells"] if several else [r for r in sc["cells"] if r["variant"] == "non-blocking"]
+  label = (lambda r: f"{r['algorithm']}, {r['variant']}") if several else \
+      (lambda r: r["algorithm"])
   cells = list(dict.fromkeys(r["cell"] for r in rows))
-  algos = list(dict.fromkeys(r["algorithm"] for r in rows))
-  fig, ax = plt.subplots(figsize=(8, 4.2))
-  width = 0.8 / len(algos)
-  for j, algo in enumerate(algos):
+  bars = list(dict.fromkeys(label(r) for r in rows))
+  fig, ax = plt.subplots(figsize=(11 if several else 8, 4.6))
+  width = 0.8 / len(bars)
+  for j, name in enumerate(bars):
     xs, ys, es = [], [], []
     for i, cell in enumerate(cells):
-      r = next(r for r in rows if r["cell"] == cell and r["algorithm"] == algo)
-      xs.append(i + (j - (len(algos) - 1) / 2) * width)
+      r = next((r for r in rows if r["cell"] == cell and label(r) == name), None)
+      if r is None:
+        continue
+      xs.append(i + (j - (len(bars) - 1) / 2) * width)
       ys.append(r["speedup"]["mean"] or 0.0)
       es.append(r["speedup"]["std"] or 0.0)
       sp = r["speedup"]
       if sp["reached"] < len(sp["per_seed"]):  # the mean is over the seeds that reached it
         ax.annotate(f"{sp['reached']}/{len(sp['per_seed'])}", (xs[-1], ys[-1] + es[-1]),
                     ha="center", va="bottom", fontsize=7)
-    ax.bar(xs, ys, width, yerr=es, capsize=3, label=algo)
+    ax.bar(xs, ys, width, yerr=es, capsize=2, label=name)
   ax.axhline(1.0, color="gray", lw=0.8, ls=":")
   ax.set_xticks(range(len(cells)), [c.replace(" + ", "\n+ ") for c in cells], fontsize=8)
-  ax.set_ylabel("speed-up to target (blocking / non-blocking)")
-  ax.set_title("Non-blocking SGD, mean +- std over seeds (k/n: seeds that reached the target)")
-  ax.legend()
+  ax.set_ylabel("speed-up to target (blocking / this)")
+  ax.set_title("Speed-up over the blocking algorithm, mean +- std over seeds "
+               "(k/n: seeds that reached the target)", fontsize=9)
+  ax.legend(fontsize=7, ncol=2 if several else 1)
   fig.tight_layout()
   common.save_figure(fig, path)
 
@@ -496,6 +566,12 @@ def scenario_args(a, quick: bool) -> dict:
   base = dict(vars(a))
   base.update(algorithms=ALGORITHMS, trained=0, reference_cell=REFERENCE_CELL,
               seconds={})  # one dict for every scenario: run key -> seconds it took to train
+  if base["tune_seed"] is None:
+    base["tune_seed"] = a.seeds[0]
+  if a.asynchronous:  # the grid's four cells, the asynchronous variants beside the others
+    cells = [c for c in CELLS if c != "speeds 0.6 + heavy stragglers"]
+    return {"main": dict(base, algorithms=("allreduce_ring", "dpsgd"), cells=cells,
+                         lrs=a.lrs or [0.1, 0.2, 0.4, 0.8], order=False)}
   if quick:
     main = dict(base, workers=8, steps=150, eval_every=15, cells=["homogeneous", REFERENCE_CELL],
                 lrs=a.lrs or [0.2, 0.4], order=False)
@@ -525,6 +601,14 @@ def main():
                   help="non-blocking runs' step cap / the blocking run's steps")
   ap.add_argument("--lrs", type=float, nargs="*", default=None)
   ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+  ap.add_argument("--tune_seed", type=int, default=None,
+                  help="the seed the learning rates are chosen on (default: the first of "
+                       "--seeds; a seed not in --seeds keeps the tuning out of the report)")
+  ap.add_argument("--asynchronous", action="store_true",
+                  help="the grid's four cells with AD-PSGD, SwarmSGD and Overlap-SGP beside "
+                       "D-PSGD, Non-blocking SGD, All-Reduce and its two baselines")
+  ap.add_argument("--event_step_factor", type=float, default=20.0,
+                  help="event-clock runs' cap on batches of events / --steps")
   ap.add_argument("--fixed_deadline", type=float, default=1.5,
                   help="the fixed-deadline baseline's deadline, in units of T_b")
   ap.add_argument("--model", default="mlp")

@@ -71,3 +71,52 @@ def test_the_main_jobs_figures_are_the_committed_run():
     assert acc in text, doc
   with open(os.path.join(ROOT, "docs", "results.md")) as f:
     assert f"train loss {s['train_loss']:.4f}" in " ".join(f.read().split())
+
+
+def _committed(*parts):
+  with open(os.path.join(ROOT, "docs", *parts)) as f:
+    return f.read()
+
+
+def test_the_asynchronous_grid_is_its_records_and_nonblocking_md_quotes_them():
+  """docs/nonblocking/asynchronous: results.md is rendered from results.json; every row
+  reports 3 seeds, its rates chosen on a fourth; docs/nonblocking.md's table quotes each
+  variant's speed-up as the study formats it."""
+  nb = _script("reproduce_nonblocking")
+  res = nb.restat(json.loads(_committed("nonblocking", "asynchronous", "results.json")))
+  assert _committed("nonblocking", "asynchronous", "results.md") == nb.markdown(res)
+  page = " ".join(_committed("nonblocking.md").split())
+  variants = set()
+  for r in res["cells"]:
+    assert len(r["seeds"]) == 3 and r["tune_seed"] not in r["seeds"], r["variant"]
+    variants.add(r["variant"])
+    assert nb._fmt(r["speedup"]) in page, (r["cell"], r["algorithm"], r["variant"])
+  assert {"AD-PSGD", "SwarmSGD (H = 2)", "Overlap-SGP", "non-blocking"} <= variants
+
+
+def test_time_to_a_target_interpolates_between_evaluations():
+  common = _script("common")
+  h = [{"sim_time": 0.0, "loss": 4.0}, {"sim_time": 10.0, "loss": 2.0},
+       {"sim_time": 20.0, "loss": 1.0}]
+  assert common.time_to(h, 1.5, "loss") == pytest.approx(15.0)  # half-way from 2 to 1
+  assert common.time_to(h, 5.0, "loss") == 0.0
+  assert common.time_to(h, 0.5, "loss") is None
+
+
+def test_async_diloco_lm_reads_the_loss_at_a_push_count_and_is_its_records():
+  lm = _script("async_diloco_lm")
+  h = [{"pushes": 0, "test_loss": 4.0}, {"pushes": 40, "test_loss": 3.0},
+       {"pushes": 40, "test_loss": 2.9}, {"pushes": 120, "test_loss": 2.0}]
+  assert lm.at_pushes(h, 80) == pytest.approx(2.45)  # between 40 (2.9) and 120 (2.0)
+  assert lm.at_pushes(h, 200) is None
+  res = json.loads(_committed("asynchronous", "lm", "results.json"))
+  assert _committed("asynchronous", "lm", "results.md") == lm.markdown(res)
+  assert len(res["settings"]["seeds"]) >= 3
+  assert res["settings"]["tune_seed"] not in res["settings"]["seeds"]
+
+
+def test_asynchronous_cnn_spreads_are_ddof_1():
+  cnn = _script("asynchronous_cnn")
+  s = cnn.spread([1.0, None, 2.0, 3.0])
+  assert (s["mean"], s["std"], s["reached"], s["runs"]) == (2.0, 1.0, 3, 4)
+  assert cnn.spread([1.0])["std"] is None
