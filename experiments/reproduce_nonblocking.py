@@ -6,6 +6,8 @@ MATCHA on heterogeneous workers.
 
     python experiments/reproduce_nonblocking.py --quick --out docs/nonblocking/quick   # < 10 min
     python experiments/reproduce_nonblocking.py --out docs/nonblocking         # the study
+    python experiments/reproduce_nonblocking.py --asynchronous --out docs/nonblocking/asynchronous \
+        --seeds 0 1 2 --tune_seed 3                                           # against asynchrony
 
 The study (docs/nonblocking.md has the set-up, the rule and the numbers):
 
@@ -31,6 +33,12 @@ The study (docs/nonblocking.md has the set-up, the rule and the numbers):
   ``kth:K``) and a fixed deadline of ``--fixed_deadline`` x T_b seconds with M = 4; each at
   the better of the blocking and non-blocking learning rates on seed 0.
 * **Seeds** ``--seeds``: a seed sets the initialisation, the data order and the cluster draw.
+  The learning rates are chosen on ``--tune_seed`` (default: the first of ``--seeds``; the
+  asynchronous study uses a seed it does not report).
+* ``--asynchronous``: the four cells without the heavy one, All-Reduce and D-PSGD, and beside
+  D-PSGD's non-blocking variant AD-PSGD and SwarmSGD (H = 2) on the event clock and
+  Overlap-SGP on the one-peer exponential graph (``ASYNCHRONOUS``), each with its own rate per
+  cell; rows add the bytes sent per worker to the target and the staleness.
 * Full study only: the update order of the gossip algorithms (``atc``, the default, against
   ``parallel``) in the heterogeneous reference cell, and a row in the paper's likely setting
   (MATCHA's 8-node graph 0, 8 workers, the CNN).
