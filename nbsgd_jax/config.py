@@ -47,7 +47,7 @@ from nbsgd_jax.backends import BACKENDS  # noqa: F401
 from nbsgd_jax.data import SCHEMES as PARTITIONS
 from nbsgd_jax.models import COMPUTE_DTYPES, MODELS, NORMS
 from nbsgd_jax.optim import LR_SCHEDULES, OPTIMIZERS, WEIGHT_DECAY_ON
-from nbsgd_jax.per_worker import CONV_IMPLS, POOL_IMPLS
+from nbsgd_jax import forms as forms_lib
 from nbsgd_jax.problems import PROBLEMS as SYNTHETIC  # with their known F*
 from nbsgd_jax.topology import MIXING_WEIGHTS, TOPOLOGIES  # noqa: F401
 from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS  # noqa: F401
@@ -82,11 +82,15 @@ def _setup_defaults() -> ml_collections.ConfigDict:
                                  # text data set, e.g. tfds:tiny_shakespeare)
   c.mlp_hidden = (256,)          # hidden sizes of the MLP
   c.cnn_channels = (6, 16)       # conv widths of the CNN
-  c.conv_impl = "batched"        # batched | per_worker: cnn / resnet convolutions under vmap
-                                 # (batched: one grouped conv; per_worker: n ordinary convs,
-                                 # faster on CPU, compile time grows with n; per_worker.py)
-  c.pool_impl = "window"         # window (nn.max_pool) | reshape (reshape + max, the same
-                                 # values; an elementwise gradient): the CNN's max-pools
+  c.conv_impl = "auto"           # auto | batched | per_worker: cnn / resnet convolutions under
+                                 # vmap (batched: one grouped conv; per_worker: n ordinary
+                                 # convs; auto: per_worker on a CPU with 2-64 workers per
+                                 # device, else batched; forms.py)
+  c.pool_impl = "auto"           # auto | window (nn.max_pool) | reshape (reshape + max, the
+                                 # same values, an elementwise gradient): the CNN's max-pools
+                                 # (auto: reshape where the sizes are even, else window)
+  c.residuals = "auto"           # auto | fused | materialized: resnet's residual stream
+                                 # stored once per block (auto: materialized on a CPU; forms.py)
   c.resnet_depth = 20            # resnet: 6 k + 2 layers (20: ResNet-20, 0.27 M parameters)
   c.norm = "batch"               # resnet: batch (BatchNorm, running statistics per worker)
                                  # | group (GroupNorm, no model state)
@@ -276,8 +280,9 @@ def check_top_level(cfg, errs: list) -> None:
     errs.append(f"config.norm_groups={cfg.norm_groups} is not allowed: it must divide 16 "
                 "(1, 2, 4, 8 or 16)")
   checks.choice(cfg, errs, "compute_dtype", COMPUTE_DTYPES)
-  checks.choice(cfg, errs, "conv_impl", CONV_IMPLS)
-  checks.choice(cfg, errs, "pool_impl", POOL_IMPLS)
+  checks.choice(cfg, errs, "conv_impl", forms_lib.CONV_CHOICES)
+  checks.choice(cfg, errs, "pool_impl", forms_lib.POOL_CHOICES)
+  checks.choice(cfg, errs, "residuals", forms_lib.RESIDUAL_CHOICES)
   checks.choice(cfg, errs, "optimizer", OPTIMIZERS)
   checks.number(cfg, errs, "adam_b2", 0, hi=1, hi_open=True)
   checks.choice(cfg, errs, "partition", PARTITIONS)
@@ -493,7 +498,8 @@ SWITCHES = (
     Switch(CONTROL_KEYS, "consensus.control", lambda v: v is True),
     Switch(CRITICAL_KEYS, "consensus.critical", lambda v: v is True),
     Switch(("problem.*",), "dataset", lambda v: v in SYNTHETIC),
-    Switch(("model", "mlp_hidden", "cnn_channels", "conv_impl", "pool_impl", "partition",
+    Switch(("model", "mlp_hidden", "cnn_channels", "conv_impl", "pool_impl", "residuals",
+            "partition",
             "dirichlet_alpha", "eval_train_examples", "eval_worker_accuracy", "compute_dtype",
             "augment.*"),
            "dataset",

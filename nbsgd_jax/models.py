@@ -44,6 +44,7 @@ import ml_collections
 from jax import lax
 
 from nbsgd_jax import checks
+from nbsgd_jax import forms
 from nbsgd_jax import per_worker
 
 
@@ -82,14 +83,14 @@ class CNN(nn.Module):
   hidden: Sequence[int] = (120, 84)
   dtype: Any = jnp.float32
   conv: Any = lax.conv_general_dilated  # nn.Conv's convolution (per_worker.CONV_IMPLS)
-  pool: Any = None  # 2x2 max-pool x -> x (None: nn.max_pool; per_worker.max_pool)
+  pool: Any = None  # 2x2 max-pool x -> x (None: nn.max_pool; per_worker.max_pool; _any_pool)
 
   @nn.compact
   def __call__(self, x):
     c1, c2 = self.channels
     conv = functools.partial(nn.Conv, kernel_size=(5, 5), dtype=self.dtype,
                              conv_general_dilated=self.conv)
-    pool = self.pool or (lambda h: nn.max_pool(h, (2, 2), strides=(2, 2)))
+    pool = self.pool or _window_pool
     x = x.astype(self.dtype)
     x = pool(nn.relu(conv(c1, padding="SAME")(x)))
     x = pool(nn.relu(conv(c2, padding="VALID")(x)))
@@ -111,9 +112,23 @@ def _norm(kind: str, groups: int, train: bool, dtype, name: str | None = None) -
   return nn.GroupNorm(num_groups=groups, epsilon=1e-5, dtype=dtype, name=name)
 
 
+def _window_pool(x):
+  return nn.max_pool(x, (2, 2), strides=(2, 2))
+
+
+def _any_pool(x):
+  """2x2 max-pool (``pool_impl="auto"``): reshape + max where the sizes are even, else
+  ``nn.max_pool`` (the same values)."""
+  if x.shape[-3] % 2 or x.shape[-2] % 2:
+    return _window_pool(x)
+  return per_worker.max_pool(x)
+
+
 class BasicBlock(nn.Module):
   """Two 3x3 convolutions with normalisation; shortcut option A (He et al. 2016, Sec. 4.2):
-  identity, subsampled by ``stride`` and zero-padded to ``channels``."""
+  identity, subsampled by ``stride`` and zero-padded to ``channels``. ``materialize``: the
+  block's output stored once (:func:`nbsgd_jax.forms.materialize`, ``residuals=
+  "materialized"``)."""
 
   channels: int
   stride: int = 1
@@ -121,6 +136,7 @@ class BasicBlock(nn.Module):
   groups: int = 2
   dtype: Any = jnp.float32
   conv: Any = lax.conv_general_dilated
+  materialize: bool = False
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -132,7 +148,8 @@ class BasicBlock(nn.Module):
       x = x[:, ::self.stride, ::self.stride, :]
       extra = self.channels - x.shape[-1]
       x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (extra // 2, extra - extra // 2)))
-    return nn.relu(x + y)
+    out = nn.relu(x + y)
+    return forms.materialize(out) if self.materialize else out
 
 
 class ResNetCifar(nn.Module):
@@ -145,6 +162,7 @@ class ResNetCifar(nn.Module):
   groups: int = 2
   dtype: Any = jnp.float32
   conv: Any = lax.conv_general_dilated
+  materialize: bool = False  # each block's output stored once (BasicBlock)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -155,7 +173,8 @@ class ResNetCifar(nn.Module):
     for stage, width in enumerate(self.widths):
       for b in range(self.blocks):
         stride = 2 if stage > 0 and b == 0 else 1
-        x = BasicBlock(width, stride, self.norm, self.groups, self.dtype, self.conv)(x, train)
+        x = BasicBlock(width, stride, self.norm, self.groups, self.dtype, self.conv,
+                       self.materialize)(x, train)
     x = jnp.mean(x, axis=(1, 2))
     return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
@@ -241,7 +260,7 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
                cnn_channels: Sequence[int] = (6, 16), norm: str = "batch",
                norm_groups: int = 2, dtype: str = "float32", lm: Any = None,
                depth: int = 20, conv_impl: str = "batched",
-               pool_impl: str = "window") -> nn.Module:
+               pool_impl: str = "auto", residuals: str = "fused") -> nn.Module:
   """Build a model by name (``config.model``).
 
   Args:
@@ -258,8 +277,12 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
     conv_impl: ``"batched"`` (``lax.conv_general_dilated``: a grouped convolution under
       ``vmap``) or ``"per_worker"`` (:func:`nbsgd_jax.per_worker.conv_general_dilated`), the
       convolutions of ``"cnn"`` and ``"resnet"``.
-    pool_impl: ``"window"`` (``nn.max_pool``) or ``"reshape"``
-      (:func:`nbsgd_jax.per_worker.max_pool`), the max-pools of ``"cnn"``.
+    pool_impl: ``"window"`` (``nn.max_pool``), ``"reshape"``
+      (:func:`nbsgd_jax.per_worker.max_pool`) or ``"auto"`` (reshape where the sizes are
+      even, else window), the max-pools of ``"cnn"``.
+    residuals: ``"fused"`` or ``"materialized"`` (:func:`nbsgd_jax.forms.materialize` on
+      each block's output), the residual stream of ``"resnet"``
+      (:mod:`nbsgd_jax.forms`: ``"materialized"`` on a CPU).
 
   Raises:
     ValueError: an unknown name, norm or dtype, or bad sizes (named).
@@ -270,12 +293,15 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
   if conv_impl not in per_worker.CONV_IMPLS:
     raise ValueError(f"conv_impl={conv_impl!r} is not allowed: use one of "
                      f"{list(per_worker.CONV_IMPLS)}")
-  if pool_impl not in per_worker.POOL_IMPLS:
+  if pool_impl not in forms.POOL_CHOICES:
     raise ValueError(f"pool_impl={pool_impl!r} is not allowed: use one of "
-                     f"{list(per_worker.POOL_IMPLS)}")
+                     f"{list(forms.POOL_CHOICES)}")
+  if residuals not in forms.RESIDUALS:
+    raise ValueError(f"residuals={residuals!r} is not allowed: use one of "
+                     f"{list(forms.RESIDUALS)}")
   conv = (per_worker.conv_general_dilated if conv_impl == "per_worker"
           else lax.conv_general_dilated)
-  pool = per_worker.max_pool if pool_impl == "reshape" else None
+  pool = {"reshape": per_worker.max_pool, "auto": _any_pool}.get(pool_impl, _window_pool)
   if name == "logreg":
     return LogisticRegression(num_classes=num_classes, dtype=dt)
   if name == "mlp":
@@ -293,7 +319,8 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
     if norm == "group" and 16 % norm_groups:
       raise ValueError(f"norm_groups={norm_groups} is not allowed: it must divide 16")
     return ResNetCifar(num_classes=num_classes, blocks=(depth - 2) // 6, norm=norm,
-                       groups=norm_groups, dtype=dt, conv=conv)
+                       groups=norm_groups, dtype=dt, conv=conv,
+                       materialize=residuals == "materialized")
   if name == "transformer":
     lm = LMSizes() if lm is None else lm
     if lm.d_model % lm.num_heads:

@@ -15,7 +15,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # the layers, lowest first: a module imports from its own layer or those below
 LAYERS = {
     "base": ("axis", "checks", "files", "metrics", "tensorboard", "checkpoint", "multihost"),
-    "device": ("backends", "collectives", "matchings", "topology", "per_worker", "models",
+    "device": ("backends", "collectives", "matchings", "topology", "per_worker", "forms", "models",
                "problems", "augment", "consensus", "codecs", "communications", "transforms"),
     "host": ("host", "data", "text_data", "tfds_data", "disk_data"),
     "build": ("optim", "recipes", "async_recipes", "config", "hparams", "sweeps"),

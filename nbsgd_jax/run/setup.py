@@ -19,6 +19,7 @@ from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax import codecs
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import data as data_lib
+from nbsgd_jax import forms as forms_lib
 from nbsgd_jax import hparams as hparams_lib
 from nbsgd_jax import host as host_lib
 from nbsgd_jax import models as models_lib
@@ -94,6 +95,7 @@ def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -
     backend = make_backend(cfg.backend, n, cfg.workers_per_device)
   except ValueError as e:
     raise config_lib.ConfigError([f"config.{e}"]) from None
+  forms = forms_lib.resolve(cfg, jax.default_backend(), forms_lib.device_workers(backend))
   try:
     recipe = recipes_lib.build(cfg, topo, backend.axis_name)
   except ValueError as e:
@@ -114,7 +116,7 @@ def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -
     return _language_model_setup(cfg, dataset, model, topo, recipe, backend, memo)._replace(
         **facts)
   shards = _partition(cfg, dataset)
-  model = _model(cfg, model, dataset.num_classes)
+  model = _model(cfg, model, dataset.num_classes, forms)
   if cfg.model not in models_lib.MODELS:  # the user's: checked before anything runs
     _check_model(model, cfg, dataset.train_images[:1], dataset.num_classes)
   if backend.name == "multihost":
@@ -187,8 +189,8 @@ def _load(cfg, data):
     raise config_lib.ConfigError([f"{where}: {e}"]) from None
 
 
-def _model(cfg, model, num_classes: int):
-  """The given module, a registered model's or a built-in one."""
+def _model(cfg, model, num_classes: int, forms: forms_lib.Forms):
+  """The given module, a registered model's or a built-in one (in the run's ``forms``)."""
   if model is not None:
     return model
   if cfg.model in models_lib.REGISTRY:
@@ -196,8 +198,8 @@ def _model(cfg, model, num_classes: int):
   return models_lib.make_model(cfg.model, num_classes, mlp_hidden=cfg.mlp_hidden,
                                cnn_channels=cfg.cnn_channels, norm=cfg.norm,
                                norm_groups=cfg.norm_groups, dtype=cfg.compute_dtype,
-                               lm=cfg.lm, depth=cfg.resnet_depth, conv_impl=cfg.conv_impl,
-                               pool_impl=cfg.pool_impl)
+                               lm=cfg.lm, depth=cfg.resnet_depth, conv_impl=forms.conv_impl,
+                               pool_impl=forms.pool_impl, residuals=forms.residuals)
 
 
 def _check_model(model, cfg, sample: np.ndarray, num_classes: int, tokens: bool = False) -> None:
@@ -238,7 +240,7 @@ def _language_model_setup(cfg, dataset, model, topo, recipe, backend, memo=None)
   except ValueError as e:
     raise config_lib.ConfigError([f"config.partition={cfg.partition!r} with "
                                   f"config.lm.context={cfg.lm.context}: {e}"]) from None
-  model = _model(cfg, model, dataset.vocab_size)
+  model = _model(cfg, model, dataset.vocab_size, forms_lib.Forms())
   if cfg.model not in models_lib.MODELS:
     _check_model(model, cfg, np.zeros((1, cfg.lm.context), np.int32), dataset.vocab_size,
                  tokens=True)
@@ -384,7 +386,7 @@ def measure_time_per_example(s: Setup, repeats: int = 5) -> float:
       jax.tree.map(lambda x: x[None], data))
   batch = jax.tree.map(lambda x: x[0], batch)
   params, model_state = s.task.init()
-  fn = jax.jit(jax.value_and_grad(s.task.loss_fn, has_aux=True))
+  fn = s.backend.jit(jax.value_and_grad(s.task.loss_fn, has_aux=True))
   jax.block_until_ready(fn(params, model_state, batch))
   times = []
   for _ in range(max(int(repeats), 1)):
