@@ -148,15 +148,3 @@ def to_flax(model: str, stacked: dict) -> dict:
     else:
       node["bias"] = a
   return out
-
-
-def ring(n: int) -> np.ndarray:
-  """The step's mixing matrix W ``[n, n]``: the ring's Metropolis-Hastings weights (1/3 on
-  self and both neighbours) for n >= 3, the average (All-Reduce) for n <= 2."""
-  if n <= 2:
-    return np.full((n, n), 1.0 / n)
-  w = np.zeros((n, n))
-  for i in range(n):
-    for j in (i - 1, i, i + 1):
-      w[i, j % n] = 1.0 / 3.0
-  return w
