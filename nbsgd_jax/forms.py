@@ -1,9 +1,10 @@
 """How the model's step is computed on this platform: the forms the framework picks per
 platform, model and workers per device (``config.conv_impl``, ``config.pool_impl``,
 ``config.residuals``; each ``"auto"`` by default, each can be forced). The rules are
-measured, side by side with the other forms, in ``docs/simulated_workers.md`` ("Against PyTorch") with ``benchmarks/peer_pytorch.py`` and
-``benchmarks/simulated_workers.py``; every form computes the same function (tests:
-``tests/test_forms.py``, ``tests/test_per_worker.py``).
+measured, side by side with the other forms, in ``docs/simulated_workers.md`` ("Against
+PyTorch") with ``benchmarks/peer_pytorch.py`` and ``benchmarks/simulated_workers.py``;
+every form computes the same function (tests: ``tests/test_forms.py``,
+``tests/test_per_worker.py``).
 
 * ``conv_impl``: ``"per_worker"`` (n ordinary convolutions, :mod:`nbsgd_jax.per_worker`) on
   a CPU with 2 to :data:`MAX_UNROLLED` workers per device, else ``"batched"`` (one grouped
@@ -43,7 +44,8 @@ RESIDUAL_CHOICES = (AUTO,) + RESIDUALS  # config.residuals
 
 
 class Forms(NamedTuple):
-  """The forms of one run (each resolved: no ``"auto"``).
+  """The forms of one run (``conv_impl`` and ``residuals`` resolved; ``pool_impl`` may stay
+  ``"auto"``, which the model decides per pool).
 
   Attributes:
     conv_impl: ``"batched"`` or ``"per_worker"``.
@@ -102,8 +104,9 @@ def _stored_vmap(axis_size, in_batched, x):
 def materialize(x: jax.Array) -> jax.Array:
   """``x`` (any shape), computed once and kept in memory: an XLA fusion that reads it
   reads the stored array instead of recomputing its producers (``residuals=
-  "materialized"``). Its derivative is the identity (forward and reverse mode). Under ``jax.vmap`` it stays
-  one conditional (a custom batching rule), not a select that XLA would fuse away.
+  "materialized"``). Its derivative is the identity (forward and reverse mode). Under
+  ``jax.vmap`` it stays one conditional (a custom batching rule), not a select that XLA
+  would fuse away.
   ``lax.optimization_barrier`` does not do this on XLA:CPU (measured: no change).
 
   Do not use it on a GPU: the conditional's predicate is read by the host.
