@@ -386,7 +386,7 @@ def measure_time_per_example(s: Setup, repeats: int = 5) -> float:
       jax.tree.map(lambda x: x[None], data))
   batch = jax.tree.map(lambda x: x[0], batch)
   params, model_state = s.task.init()
-  fn = s.backend.jit(jax.value_and_grad(s.task.loss_fn, has_aux=True))
+  fn = jax.jit(jax.value_and_grad(s.task.loss_fn, has_aux=True))
   jax.block_until_ready(fn(params, model_state, batch))
   times = []
   for _ in range(max(int(repeats), 1)):
