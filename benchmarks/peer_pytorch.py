@@ -123,9 +123,10 @@ def time_framework(stepper, steps: int, host: list) -> float:
 
 def bare_jax(s, params, model_state, x, y):
   """The same step without the framework: ``jax.jit`` of ``vmap(grad)`` of the run's own
-  loss (``s.task.loss_fn``, the model in the run's forms), SGD and W, on the batches ``x``,
-  ``y`` as arrays. The framework's time minus this one is what its host parts, data sampling
-  and program structure cost. Returns ``(step(), read())``."""
+  loss (``s.task.loss_fn``, the model in the run's forms), SGD and the ring's mixing, on the
+  batches ``x`` ``[n, B, ...]``, ``y`` ``[n, B]`` as fixed arrays: the model's arithmetic
+  without the framework's data sampling, host parts and program structure. Returns
+  ``(step(), read())``, ``read()`` the parameters ``[n, ...]`` as numpy."""
   import jax.numpy as jnp
   n = x.shape[0]
 

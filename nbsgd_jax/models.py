@@ -292,7 +292,8 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
   dt = DTYPES[dtype]
   if conv_impl not in per_worker.CONV_IMPLS:
     raise ValueError(f"conv_impl={conv_impl!r} is not allowed: use one of "
-                     f"{list(per_worker.CONV_IMPLS)}")
+                     f"{list(per_worker.CONV_IMPLS)} (a run resolves 'auto' with "
+                     "nbsgd_jax.forms.resolve)")
   if pool_impl not in forms.POOL_CHOICES:
     raise ValueError(f"pool_impl={pool_impl!r} is not allowed: use one of "
                      f"{list(forms.POOL_CHOICES)}")
