@@ -41,6 +41,11 @@ class Backend(NamedTuple):
     fetch: ``pytree of arrays -> pytree of np.ndarray``, the whole values on the host in one
       transfer (an all-gather across processes for ``"multihost"``: every process must call
       it at the same point).
+    stage: ``(in_axes, pytree of np.ndarray) -> pytree``, a dispatch's small host inputs (a
+      step's context) as the compiled program takes them, ``in_axes`` as ``spmd``'s: on one
+      device (``"simulate"``) numpy as it is (the jitted call transfers it on its C++ path:
+      0.2 ms a step less than ``jax.device_put``, MLP at n = 8 on a 2-core CPU); on a mesh,
+      ``place`` for axis 0 and ``replicate`` for None.
   """
 
   name: str
@@ -51,6 +56,7 @@ class Backend(NamedTuple):
   axis_name: Any = AXIS
   replicate: Callable[[Any], Any] = jax.device_put
   fetch: Callable[[Any], Any] = lambda tree: jax.tree.map(np.asarray, jax.device_get(tree))
+  stage: Callable[[Any, Any], Any] = lambda in_axes, tree: tree
 
 
 DEVICE_AXIS = "devices"
@@ -109,7 +115,9 @@ def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
   mesh = jax.make_mesh((num_workers // k,), (axis,), devices=devices[:num_workers // k])
   sharding = NamedSharding(mesh, P(axis))
   replicated = NamedSharding(mesh, P())
-  extra = dict(replicate=lambda tree: jax.device_put(tree, replicated))
+  put = lambda ax, tree: jax.device_put(tree, replicated if ax is None else sharding)
+  extra = dict(replicate=lambda tree: jax.device_put(tree, replicated),
+               stage=lambda in_axes, tree: _map_prefix(put, (in_axes,), (tree,))[0])
   if name == "multihost":
     extra["fetch"] = lambda tree: jax.tree.map(multihost.fetch, tree)
   if k > 1:

@@ -149,9 +149,11 @@ def _training_defaults() -> ml_collections.ConfigDict:
                                  # num_steps (equal-time budgets; 0: off)
   c.stop_train_loss = 0.0        # stop at the first evaluation with train_loss <= this, before
                                  # num_steps (time to a target loss; 0: off)
-  c.steps_per_dispatch = 1       # k: training steps per compiled dispatch (lax.scan over the
+  c.steps_per_dispatch = 0       # k: training steps per compiled dispatch (lax.scan over the
                                  # steps between evaluations whose host inputs are known in
-                                 # advance; hooks run before each dispatch; clock=wall: 1)
+                                 # advance; hooks run before each dispatch; clock=wall: 1);
+                                 # 0: auto, the largest divisor of eval_every up to 16, and 1
+                                 # with hooks, clock=wall or a periodic recipe (run/stepper.py)
   c.double_buffer = True         # a spare set of parameter buffers: each step writes the new
                                  # parameters there (no fresh [n, d] buffer and copy when the
                                  # models are mixed); False: one set, less memory
@@ -299,10 +301,11 @@ def check_top_level(cfg, errs: list) -> None:
   checks.number(cfg, errs, "stop_sim_time", 0)
   checks.number(cfg, errs, "stop_train_loss", 0)
   checks.integer(cfg, errs, "seed", 0)
-  if checks.integer(cfg, errs, "steps_per_dispatch", 1) and cfg.steps_per_dispatch > 1 and (
+  if checks.integer(cfg, errs, "steps_per_dispatch", 0) and cfg.steps_per_dispatch > 1 and (
       cfg.cluster.get("clock") == "wall"):
     errs.append(f"config.steps_per_dispatch={cfg.steps_per_dispatch} is not allowed with "
-                "config.cluster.clock='wall': each step is timed on the host; use 1")
+                "config.cluster.clock='wall': each step is timed on the host; use 1 (or 0: "
+                "auto)")
   for key in ("nesterov", "progress", "tensorboard", "double_buffer", "eval_worker_accuracy",
               "overwrite"):
     checks.boolean(cfg, errs, key)

@@ -60,3 +60,47 @@ def test_steps_per_dispatch_is_refused_on_the_wall_clock():
   cfg.cluster.clock = "wall"
   with pytest.raises(config_lib.ConfigError, match="config.steps_per_dispatch=2"):
     config_lib.validate(cfg)
+
+
+def _setup(**over):
+  cfg = small_cfg(**{"num_steps": 12, "eval_every": 6, **over})
+  return train.setup(cfg)
+
+
+def test_auto_dispatch_size_is_the_largest_divisor_of_eval_every_up_to_the_cap():
+  from nbsgd_jax.run import stepper as stepper_lib
+  assert stepper_lib.dispatch_size([_setup(algorithm="dpsgd")]) == 6
+  assert stepper_lib.dispatch_size([_setup(algorithm="dpsgd", eval_every=100)]) == 10
+  assert stepper_lib.dispatch_size([_setup(algorithm="dpsgd", eval_every=7)]) == 7
+  assert stepper_lib.dispatch_size([_setup(algorithm="dpsgd", eval_every=34)]) == 2
+  cap = stepper_lib.AUTO_DISPATCH_MAX
+  assert stepper_lib.dispatch_size([_setup(algorithm="dpsgd", eval_every=4 * cap)]) == cap
+  # every run of a group: the divisor of both cadences
+  assert stepper_lib.dispatch_size([_setup(eval_every=6), _setup(eval_every=4)]) == 2
+  # 1 where blocks would change what runs or compiles
+  assert stepper_lib.dispatch_size([_setup(algorithm="dpsgd")], hooked=True) == 1
+  assert stepper_lib.dispatch_size([_setup(algorithm="local_sgd", **{"local_sgd.tau": 3})]) == 1
+  # a k that is set is kept, hooks or not
+  assert stepper_lib.dispatch_size([_setup(steps_per_dispatch=4)], hooked=True) == 4
+
+
+def test_auto_dispatch_is_one_on_the_wall_clock():
+  from nbsgd_jax.run import stepper as stepper_lib
+  import types
+  cfg = small_cfg(steps_per_dispatch=0)  # a set-up's config (a wall-clock run's needs processes)
+  cfg.cluster.clock = "wall"
+  s = types.SimpleNamespace(cfg=cfg, recipe=types.SimpleNamespace(periodic=False))
+  assert stepper_lib.dispatch_size([s]) == 1
+  cfg.cluster.clock = "simulated"
+  assert stepper_lib.dispatch_size([s]) == 5  # eval_every = 5
+
+
+@pytest.mark.parametrize("case", ["dpsgd", "nonblocking_mesh"])
+def test_auto_steps_per_dispatch_equal_one_step_per_dispatch(tmp_path, case):
+  recs = {}
+  for k in (0, 1):
+    workdir = str(tmp_path / f"k{k}")
+    train.train(small_cfg(num_steps=12, eval_every=6, steps_per_dispatch=k, **CASES[case]),
+                workdir)
+    recs[k] = open(f"{workdir}/metrics.jsonl").read().splitlines()
+  assert _without_wall(recs[0]) == _without_wall(recs[1])

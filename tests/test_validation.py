@@ -245,7 +245,7 @@ CASES = [
     bad("problem.examples_per_worker", 0),
     bad("problem.full_batch", "yes"), bad("problem.heterogeneity", -1.0),
     bad("problem.l2", -1.0), bad("problem.noise", -1.0), bad("problem.seed", -1),
-    bad("problem.shards", -1), bad("steps_per_dispatch", 0), bad("stop_sim_time", -1.0),
+    bad("problem.shards", -1), bad("steps_per_dispatch", -1), bad("stop_sim_time", -1.0),
     bad("stop_train_loss", -1.0), bad("topology_cols", -1), bad("topology_seed", -1),
     bad("weight_decay_on", "biases"),
     cross({"algorithm": "diloco", "num_steps": 20}, "config.diloco.inner_steps=50 is not "

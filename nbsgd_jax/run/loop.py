@@ -153,7 +153,7 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
   ckpt, resume = open_checkpoints(cfg, workdir, stack)
   records = Records(cfg, workdir if main_process else None, resume, per_step_records(cfg),
                     stack, workdir)
-  stepper = Stepper([s], [host])
+  stepper = Stepper([s], [host], hooked=bool(hooks))
   (run,) = stepper.attach([records])
   if resume is not None:
     stepper.state, saved = ckpt.restore(resume, stepper.state)

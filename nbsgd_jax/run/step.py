@@ -305,20 +305,12 @@ def host_context(s, inputs) -> StepContext:
                      shared=arrays(inputs.shared), per_worker=arrays(inputs.per_worker))
 
 
-def _by_axis(fn: Callable, ctx: StepContext) -> StepContext:
-  """``fn(axis, array)`` on every array of ``ctx``, ``axis`` its entry of
-  :data:`~nbsgd_jax.transforms.CONTEXT_AXES` (0: per worker; None: the same for all)."""
-  return jax.tree.map(lambda ax, sub: None if sub is None else jax.tree.map(
-      lambda x: fn(ax, x), sub), CONTEXT_AXES, ctx, is_leaf=lambda x: x is None)
-
-
 def _place_context(s, ctx: StepContext) -> StepContext:
-  """``ctx`` on the devices: the per-worker fields split over the workers (``place``), the
-  others whole on every device (``replicate``)."""
-  # numpy straight to the placement: jnp.asarray would dispatch an operation that waits for
-  # the step still running on the device (measured: 4 waits a step at n = 64)
-  return _by_axis(lambda ax, x: s.backend.replicate(x) if ax is None
-                  else s.backend.place(x), ctx)
+  """``ctx`` as the program takes it (the backend's ``stage``): on a mesh, the per-worker
+  fields split over the workers, the others whole on every device."""
+  # numpy, never jnp.asarray: that would dispatch an operation that waits for the step still
+  # running on the device (measured: 4 waits a step at n = 64)
+  return s.backend.stage(CONTEXT_AXES, ctx)
 
 
 def device_context(s, inputs) -> StepContext:
@@ -348,7 +340,7 @@ def stacked_contexts(s, inputs: list) -> StepContext:
   leading runs axis (``count`` ``[R, n, k]``, the shared fields ``[R, k, ...]``): the input
   of a :class:`Program` with ``runs = R`` (the simulate backend: one device)."""
   per_run = [_host_contexts(s, mine) for mine in inputs]
-  stack = lambda *xs: None if xs[0] is None else jnp.asarray(np.stack(xs))
+  stack = lambda *xs: None if xs[0] is None else np.stack(xs)  # numpy: no eager wait
   return jax.tree.map(stack, *per_run, is_leaf=lambda x: x is None)
 
 

@@ -145,6 +145,32 @@ class Run:
     return min((self.done // cfg.eval_every + 1) * cfg.eval_every, cfg.num_steps)
 
 
+AUTO_DISPATCH_MAX = 16  # the largest k that config.steps_per_dispatch = 0 (auto) picks
+
+
+def dispatch_size(setups: list, hooked: bool = False) -> int:
+  """k, the steps per dispatch of the runs ``setups`` (one structure): their
+  ``config.steps_per_dispatch``, or for 0 (auto) the largest divisor of every run's
+  ``eval_every`` up to :data:`AUTO_DISPATCH_MAX`, and 1 where blocks would change what the
+  run does or compiles: hooks (they run before each dispatch), ``cluster.clock="wall"``
+  (each step timed on the host) and periodic recipes (each pattern of local and
+  synchronising steps in a block is a program of its own: at most one per tau for k = 1).
+
+  Why: each dispatch costs the host ~0.5 ms of Python (the program call, the context, the
+  reports read back) and each step ~0.1 ms (its inputs). With the MLP at n = 8 on a 2-core
+  CPU (3 ms steps) k = 1 spends 0.7 ms of host time a step, k = 10 0.13 ms and k = 50
+  0.09 ms (``docs/simulated_workers.md``); a step's results do not depend on k
+  (``tests/test_dispatch.py``).
+  """
+  cfg = setups[0].cfg
+  if cfg.steps_per_dispatch:
+    return int(cfg.steps_per_dispatch)
+  if hooked or cfg.cluster.clock == "wall" or setups[0].recipe.periodic:
+    return 1
+  every = math.gcd(*(s.cfg.eval_every for s in setups))
+  return max(k for k in range(1, AUTO_DISPATCH_MAX + 1) if every % k == 0)
+
+
 class Stepper:
   """The host <-> device exchange of the steps of ``R >= 1`` runs of one structure: each
   run's host parts draw its inputs, one compiled program steps every run
@@ -156,16 +182,19 @@ class Stepper:
     setups: the runs' set-ups (one structure: :func:`nbsgd_jax.hparams.structure_key`).
     hosts: their host parts.
     cache: the :class:`~nbsgd_jax.run.step.ProgramCache` (default: the process's).
+    hooked: whether hooks run before each dispatch (:func:`dispatch_size`).
 
   Attributes:
     state: the device state: one run's :class:`~nbsgd_jax.run.step.TrainState`, or the
       runs' stacked on a leading axis ``[R, n, ...]``.
     runs: the :class:`Run` of each set-up (records written by :meth:`attach`'s).
     watch: the group's :class:`~nbsgd_jax.run.stopwatch.Stopwatch` (wall time of the steps).
+    k: the steps per dispatch (:func:`dispatch_size`).
   """
 
-  def __init__(self, setups: list, hosts: list, cache=None):
+  def __init__(self, setups: list, hosts: list, cache=None, hooked: bool = False):
     self.setups, self.hosts, self.cache = list(setups), list(hosts), cache
+    self.k = dispatch_size(self.setups, hooked)
     self.R = len(self.setups)
     s = self.setups[0]
     self.watch = Stopwatch()
@@ -285,7 +314,7 @@ class Stepper:
     Raises:
       ValueError: runs of one program whose host parts planned different period ends.
     """
-    k = self.setups[0].cfg.steps_per_dispatch
+    k = self.k
     members = [self.runs[r] for r in self.members]
     steps, inputs = [], [[] for _ in members]
     for t in range(first, min(first + k, last)):
@@ -393,4 +422,4 @@ def _same_arrays(trees: list) -> bool:
       for a, b in zip(first, jax.tree.leaves(t))) for t in trees[1:])
 
 
-__all__ = ["Run", "Stepper"]
+__all__ = ["AUTO_DISPATCH_MAX", "Run", "Stepper", "dispatch_size"]

@@ -157,7 +157,8 @@ def _group(group: list, parts: list, workdir: Optional[str], index: int, bar,
   ckpt, resume = loop_lib.open_checkpoints(cfg0, gdir, stack)
   records = [Records(run.cfg, d if main else None, resume, loop_lib.per_step_records(run.cfg),
                      stack, d) for run, d in zip(group, dirs)]
-  stepper = loop_lib.Stepper([s for s, _ in parts], [h for _, h in parts])
+  stepper = loop_lib.Stepper([s for s, _ in parts], [h for _, h in parts],
+                             hooked=any(hooks.get(run.name) for run in group))
   runs = stepper.attach(records)
   if resume is not None:
     stepper.state, saved = ckpt.restore(resume, stepper.state)
