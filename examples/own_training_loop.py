@@ -53,7 +53,7 @@ shards = (x_train[:n * per].reshape(n, per, 28, 28, 1), mnist.train_labels[:n * 
 opt = optax.chain(optax.sgd(args.lr), tx.gossip("ring", axis_name="w"))
 params = CNN().init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))  # the same start everywhere
 params = jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), params)
-state = jax.vmap(opt.init)(params)
+state = jax.vmap(opt.init, axis_name="w")(params)
 on_workers = NamedSharding(mesh, P("w"))
 params, state, shards = jax.device_put((params, state, shards), on_workers)
 

@@ -6,27 +6,39 @@ A checkpoint holds everything a run needs to continue bit for bit as if never st
   state, error-feedback residuals and their PRNG keys, the step), saved with
   ``orbax.checkpoint`` (``StandardSave``; sharded arrays are restored with their sharding);
 * the host state (a JSON object): simulated clocks, bytes and rounds so far, wall time, the
-  local-SGD planner and the consensus-control estimator.
+  local-SGD planner and the consensus-control estimator, and the evaluation records up to the
+  step (``records``).
 
 Data order, straggler delays, MATCHA activations and sketch coordinates are functions of
-``(seed, step)`` and need no state. ``metrics.jsonl`` and ``steps.jsonl`` are cut back to the
-checkpoint's step on resume (a torn last line from a kill is dropped), so the resumed run
-appends exactly the records an uninterrupted run would write.
+``(seed, step)`` and need no state. On resume ``metrics.jsonl`` is rewritten from the
+checkpoint's records and ``steps.jsonl`` is cut back to its step
+(:mod:`nbsgd_jax.run.records`), so the resumed run appends exactly the records an
+uninterrupted run would write.
 
 Orbax writes a checkpoint to a temporary directory and renames it when complete
 (``commit_success.txt``), so a kill at any moment leaves the previous checkpoint intact and
-never a half-written one.
+never a half-written one. A checkpoint damaged afterwards (files cut short or removed on
+disk) is found when resuming: :meth:`Checkpointer.restore_newest` reads the checkpoints
+newest first, moves each one that cannot be read whole to ``workdir/damaged_checkpoints``
+and resumes from the newest that can (as PyTorch Lightning and t5x resume from the newest
+valid checkpoint).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+import shutil
+from typing import Any, Callable, Optional
 
 import jax
 
 CHECKPOINT_DIR = "checkpoints"
+DAMAGED_DIR = "damaged_checkpoints"  # where an unreadable checkpoint is moved, not deleted
+
+
+class Unreadable(ValueError):
+  """Checkpoints exist but none can be read whole (each moved to :data:`DAMAGED_DIR`)."""
 
 
 class Checkpointer:
@@ -82,6 +94,52 @@ class Checkpointer:
     # the container types (NamedTuples) come from ``like``
     state = jax.tree.unflatten(jax.tree.structure(like), jax.tree.leaves(out.state))
     return state, dict(out.host)
+
+  def restore_newest(self, like: Any, warn: Callable[[str], None],
+                     move_aside: bool = True) -> tuple[Optional[int], Any, Optional[dict]]:
+    """``(step, state, host)`` of the newest checkpoint that can be read whole, trying the
+    checkpoints newest first; ``(None, like, None)`` when there is none. Each one that
+    cannot be read (files cut short, a folder removed: whatever orbax raises) is reported
+    by ``warn(line)`` (its directory and the error) and, with ``move_aside``, moved to
+    ``workdir/damaged_checkpoints/<step>`` (kept for inspection; a multi-process run moves
+    it on one process only).
+
+    Args:
+      like: as :meth:`restore`'s.
+      warn: called with one line per unreadable checkpoint.
+      move_aside: move unreadable checkpoints out of the checkpoint directory.
+
+    Raises:
+      Unreadable: checkpoints exist and none can be read (the message names them).
+    """
+    steps = sorted(self._mngr.all_steps(), reverse=True)
+    for step in steps:
+      try:
+        state, host = self.restore(step, like)
+        return step, state, host
+      except Exception as e:  # noqa: BLE001  (orbax / tensorstore raise many types)
+        path = os.path.join(self.directory, str(step))
+        moved = self._move_aside(step) if move_aside else path
+        reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        warn(f"the checkpoint of step {step} in {path} cannot be read ({reason}); "
+             f"moved to {moved}" if move_aside else
+             f"the checkpoint of step {step} in {path} cannot be read ({reason})")
+    if steps:
+      raise Unreadable(f"no checkpoint in {self.directory} can be read (steps {steps}, moved "
+                       f"to {os.path.join(os.path.dirname(self.directory), DAMAGED_DIR)}): "
+                       "the run cannot resume; config.overwrite=True starts it again")
+    return None, like, None
+
+  def _move_aside(self, step: int) -> str:
+    """Move the checkpoint of ``step`` to :data:`DAMAGED_DIR` (a fresh name); its path."""
+    target = os.path.join(os.path.dirname(self.directory), DAMAGED_DIR, str(step))
+    base, i = target, 1
+    while os.path.exists(target):
+      target, i = f"{base}.{i}", i + 1
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.move(os.path.join(self.directory, str(step)), target)
+    self._mngr.reload()
+    return target
 
   def close(self) -> None:
     self._mngr.close()

@@ -143,8 +143,13 @@ def _training_defaults() -> ml_collections.ConfigDict:
   c.num_steps = 1000             # training steps (iterations)
   c.eval_every = 100             # steps between evaluations (a final one is always made)
   c.eval_train_examples = 2000   # training examples used for train_loss (averaged model)
+  c.eval_test_examples = 0       # test examples behind test_loss / test_accuracy: a fixed
+                                 # uniform sample, the same at every evaluation (0: all)
   c.eval_worker_accuracy = True  # decentralized recipes: also each worker's own test accuracy
-                                 # (worker_test_accuracy: n more passes over the test set)
+                                 # (worker_test_accuracy, the mean over the workers)
+  c.eval_worker_examples = 0     # test examples behind each worker's own accuracy: a fixed
+                                 # sample of the evaluated ones (0: auto, their number / n, at least
+                                 # 100: the n models cost about one pass of the averaged one)
   c.stop_sim_time = 0.0          # s: stop at the first evaluation with sim_time >= this, before
                                  # num_steps (equal-time budgets; 0: off)
   c.stop_train_loss = 0.0        # stop at the first evaluation with train_loss <= this, before
@@ -298,6 +303,8 @@ def check_top_level(cfg, errs: list) -> None:
   checks.integer(cfg, errs, "num_steps", 0)
   checks.integer(cfg, errs, "eval_every", 1)
   checks.integer(cfg, errs, "eval_train_examples", 1)
+  checks.integer(cfg, errs, "eval_test_examples", 0)
+  checks.integer(cfg, errs, "eval_worker_examples", 0)
   checks.number(cfg, errs, "stop_sim_time", 0)
   checks.number(cfg, errs, "stop_train_loss", 0)
   checks.integer(cfg, errs, "seed", 0)
@@ -503,7 +510,8 @@ SWITCHES = (
     Switch(("problem.*",), "dataset", lambda v: v in SYNTHETIC),
     Switch(("model", "mlp_hidden", "cnn_channels", "conv_impl", "pool_impl", "residuals",
             "partition",
-            "dirichlet_alpha", "eval_train_examples", "eval_worker_accuracy", "compute_dtype",
+            "dirichlet_alpha", "eval_train_examples", "eval_test_examples",
+            "eval_worker_accuracy", "eval_worker_examples", "compute_dtype",
             "augment.*"),
            "dataset",
            lambda v: v not in SYNTHETIC),

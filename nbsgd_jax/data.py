@@ -161,12 +161,24 @@ def _integer_labels(y: Any, field: str, n: int) -> np.ndarray:
   return y.astype(np.int32)
 
 
+def _check_finite(x: np.ndarray, field: str) -> None:
+  """Raises ValueError naming ``field`` and its first example with a NaN or infinity."""
+  if not np.issubdtype(x.dtype, np.inexact):
+    return
+  bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
+  if bad.size:
+    raise ValueError(f"{field} is not finite: example {int(bad[0])} holds a NaN or an "
+                     f"infinity ({bad.size} such examples of {len(x)}); clean the data "
+                     "before training")
+
+
 def from_arrays(data: Any) -> Dataset | TextDataset:
   """An :class:`ArrayDataset` as a :class:`Dataset`, a :class:`TokenDataset` as a
   :class:`TextDataset` (vocabulary ``""``: ids only), checked.
 
   Raises:
-    ValueError: anything else, or arrays that do not fit (the field named).
+    ValueError: anything else, or arrays that do not fit, an empty test split, or features
+      with a NaN or an infinity (the field named, and the first such example).
   """
   if isinstance(data, TokenDataset):
     v = data.vocab_size
@@ -191,6 +203,11 @@ def from_arrays(data: Any) -> Dataset | TextDataset:
   if xs[0].ndim < 1 or len(xs[0]) < 1 or xs[1].shape[1:] != xs[0].shape[1:]:
     raise ValueError(f"ArrayDataset.x_test has shape {xs[1].shape}, x_train {xs[0].shape}: "
                      "both [N, ...] with the same trailing shape, N_train >= 1")
+  if len(xs[1]) < 1:
+    raise ValueError("ArrayDataset.x_test is empty (0 examples): every evaluation would "
+                     "measure nothing; give at least one test example")
+  for field, x in zip(("x_train", "x_test"), xs):
+    _check_finite(x, f"ArrayDataset.{field}")
   ys = [_integer_labels(data.y_train, "ArrayDataset.y_train", len(xs[0])),
         _integer_labels(data.y_test, "ArrayDataset.y_test", len(xs[1]))]
   top = int(max(y.max(initial=-1) for y in ys)) + 1

@@ -26,6 +26,7 @@ import hashlib
 import io
 import os
 import pickle
+import sys
 import tarfile
 import zipfile
 from typing import Callable, NamedTuple
@@ -99,16 +100,23 @@ def load_image_folder(path: str, cache_dir: str | None = None,
   if cache and os.path.exists(cache):
     try:
       return _read_cache(cache)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-      pass  # a damaged cache file is decoded anew and replaced
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # decoded anew, replaced
+      _warn(f"the cached arrays {cache} cannot be read ({type(e).__name__}): decoding the "
+            "images again and replacing them")
   arrays = _decode_folder(path, progress)
   if cache:
     try:
       os.makedirs(os.path.dirname(cache), exist_ok=True)
       files.atomic_save(cache, lambda tmp: _write_cache(tmp, arrays))
-    except OSError:
-      pass  # an unwritable cache only costs the next run the decoding
+    except OSError as e:  # an unwritable cache only costs the next run the decoding
+      _warn(f"config.data_cache: the decoded images cannot be cached in "
+            f"{os.path.dirname(cache)!r} ({e.strerror or type(e).__name__}): the next run "
+            "decodes them again; give a writable directory, or 'none' for no cache")
   return arrays
+
+
+def _warn(line: str) -> None:
+  print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 def _source_key(path: str) -> str:

@@ -1,4 +1,5 @@
-"""Crash-safe file writes: a reader sees the old file or the new one, never half of one."""
+"""Crash-safe file writes (a reader sees the old file or the new one, never half of one) and
+the lock that keeps one process per directory."""
 
 from __future__ import annotations
 
@@ -37,3 +38,41 @@ def _write_text(path: str, text: str) -> None:
     f.write(text)
     f.flush()
     os.fsync(f.fileno())
+
+
+class Locked(OSError):
+  """Another process holds the lock (:func:`lock`); ``holder`` is its PID (None: unknown)."""
+
+  def __init__(self, path: str, holder):
+    super().__init__(f"{path} is locked by process {holder}")
+    self.path, self.holder = path, holder
+
+
+def lock(path: str):
+  """Take an exclusive OS lock (``fcntl.flock``) on the file ``path`` (created), without
+  waiting, and write this process's PID into it. The lock lives as long as the returned file
+  object is open, and the OS releases it when the process dies however it dies (no stale
+  lock to clean up after a kill). POSIX only.
+
+  Returns:
+    the open lock file: close it to release the lock.
+
+  Raises:
+    Locked: another open file (another process, or this one) holds the lock; its
+      ``holder`` is the PID written in the file.
+    OSError: ``path`` cannot be created.
+  """
+  import fcntl
+  f = open(path, "a+")
+  try:
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    f.seek(0)
+    text = f.read().strip()
+    f.close()
+    raise Locked(path, int(text) if text.isdigit() else None) from None
+  f.seek(0)
+  f.truncate()
+  f.write(str(os.getpid()))
+  f.flush()
+  return f

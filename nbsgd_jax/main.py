@@ -12,8 +12,10 @@ Exit status: 0 the run finished; 2 bad configuration or command line (an unknown
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -83,6 +85,21 @@ def _flag_errors(message: str) -> list[str]:
   return [f"config.{key}={value!r} is not allowed: {why}"]
 
 
+def _config_file_errors(e: Exception, path: str, argv: list[str] = ()) -> list[str]:
+  """The line of an exception raised while the config file ``path`` loads: its type, its
+  message and the file's line that raised it (a missing file: the OS's reason), or the
+  unknown ``--config.KEY`` that ml_collections raised on."""
+  here = [f for f in traceback.extract_tb(e.__traceback__)
+          if path and os.path.abspath(f.filename) == os.path.abspath(path)]
+  lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [""]
+  if isinstance(e, (AttributeError, KeyError)) and not here:  # an unknown --config.KEY
+    return _unknown_keys(list(argv) or sys.argv) or [" ".join(f"--config: {e}".split())]
+  if isinstance(e, OSError) and not here:
+    return [f"--config={path} could not be loaded: {lines[-1]}"]
+  where = f" at line {here[-1].lineno} ({here[-1].line})" if here else ""
+  return [f"--config={path} could not be loaded: {type(e).__name__}: {lines[-1]}{where}"]
+
+
 def _unknown_keys(argv: list[str]) -> list[str]:
   from nbsgd_jax import config as config_lib
   keys = [m.group(1) for m in (re.match(r"--?(?:no)?config\.([^=]+)", arg) for arg in argv[1:])
@@ -102,13 +119,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
     return rest
   except flags.Error as e:  # a value of the wrong type, an unknown --flag
     errors = _flag_errors(str(e))
-  except (AttributeError, KeyError) as e:  # an unknown --config.KEY
-    errors = _unknown_keys(argv) or [" ".join(f"--config: {e}".split())]
-  except Exception as e:  # pylint: disable=broad-except  (the config file: missing, not Python, raising)
+  except Exception as e:  # pylint: disable=broad-except  (an unknown --config.KEY; the file)
     path = next((a.split("=", 1)[1] for a in argv if re.match(r"--?config=", a)), "")
-    lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [""]
-    reason = lines[-1] if isinstance(e, OSError) else f"{type(e).__name__}: {lines[-1]}"
-    errors = [f"--config={path} could not be loaded: {reason}"]
+    errors = _config_file_errors(e, path, argv)
   for line in errors:
     print(f"error: {line}", file=sys.stderr)
   sys.exit(2)

@@ -5,7 +5,7 @@ SPMD context that binds a named worker axis, ``jax.vmap(..., axis_name=)``, ``ja
 over a mesh axis or ``jax.pmap(..., axis_name=)``, and composes with ``optax.chain``::
 
     opt = optax.chain(optax.sgd(0.1), tx.gossip("ring", axis_name="w"))   # D-PSGD
-    state = jax.vmap(opt.init)(params)              # params: [n, ...], one model per worker
+    state = jax.vmap(opt.init, axis_name="w")(params)   # params: [n, ...], one per worker
 
     @functools.partial(jax.vmap, axis_name="w")
     def step(params, state, batch):
@@ -13,9 +13,10 @@ over a mesh axis or ``jax.pmap(..., axis_name=)``, and composes with ``optax.cha
       updates, state = opt.update(grads, state, params)
       return optax.apply_updates(params, updates), state
 
-**The axis contract.** ``update`` must run where ``axis_name`` is bound, once per worker (the
-worker's own gradient and parameters in, its own update out); ``init`` may run anywhere and
-needs one worker's parameters. Gossip, CHOCO, D^2, local SGD and DiLoCo return the change that
+**The axis contract.** ``init`` and ``update`` run where ``axis_name`` is bound, once per
+worker (the worker's own parameters in, its own state out; its own gradient and parameters
+in, its own update out); either one called outside the axis (``opt.init(params)`` on
+stacked ``[n, ...]`` parameters, say) is refused with a line that says how to map it. Gossip, CHOCO, D^2, local SGD and DiLoCo return the change that
 turns ``params`` into the new model, so they come *after* the optimizer and need ``params``;
 all-reduce, error feedback, PowerSGD and gradient tracking map gradients to gradients and come
 *before* it, as BlueFog's and PyTorch DDP's communication hooks do.
@@ -97,19 +98,22 @@ def bytes_sent(state: Any) -> jax.Array:
   return functools.reduce(jnp.add, found) if found else jnp.float32(0.0)
 
 
-def axis_size(axis_name: Any, owner: str) -> int:
+def axis_size(axis_name: Any, owner: str, where: str = "update") -> int:
   """The number of workers ``n`` on ``axis_name``.
 
   Raises:
-    ValueError: no axis of that name is bound where ``owner``'s update runs.
+    ValueError: no axis of that name is bound where ``owner``'s ``where`` (``"update"`` or
+      ``"init"``) runs.
   """
   try:
     return collectives.axis_size(axis_name)
   except NameError:
     raise ValueError(
-        f"{owner}(axis_name={axis_name!r}): no axis of that name is bound where update runs; "
+        f"{owner}(axis_name={axis_name!r}): no axis of that name is bound where {where} runs; "
         f"call it inside jax.vmap(..., axis_name={axis_name!r}), jax.shard_map over a mesh "
-        f"axis {axis_name!r} or jax.pmap(..., axis_name={axis_name!r})") from None
+        f"axis {axis_name!r} or jax.pmap(..., axis_name={axis_name!r}), once per worker "
+        f"(e.g. jax.vmap(opt.{where}, axis_name={axis_name!r}) over parameters [n, ...])"
+    ) from None
 
 
 def context(step: jax.Array, count: Any = None, axis_name: Any = None,
@@ -153,10 +157,13 @@ def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
     an ``optax.GradientTransformationExtraArgs`` with state :class:`TxState`.
 
   Raises:
-    ValueError (at update): ``axis_name`` is not bound; ``params`` is None and needed.
+    ValueError (at init or update): ``axis_name`` is not bound; (at update) ``params`` is
+      None and needed.
   """
 
   def init(params):
+    if axis_name is not None:  # once per worker: on stacked [n, ...] params it would build
+      axis_size(axis_name, name, "init")  # a state of the wrong shapes
     return TxState(transform.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32))
 
   def run(updates, inner, params, ctx):

@@ -47,7 +47,7 @@ def _user(cfg, opt, backend) -> list:
   loss = problems.loss_fn(prob)
   data = (jnp.asarray(prob.features), jnp.asarray(prob.targets))
   params = jax.tree.map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), problems.init_params(prob))
-  state = jax.vmap(opt.init)(params)
+  state = jax.vmap(opt.init, axis_name="w")(params)
 
   def worker(p, st, d):
     u, st = opt.update(jax.grad(loss)(p, d), st, p)
@@ -114,7 +114,7 @@ def test_gossip_after_sgd_is_dpsgd_closed_form():
     u, s = opt.update(gr, s, p)
     return optax.apply_updates(p, u), s
 
-  new, state = step(jnp.asarray(x), jax.vmap(opt.init)(jnp.asarray(x)), jnp.asarray(g))
+  new, state = step(jnp.asarray(x), jax.vmap(opt.init, axis_name="w")(jnp.asarray(x)), jnp.asarray(g))
   np.testing.assert_allclose(new, w @ (x - 0.1 * g), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(tx.bytes_sent(state), [2 * 5 * 4.0] * N)  # 2 neighbours x 20 B
 
@@ -136,7 +136,7 @@ def test_sgp_after_sgd_is_dpsgd_on_the_one_peer_exponential_graph():
       u, s = opt.update(p - c, s, p)  # the gradient of |p - c|^2 / 2
       return optax.apply_updates(p, u), s
 
-    p, s = jnp.asarray(x0), jax.vmap(opt.init)(jnp.asarray(x0))
+    p, s = jnp.asarray(x0), jax.vmap(opt.init, axis_name="w")(jnp.asarray(x0))
     for _ in range(6):
       p, s = step(p, s, jnp.asarray(target))
     runs[name] = np.asarray(p)
@@ -167,7 +167,7 @@ def test_nonblocking_accumulate_averages_the_first_count():
 
 
 def _vmapped(opt, x):
-  return jax.vmap(lambda p, s: opt.update(p, s, p), axis_name="w")(x, jax.vmap(opt.init)(x))
+  return jax.vmap(lambda p, s: opt.update(p, s, p), axis_name="w")(x, jax.vmap(opt.init, axis_name="w")(x))
 
 
 def test_bad_inputs_are_named():
@@ -184,7 +184,7 @@ def test_bad_inputs_are_named():
     tx.local_sgd(0, axis_name="w")
   with pytest.raises(ValueError, match="call update\\(updates, state, params\\)"):
     jax.vmap(lambda s: tx.gossip("ring", axis_name="w").update(jnp.ones(3), s),
-             axis_name="w")(jax.vmap(tx.gossip("ring", axis_name="w").init)(x))
+             axis_name="w")(jax.vmap(tx.gossip("ring", axis_name="w").init, axis_name="w")(x))
 
 
 def test_powersgd_at_full_rank_is_the_mean_gradient():
@@ -195,3 +195,54 @@ def test_powersgd_at_full_rank_is_the_mean_gradient():
   chex.assert_trees_all_close(u, jax.tree.map(lambda a: jnp.broadcast_to(a.mean(0), a.shape), g),
                               atol=1e-5)
   assert float(tx.bytes_sent(state)[0]) == 2 * (N - 1) / N * 4 * (3 * 2 + 2 * 2 + 2)
+
+
+def test_tx_and_the_compressors_are_where_users_reach_for_them():
+  import subprocess
+  import sys
+  import nbsgd_jax
+  from nbsgd_jax import codecs
+  from nbsgd_jax.codecs import sparse
+  assert nbsgd_jax.tx.gossip is tx.gossip
+  assert codecs.top_k is sparse.top_k and codecs.gaussian_k is sparse.gaussian_k
+  assert codecs.random_k is sparse.random_k
+  assert "tx" in dir(nbsgd_jax)
+  with pytest.raises(AttributeError, match="no attribute 'txx'"):
+    nbsgd_jax.txx  # noqa: B018
+  # the package itself imports no JAX (the command line's --help stays fast)
+  out = subprocess.run([sys.executable, "-c", "import sys, nbsgd_jax; print('jax' in sys.modules)"],
+                       capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    (lambda x, key: x, ValueError, r"must return \(values \[cap\], indices \[cap\]\); it "
+                                   r"returned one array of shape \(5,\)"),
+    (lambda x, key: (x[:2], jnp.array([0.0, 1.0])), TypeError, "indices of dtype float32"),
+    (lambda x, key: (x[:2], jnp.array([0, 9])), ValueError,
+     r"returned index 9 for a vector of 5 entries: indices are in \[0, 5\)"),
+    (lambda x, key: (x[:2], jnp.array([-1, 0])), ValueError, "returned index -1"),
+])
+def test_a_compressors_output_is_checked_once_at_trace_time(bad, error, match):
+  g = jnp.array([3.0, -1.0, 0.5, -4.0, 0.1])
+  ef = tx.error_feedback(bad)
+  with pytest.raises(error, match=match):
+    ef.update(g, ef.init(g), g)
+  from nbsgd_jax import codecs
+  with pytest.raises(error, match=match):
+    codecs.sparse_codec("custom", bad).compress(g, None)
+  # the padding index d is no entry, not an error: what it drops costs no bytes
+  pad = codecs.sparse_codec("pad", lambda x, key: (x[:2], jnp.array([0, 5])))
+  dense, sent = pad.compress(g, None)
+  np.testing.assert_allclose(dense, [3.0, 0, 0, 0, 0])
+  assert float(sent) == 8.0
+
+
+def test_init_outside_the_axis_is_refused_with_how_to_map_it():
+  stacked = jnp.zeros((4, 3))
+  opt = optax.chain(optax.sgd(0.1), tx.gossip("ring", axis_name="w"))
+  with pytest.raises(ValueError, match=r"no axis of that name is bound where init runs; .*"
+                     r"jax.vmap\(opt.init, axis_name='w'\)"):
+    opt.init(stacked)
+  state = jax.vmap(opt.init, axis_name="w")(stacked)  # once per worker
+  assert state[1].step.shape == (4,)

@@ -238,6 +238,7 @@ CASES = [
     bad("conv_impl", "fft"), bad("data_cache", 3), bad("data_path", 3),
     bad("compilation_cache", 3), bad("sweep", 3), bad("sweep_runs", "parallel"),
     bad("double_buffer", "yes"), bad("eval_worker_accuracy", "yes"), bad("grad_clip", -1.0),
+    bad("eval_test_examples", -1), bad("eval_worker_examples", -5),
     bad("imports", 3), bad("lm.num_layers", 0), bad("local_sgd.num_comm", -1),
     bad("local_sgd.offset_optimum", "yes"), bad("local_sgd.switch_step", -1),
     bad("lr_min", -0.1), bad("nonblocking.unroll", "yes"), bad("overwrite", "yes"),
@@ -426,6 +427,16 @@ def test_cli_names_an_unusable_workdir_and_an_unreadable_config_file(tmp_path):
   assert len(error_lines(r)) == 1
   assert re.match(r"error: --config=README.md could not be loaded: SyntaxError: .*README.md, "
                   r"line \d+", error_lines(r)[0]), r.stderr
+  # an exception raised by the file itself: its type, message and line (a KeyError is not
+  # taken for an unknown --config.KEY)
+  raising = tmp_path / "raising.py"
+  raising.write_text("import os\nfrom nbsgd_jax.config import default_config\n\n"
+                     "def get_config():\n  c = default_config()\n"
+                     "  c.data_path = os.environ['NO_SUCH_DATA_ROOT']\n  return c\n")
+  r = run_main(tmp_path, config=str(raising))
+  assert error_lines(r) == [
+      f"error: --config={raising} could not be loaded: KeyError: 'NO_SUCH_DATA_ROOT' at line "
+      "6 (c.data_path = os.environ['NO_SUCH_DATA_ROOT'])"], r.stderr
   assert not (tmp_path / "run").exists()
 
 
@@ -442,10 +453,6 @@ def test_odd_values_are_warned_not_refused():
 
 
 @pytest.mark.parametrize("overrides,expected", [
-    ({"algorithm": "allreduce", "compression.name": "powersgd", "compression.rank": 100000},
-     # 784-32-10: 32 (784 + 32) + 10 (32 + 10) + 42 sent at full rank, 25,088 + 320 + 42 dense
-     "config.compression.rank=100000 is not allowed: it would send 26,574 entries per step, the "
-     "dense message 25,450 (the model's matrices have smaller sides 10 to 32)"),
     ({"algorithm": "streaming_diloco", "streaming_diloco.fragments": 5, "diloco.inner_steps": 5},
      "config.streaming_diloco.fragments=5 is not allowed: the model has 4 parameter arrays"),
 ])
@@ -457,6 +464,22 @@ def test_values_that_do_not_fit_the_model_are_refused_before_anything_is_written
     train.train(small_cfg(**overrides), str(tmp_path / "run"))
   assert len(e.value.errors) == 1 and e.value.errors[0].startswith(expected), e.value.errors
   assert not (tmp_path / "run").exists()
+
+
+def test_powersgd_at_full_rank_is_a_warning_not_a_refusal():
+  """Full rank is all-reduce, the method's sanity check: legal, but it saves no bytes."""
+  from nbsgd_jax.run import setup as setup_lib
+  from tests.test_train import small_cfg
+  s = setup_lib.setup(small_cfg(**{"algorithm": "allreduce", "compression.name": "powersgd",
+                                   "compression.rank": 100000}))
+  # 784-32-10: 32 (784 + 32) + 10 (32 + 10) + 42 sent at full rank, 25,088 + 320 + 42 dense
+  assert setup_lib.check_model_fit(s) == [
+      "config.compression.rank=100000 saves no bytes: it sends 26,574 entries per step, the "
+      "dense message 25,450 (the model's matrices have smaller sides 10 to 32); full rank is "
+      "all-reduce (a sanity check), a rank well below the smaller sides compresses"]
+  s = setup_lib.setup(small_cfg(**{"algorithm": "allreduce", "compression.name": "powersgd",
+                                   "compression.rank": 2}))
+  assert setup_lib.check_model_fit(s) == []
 
 
 def test_more_train_loss_examples_than_the_data_has_is_a_warning():

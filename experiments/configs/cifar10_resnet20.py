@@ -34,7 +34,9 @@ Sixteen workers are simulated with jax.vmap on one device (a GPU for the full 30
 Other algorithms: ``--config.algorithm=allreduce`` (or ``choco_sgd``, ``local_sgd``, ...);
 GroupNorm instead of BatchNorm: ``--config.norm=group``; bfloat16 compute:
 ``--config.compute_dtype=bfloat16``; a short check on CPU: ``--config.num_steps=20
---config.eval_every=10 --config.num_workers=4 --config.batch_size=16``.
+--config.eval_every=10 --config.num_workers=4 --config.batch_size=16
+--config.eval_test_examples=1000`` (its test loss is BatchNorm's running statistics after 20
+steps, not divergence: docs/guide.md, "Workloads").
 """
 
 from nbsgd_jax.config import default_config

@@ -48,7 +48,10 @@ from nbsgd_jax.codecs.base import Array, Codec
 # the codecs' functions, also by their old names (codecs.qsgd, codecs.sparse_codec, ...)
 from nbsgd_jax.codecs.quantize import (identity_codec, level_bits, qsgd,  # noqa: F401
                                        qsgd_bytes, scaled_sign)
-from nbsgd_jax.codecs.sparse import sparse_codec  # noqa: F401
+# the compressors ``(x [d], key) -> (values, indices)`` where users reach for them
+# (codecs.top_k, as docs/library.md writes them)
+from nbsgd_jax.codecs.sparse import (gaussian_k, random_k, sparse_codec,  # noqa: F401
+                                     top_k)
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -65,15 +68,17 @@ class Spec(NamedTuple):
       are named as having no effect).
     reducer: a reducer of its own (PowerSGD: two all-reduce rounds), not a codec the
       all-gather and CHOCO's gossip send.
-    check_model: ``(cfg, shapes, errs) -> None``, the rules of its keys that depend on the
-      model (one worker's parameter ``shapes``), run before anything is compiled while it is
-      ``config.compression.name`` (:func:`nbsgd_jax.run.setup.check_model_fit`); or None.
+    check_model: ``(cfg, shapes, errs) -> warning lines or None``, the rules of its keys that
+      depend on the model (one worker's parameter ``shapes``): a refusal appended to ``errs``,
+      a legal but wasteful value returned as a warning line; run before anything is compiled
+      while it is ``config.compression.name`` (:func:`nbsgd_jax.run.setup.check_model_fit`);
+      or None.
   """
 
   factory: Callable[..., Any]
   keys: tuple[str, ...] = ()
   reducer: bool = False
-  check_model: Optional[Callable[[Any, list, list], None]] = None
+  check_model: Optional[Callable[[Any, list, list], Optional[list]]] = None
 
 
 NONE = "none"  # config.compression.name of no compression
@@ -81,7 +86,7 @@ REGISTRY: dict[str, Spec] = {}
 
 
 def register(name: str, factory: Callable[..., Any], keys: tuple = (), reducer: bool = False,
-             check_model: Optional[Callable[[Any, list, list], None]] = None) -> None:
+             check_model: Optional[Callable[[Any, list, list], Optional[list]]] = None) -> None:
   """Register a codec as ``config.compression.name=name`` (also from outside the package).
 
   Args:

@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.scipy.special import ndtri
 
@@ -484,14 +485,47 @@ def message_bytes(num_values: int, value_bytes: int = 4,
 # ----------------------------------------------------------------------------- config
 
 
+def check_message(out, d: int) -> tuple[Array, Array]:
+  """A compressor's output ``(values [cap], indices [cap])`` for ``x [d]``, checked once at
+  trace time: two 1-D arrays of one length, integer indices, and, when the indices are known
+  then (concrete, not traced), each in ``[0, d]``. At run time an index outside ``[0, d]`` is
+  dropped like the padding index ``d`` (no entry, no bytes): a compressor that must not drop
+  entries is checked by its own test.
+
+  Raises:
+    ValueError: not a pair of 1-D arrays of one length, or a concrete index out of range.
+    TypeError: indices that are not integers.
+  """
+  if not (isinstance(out, (tuple, list)) and len(out) == 2):
+    got = (f"one array of shape {tuple(out.shape)}" if hasattr(out, "shape") else
+           f"{type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else
+           type(out).__name__)
+    raise ValueError(f"the compressor must return (values [cap], indices [cap]); it "
+                     f"returned {got}")
+  values, indices = jnp.asarray(out[0]), jnp.asarray(out[1])
+  if values.ndim != 1 or indices.shape != values.shape:
+    raise ValueError(f"the compressor must return (values [cap], indices [cap]); got shapes "
+                     f"{values.shape} and {indices.shape}")
+  if not jnp.issubdtype(indices.dtype, jnp.integer):
+    raise TypeError(f"the compressor returned indices of dtype {indices.dtype}: expected "
+                    "an integer dtype")
+  if not isinstance(indices, jax.core.Tracer) and indices.size:
+    bad = [int(i) for i in np.asarray(indices) if not 0 <= i <= d]
+    if bad:
+      raise ValueError(f"the compressor returned index {bad[0]} for a vector of {d} entries: "
+                       f"indices are in [0, {d}) ({d}: padding, no entry)")
+  return values, indices
+
+
 def sparse_codec(name: str, fn: Callable) -> Codec:
   """The :class:`Codec` of a sparse compressor ``fn: (x [d], key) -> (values [cap], indices
-  [cap])`` (padding index ``d``): ``C(x) = dense(values, indices)``, ``valid (value_bytes + 4)``
-  bytes for the ``valid`` indices in ``[0, d)``."""
+  [cap])`` (padding index ``d``; output checked by :func:`check_message`): ``C(x) =
+  dense(values, indices)``, ``valid (value_bytes + 4)`` bytes for the ``valid`` indices in
+  ``[0, d)``."""
 
   def compress(x, key=None):
-    values, indices = fn(x, key)
     d = x.shape[0]
+    values, indices = check_message(fn(x, key), d)
     valid = jnp.sum((indices >= 0) & (indices < d)).astype(jnp.float32)
     return (densify(values, indices, d).astype(x.dtype),
             valid * (jnp.dtype(values.dtype).itemsize + 4))

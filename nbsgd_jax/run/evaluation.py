@@ -62,17 +62,18 @@ def make_train_loss_fn(apply: Callable) -> Callable:
 
 
 def make_eval_fn(apply: Callable, decentralized: bool) -> Callable:
-  """Jitted ``(params [n, ...], model_state [n, ...], test, train) -> dict`` of float32
-  scalars.
+  """Jitted ``(params [n, ...], model_state [n, ...], test, train, worker_test) -> dict`` of
+  float32 scalars.
 
-  ``test`` and ``train`` are :func:`chunked` data; ``apply`` as :func:`loss_acc`. Reports
-  loss and accuracy of the averaged model (:func:`average_state` for its model state),
-  consensus distance and, for decentralized algorithms, the mean over workers of each
-  worker's own test accuracy (each with its own model state).
+  ``test``, ``train`` and ``worker_test`` are :func:`chunked` data; ``apply`` as
+  :func:`loss_acc`. Reports loss and accuracy of the averaged model on ``test`` and its loss on
+  ``train`` (:func:`average_state` for its model state), consensus distance and, for
+  decentralized algorithms, the mean over workers of each worker's own accuracy on
+  ``worker_test`` (each with its own model state).
   """
 
   @jax.jit
-  def eval_fn(params, model_state, test, train):
+  def eval_fn(params, model_state, test, train, worker_test):
     avg, avg_state = metrics_lib.average_model(params), average_state(model_state)
     test_loss, test_acc = loss_acc(apply, avg, avg_state, test)
     train_loss, _ = loss_acc(apply, avg, avg_state, train)
@@ -81,7 +82,8 @@ def make_eval_fn(apply: Callable, decentralized: bool) -> Callable:
     if decentralized:
       # lax.map, not vmap: a vmapped convolution over per-worker weights becomes a grouped
       # convolution, which is several times slower on CPU.
-      _, accs = lax.map(lambda pm: loss_acc(apply, pm[0], pm[1], test), (params, model_state))
+      _, accs = lax.map(lambda pm: loss_acc(apply, pm[0], pm[1], worker_test),
+                        (params, model_state))
       out["worker_test_accuracy"] = jnp.mean(accs)
     return out
 

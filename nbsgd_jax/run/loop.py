@@ -28,19 +28,31 @@ from nbsgd_jax.run.records import Records, check_tensorboard
 from nbsgd_jax.run.stepper import Run, Stepper
 
 
-def open_checkpoints(cfg, workdir, stack):
-  """``(checkpointer, resume step)``; both None without checkpoints."""
+def open_checkpoints(cfg, workdir, stack, like):
+  """``(checkpointer, resume step, state, saved host JSON)`` of the newest checkpoint that
+  can be read whole (:meth:`~nbsgd_jax.checkpoint.Checkpointer.restore_newest`: each
+  damaged one is one ``warning:`` line and is moved aside); ``(checkpointer, None, like,
+  None)`` for a new run and ``(None, None, like, None)`` without checkpoints. Nothing in
+  the workdir is cut back before this.
+
+  Raises:
+    ConfigError: checkpoints that exist but none can be read (named).
+  """
   if not (workdir and cfg.checkpoint_every):
-    return None, None
+    return None, None, like, None
   from nbsgd_jax import checkpoint as checkpoint_lib
   ckpt = checkpoint_lib.Checkpointer(workdir)  # every process takes part
   stack.callback(ckpt.close)
-  resume = ckpt.latest_step()  # this run's: records_lib.check_workdir refused another's
-  if resume is not None:
-    if jax.process_index() == 0:
-      print(f"resuming from the checkpoint of step {resume} in {ckpt.directory}",
-            file=sys.stderr, flush=True)
-  return ckpt, resume
+  main = jax.process_index() == 0
+  warn = lambda line: main and print(f"warning: {line}", file=sys.stderr, flush=True)
+  try:  # this run's checkpoints: records_lib.check_workdir refused another's
+    resume, state, saved = ckpt.restore_newest(like, warn, move_aside=main)
+  except checkpoint_lib.Unreadable as e:
+    raise config_lib.ConfigError([str(e)]) from None
+  if resume is not None and main:
+    print(f"resuming from the checkpoint of step {resume} in {ckpt.directory}",
+          file=sys.stderr, flush=True)
+  return ckpt, resume, state, saved
 
 
 def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
@@ -114,14 +126,18 @@ def prepare(cfg, model=None, data=None, quiet: bool = False) -> tuple:
   return s, host
 
 
-def open_workdir(cfg, workdir: str) -> Optional[dict]:
-  """Make ``workdir`` ready for ``cfg``'s run: its stored summary when it holds this run
-  finished (nothing touched), else None after clearing another run (``config.overwrite``)
-  and creating it.
+def open_workdir(cfg, workdir: str, stack: contextlib.ExitStack) -> Optional[dict]:
+  """Make ``workdir`` ready for ``cfg``'s run: its lock taken first (the main process,
+  held until ``stack`` closes: :func:`~nbsgd_jax.run.records.lock_workdir`); its stored
+  summary when it holds this run finished (nothing else touched), else None after clearing
+  another run (``config.overwrite``) and creating it.
 
   Raises:
-    ConfigError: a workdir that cannot be used or holds another run (named).
+    ConfigError: a workdir that cannot be used, is in use by another process or holds
+      another run (named).
   """
+  if jax.process_index() == 0:
+    records_lib.lock_workdir(workdir, stack)
   finished = records_lib.check_workdir(cfg, workdir)
   if finished is not None:
     return finished
@@ -144,19 +160,18 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
   s, host = prepare(cfg, model, data)
   main_process = jax.process_index() == 0
   if workdir:
-    finished = open_workdir(cfg, workdir)
+    finished = open_workdir(cfg, workdir, stack)
     if finished is not None:
       if main_process:
         print(f"workdir {workdir!r} holds this run, finished at step {finished['step']}: "
               "nothing to train (config.overwrite=True trains it again)", file=sys.stderr)
       return {**finished, "finished_before": True}
-  ckpt, resume = open_checkpoints(cfg, workdir, stack)
-  records = Records(cfg, workdir if main_process else None, resume, per_step_records(cfg),
-                    stack, workdir)
   stepper = Stepper([s], [host], hooked=bool(hooks))
+  ckpt, resume, stepper.state, saved = open_checkpoints(cfg, workdir, stack, stepper.state)
+  records = Records(cfg, workdir if main_process else None, resume, per_step_records(cfg),
+                    stack, workdir, saved and saved.get("records"))
   (run,) = stepper.attach([records])
   if resume is not None:
-    stepper.state, saved = ckpt.restore(resume, stepper.state)
     host.load_state_dict(saved["host"])
     stepper.watch.seconds, run.done = saved["wall"], resume
     run.rec = records.history[-1]
@@ -168,7 +183,8 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
                                          cfg.progress and main_process))
 
   def save(done):
-    ckpt.save(done, stepper.state, {"host": host.state_dict(), "wall": stepper.watch.seconds})
+    ckpt.save(done, stepper.state, {"host": host.state_dict(), "wall": stepper.watch.seconds,
+                                    "records": records.history})
 
   loop(stepper, bar, ckpt and save, cfg.checkpoint_every, [tuple(hooks)])
   if run.error is not None:

@@ -1,9 +1,12 @@
 """The run's records: ``config.json``, ``metrics.jsonl`` (one line per evaluation),
 ``steps.jsonl`` (one line per step), TensorBoard event files and ``summary.json``.
 
-Every line is flushed and fsynced as it is written, whole files are written atomically
-(:mod:`nbsgd_jax.files`), and a resumed run first truncates the line files to the checkpoint's
-step (a torn last line included), so a crash never leaves a corrupt or inconsistent record.
+One process writes a workdir at a time (:func:`lock_workdir`). Every line is written whole in
+one call and fsynced, whole files are written atomically (:mod:`nbsgd_jax.files`); each
+checkpoint keeps its own copy of the evaluation records, and a resumed run rewrites
+``metrics.jsonl`` from it (:func:`heal_records`: lines lost, cut or torn are restored, with a
+``warning:`` line) and cuts ``steps.jsonl`` back to the checkpoint's step, so a crash or a
+damaged file never leaves a corrupt or inconsistent record.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 from typing import Any, Optional
 
 import ml_collections
@@ -24,24 +28,27 @@ STALE = ("summary.json", "steps.jsonl")  # removed when a new run starts in a us
 
 
 class MetricsWriter:
-  """Writes one JSON object per line (``metrics.jsonl``), flushed and fsynced each line;
-  ``append=True`` continues an existing file (resume)."""
+  """Writes one JSON object per line (``metrics.jsonl``), each line in one ``write`` call on
+  a file opened for appending (whole or absent after a kill: no torn line from this writer),
+  then fsynced; ``append=True`` continues an existing file (resume)."""
 
   def __init__(self, path: str, append: bool = False):
-    self._f = open(path, "a" if append else "w")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+    self._fd = os.open(path, flags, 0o644)
 
   def write(self, record: dict) -> None:
-    self._f.write(json.dumps(record) + "\n")
-    self._f.flush()
-    os.fsync(self._f.fileno())
+    data = (json.dumps(record) + "\n").encode()
+    while data:  # a regular file takes it whole; a short write goes on where it stopped
+      data = data[os.write(self._fd, data):]
+    os.fsync(self._fd)
 
   def close(self) -> None:
-    self._f.close()
+    os.close(self._fd)
 
 
 OUTPUT_KEYS = ("progress", "tensorboard", "overwrite")  # change what is shown, not the run
 RUN_FILES = ("config.json", "metrics.jsonl", "steps.jsonl", "summary.json", "tensorboard",
-             checkpoint_lib.CHECKPOINT_DIR)
+             checkpoint_lib.CHECKPOINT_DIR, checkpoint_lib.DAMAGED_DIR)
 
 
 def config_diff(old: dict, cfg: ml_collections.ConfigDict) -> list[tuple[str, Any, Any]]:
@@ -109,6 +116,58 @@ def make_workdir(workdir: str) -> None:
     raise config_lib.ConfigError([f"workdir {workdir!r} cannot be used: {why}"]) from None
 
 
+def heal_records(path: str, records: list, step: int) -> None:
+  """Make ``path`` (``metrics.jsonl``) hold exactly ``records``, the evaluation records up to
+  the checkpoint of ``step`` as the checkpoint keeps them, byte for byte as the run wrote
+  them (atomically: :func:`nbsgd_jax.files.atomic_write`). When the file did not hold them
+  whole (missing, cut short, a line torn or changed), one ``warning:`` line says what was
+  restored; the records after ``step`` are dropped (the resumed run writes them again), and
+  a torn last line among them is named too."""
+  text = "".join(json.dumps(r) + "\n" for r in records)
+  try:
+    with open(path) as f:
+      old = f.read()
+  except (OSError, ValueError):
+    old = None
+  if old is None:
+    why = "was missing"
+  elif not old.startswith(text):
+    why = "was damaged before that step"
+  elif old and not old.endswith("\n"):
+    why = "ended with a torn line (dropped)"
+  else:
+    why = None
+  if why:
+    print(f"warning: {path} {why}: its {len(records)} records up to step {step} were "
+          "restored from the checkpoint", file=sys.stderr, flush=True)
+  if old != text:
+    files_lib.atomic_write(path, text)
+
+
+LOCK_FILE = ".lock"  # in the workdir: held (fcntl.flock) by the process writing there
+
+
+def lock_workdir(workdir: str, stack: contextlib.ExitStack) -> None:
+  """Make ``workdir`` and take its lock (``workdir/.lock``, an OS file lock the process
+  holds until ``stack`` closes or it dies: :func:`nbsgd_jax.files.lock`), before anything
+  in it is read or written: one process per workdir.
+
+  Raises:
+    ConfigError: another process holds the lock (its PID named), or the workdir cannot be
+      used (:func:`make_workdir`).
+  """
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise config_lib.ConfigError([f"workdir {workdir!r} cannot be used: it is a file"])
+  make_workdir(workdir)
+  try:
+    handle = files_lib.lock(os.path.join(workdir, LOCK_FILE))
+  except files_lib.Locked as e:
+    raise config_lib.ConfigError([
+        f"workdir {workdir!r} is in use by process {e.holder}: another run writes there "
+        "(wait for it to end, or use another workdir)"]) from None
+  stack.callback(handle.close)
+
+
 def clear_workdir(cfg: ml_collections.ConfigDict, workdir: str) -> None:
   """With ``cfg.overwrite``, remove the record files and checkpoints of the run ``workdir``
   holds (:data:`RUN_FILES`), so that this one starts from step 0; nothing else is
@@ -151,11 +210,14 @@ class Records:
   """
 
   def __init__(self, cfg, workdir: Optional[str], resume_step: Optional[int], per_step: bool,
-               stack: contextlib.ExitStack, checkpoint_dir: Optional[str] = None):
+               stack: contextlib.ExitStack, checkpoint_dir: Optional[str] = None,
+               saved: Optional[list] = None):
     self.workdir, self.history = workdir, []
     self.metrics = self.steps = self.tb = None
     resumed = resume_step is not None
-    if resumed and not workdir and checkpoint_dir:
+    if resumed and saved is not None:  # the checkpoint's own copy of the records
+      self.history = list(saved)
+    elif resumed and not workdir and checkpoint_dir:  # a checkpoint from before that copy
       self.history = checkpoint_lib.read_records(
           os.path.join(checkpoint_dir, "metrics.jsonl"), resume_step)
     if not workdir:
@@ -163,8 +225,16 @@ class Records:
     make_workdir(workdir)
     files_lib.atomic_write(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
     path = os.path.join(workdir, "metrics.jsonl")
-    if resumed:  # drop the records after the checkpoint (and a torn line)
+    if resumed and saved is not None:
+      heal_records(path, self.history, resume_step)
+    elif resumed:  # a checkpoint without records: drop the file's after it (and a torn line)
       self.history = checkpoint_lib.truncate_records(path, resume_step)
+      if not self.history:
+        raise config_lib.ConfigError([
+            f"{path} holds no record up to step {resume_step} and the checkpoint, written by "
+            "an older version, holds none: the run cannot resume; config.overwrite=True "
+            "starts it again"])
+    if resumed:
       checkpoint_lib.truncate_records(os.path.join(workdir, "steps.jsonl"), resume_step)
     else:
       for stale in STALE:

@@ -320,7 +320,8 @@ def check_model_fit(s: Setup) -> list[str]:
   need as many parameter arrays).
 
   Returns:
-    warning lines (odd, not wrong): ``eval_train_examples`` above the training set.
+    warning lines (odd or wasteful, not wrong): the codec's (PowerSGD at full rank),
+    ``eval_train_examples`` / ``eval_test_examples`` above the split's examples.
 
   Raises:
     ConfigError: one line per value that does not fit the model (named).
@@ -328,9 +329,10 @@ def check_model_fit(s: Setup) -> list[str]:
   params, _ = jax.eval_shape(s.task.init)
   shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
   errs: list = []
+  warns: list = []
   spec = codecs.REGISTRY.get(s.cfg.compression.name)
   if spec is not None and spec.check_model is not None:
-    spec.check_model(s.cfg, shapes, errs)
+    warns += spec.check_model(s.cfg, shapes, errs) or []
   if errs:
     raise config_lib.ConfigError(errs)
   try:
@@ -343,9 +345,13 @@ def check_model_fit(s: Setup) -> list[str]:
                                  ) from None
   labels = getattr(s.dataset, "train_labels", None)
   if labels is not None and s.cfg.eval_train_examples > len(labels):
-    return [f"config.eval_train_examples={s.cfg.eval_train_examples} is more than the "
-            f"{len(labels):,} training examples: train_loss is measured on all of them"]
-  return []
+    warns.append(f"config.eval_train_examples={s.cfg.eval_train_examples} is more than the "
+                 f"{len(labels):,} training examples: train_loss is measured on all of them")
+  test = getattr(s.dataset, "test_labels", None)
+  if test is not None and s.cfg.eval_test_examples > len(test):
+    warns.append(f"config.eval_test_examples={s.cfg.eval_test_examples} is more than the "
+                 f"{len(test):,} test examples: the test metrics are measured on all of them")
+  return warns
 
 
 def init_state(s: Setup) -> TrainState:

@@ -397,7 +397,8 @@ class Stepper:
   def state_dict(self) -> dict:
     """The host state of every run (a checkpoint's JSON)."""
     return {"runs": [{"host": r.host.state_dict(), "done": r.done, "stopped": r.stopped,
-                      "rec": r.rec} for r in self.runs], "wall": self.watch.seconds,
+                      "rec": r.rec, "records": r.records.history} for r in self.runs],
+            "wall": self.watch.seconds,
             "members": self.members}
 
   def load_state_dict(self, d: dict) -> None:

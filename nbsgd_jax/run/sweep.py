@@ -145,7 +145,8 @@ def _group(group: list, parts: list, workdir: Optional[str], index: int, bar,
   dirs = [os.path.join(workdir, run.name) if workdir else None for run in group]
   cfg0 = group[0].cfg
   gdir = os.path.join(workdir, "groups", str(index)) if workdir else None
-  finished = [loop_lib.open_workdir(run.cfg, d) if d else None for run, d in zip(group, dirs)]
+  finished = [loop_lib.open_workdir(run.cfg, d, stack) if d else None
+              for run, d in zip(group, dirs)]
   if all(f is not None for f in finished):
     if main:
       print(f"sweep group {index}: every run finished before: nothing to train",
@@ -154,14 +155,15 @@ def _group(group: list, parts: list, workdir: Optional[str], index: int, bar,
     return {run.name: {**f, "finished_before": True} for run, f in zip(group, finished)}
   if gdir and cfg0.overwrite and main and os.path.isdir(gdir):  # the group starts again
     shutil.rmtree(gdir)
-  ckpt, resume = loop_lib.open_checkpoints(cfg0, gdir, stack)
-  records = [Records(run.cfg, d if main else None, resume, loop_lib.per_step_records(run.cfg),
-                     stack, d) for run, d in zip(group, dirs)]
   stepper = loop_lib.Stepper([s for s, _ in parts], [h for _, h in parts],
                              hooked=any(hooks.get(run.name) for run in group))
+  ckpt, resume, stepper.state, saved = loop_lib.open_checkpoints(cfg0, gdir, stack,
+                                                                 stepper.full_state())
+  kept = [None] * len(group) if saved is None else [r.get("records") for r in saved["runs"]]
+  records = [Records(run.cfg, d if main else None, resume, loop_lib.per_step_records(run.cfg),
+                     stack, d, mine) for run, d, mine in zip(group, dirs, kept)]
   runs = stepper.attach(records)
   if resume is not None:
-    stepper.state, saved = ckpt.restore(resume, stepper.state)
     stepper.load_state_dict(saved)
   else:
     for run in runs:

@@ -184,6 +184,29 @@ def train_loss_examples(num: int, count: int, seed: int) -> np.ndarray:
   return rng.permutation(num)[:min(count, num)]
 
 
+def eval_examples(num: int, cfg, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
+  """``(test, worker_test)``: the indices of the test examples behind the averaged model's
+  ``test_loss`` / ``test_accuracy`` and behind ``worker_test_accuracy``, the same at every
+  evaluation of a run. ``test``: all ``num`` in order when ``config.eval_test_examples`` is
+  0 or at least ``num``, else that many drawn uniformly without replacement from a stream of
+  their own (``SeedSequence(seed, spawn_key=(3,))``: the test split may be sorted by label).
+  ``worker_test``: the first ``config.eval_worker_examples`` of ``test`` (0: auto,
+  ``ceil(len(test) / n)`` but at least 100, so that n workers' own models cost about one
+  pass of the averaged model's; each of a uniform sample's prefixes is one too, so a
+  sorted test split is shuffled for it)."""
+  want = cfg.eval_test_examples
+  if 0 < want < num:
+    rng = np.random.default_rng(np.random.SeedSequence(cfg.seed, spawn_key=(3,)))
+    test = np.sort(rng.permutation(num)[:want])
+    order = rng.permutation(len(test))
+  else:
+    test = np.arange(num)
+    order = np.random.default_rng(np.random.SeedSequence(cfg.seed, spawn_key=(3,))
+                                  ).permutation(num)
+  per_worker = cfg.eval_worker_examples or max(100, -(-len(test) // num_workers))
+  return test, np.sort(test[order[:min(per_worker, len(test))]])
+
+
 def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData, model,
                         backend, decentralized: bool, memo=None) -> Task:
   """Image classification with a flax model: cross-entropy on batches drawn without
@@ -194,9 +217,11 @@ def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData,
   (:class:`nbsgd_jax.run.step.ProgramCache`; None: made anew)."""
   capacity = worker_data.labels.shape[1]
   sub = train_loss_examples(len(dataset.train_labels), cfg.eval_train_examples, cfg.seed)
-  eval_data = backend.replicate((ev.chunked(dataset.test_images, dataset.test_labels, 500),
-                                 ev.chunked(dataset.train_images[sub],
-                                            dataset.train_labels[sub], 500)))
+  test, mine = eval_examples(len(dataset.test_labels), cfg, cfg.num_workers)
+  eval_data = backend.replicate((
+      ev.chunked(dataset.test_images[test], dataset.test_labels[test], 500),
+      ev.chunked(dataset.train_images[sub], dataset.train_labels[sub], 500),
+      ev.chunked(dataset.test_images[mine], dataset.test_labels[mine], 500)))
   if data_lib.is_images(dataset.train_images):
     train_input, eval_input = image_inputs(cfg, dataset.name, dataset.train_images)
   else:  # features of the user's own data go to the model as they are
@@ -291,9 +316,12 @@ def language_model_task(cfg, dataset, worker_tokens: jax.Array, model, backend,
   windows (``test_loss``; ``test_accuracy``: next-character accuracy) and on
   ``eval_train_examples`` windows of the training split (``train_loss``)."""
   t = cfg.lm.context
-  test = text_windows(dataset.test_tokens, t, max(1, len(dataset.test_tokens) // t))
+  windows = text_windows(dataset.test_tokens, t, max(1, len(dataset.test_tokens) // t))
+  test, mine = eval_examples(len(windows[0]), cfg, cfg.num_workers)
   train = text_windows(dataset.train_tokens, t, cfg.eval_train_examples)
-  eval_data = backend.replicate((ev.chunked(*test, 64), ev.chunked(*train, 64)))
+  eval_data = backend.replicate((ev.chunked(*(w[test] for w in windows), 64),
+                                 ev.chunked(*train, 64),
+                                 ev.chunked(*(w[mine] for w in windows), 64)))
   apply = lambda p, ms, x: models_lib.apply_eval(model, p, ms, x)
   memo = memo or (lambda name, make: make())
   eval_fn = memo("eval", lambda: ev.make_eval_fn(apply, decentralized and

@@ -72,16 +72,9 @@ densify = collectives.densify  # the one scatter-add of a sparse message
 
 def _compress(compressor: Compressor, x: jax.Array, key: jax.Array
               ) -> tuple[jax.Array, jax.Array]:
-  """Runs the compressor on ``x [d]`` and validates its output shapes (trace time)."""
-  values, indices = compressor(x, key)
-  values = jnp.asarray(values)
-  indices = jnp.asarray(indices)
-  if values.ndim != 1 or indices.shape != values.shape:
-    raise ValueError(f"the compressor must return (values [cap], indices [cap]); got shapes "
-                     f"{values.shape} and {indices.shape}")
-  if not jnp.issubdtype(indices.dtype, jnp.integer):
-    raise TypeError(f"the compressor returned indices of dtype {indices.dtype}: expected "
-                    "an integer dtype")
+  """Runs the compressor on ``x [d]`` and validates its output
+  (:func:`nbsgd_jax.codecs.sparse.check_message`, trace time)."""
+  values, indices = codecs.sparse.check_message(compressor(x, key), x.shape[0])
   return values.astype(x.dtype), indices.astype(jnp.int32)
 
 

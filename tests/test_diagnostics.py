@@ -1,0 +1,70 @@
+"""Diagnostics that point the right way: bad data is named where it is loaded (not reported
+later as a diverged run), and a data cache that cannot be used is a warning, not silence."""
+
+import os
+
+import numpy as np
+import pytest
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import data as data_lib
+from nbsgd_jax import disk_data
+from nbsgd_jax import train
+
+from tests.test_disk_data import _check, _folder
+from tests.test_train import small_cfg
+
+
+def _arrays(**change):
+  rng = np.random.default_rng(0)
+  fields = dict(x_train=rng.normal(size=(64, 5)).astype(np.float32),
+                y_train=rng.integers(0, 3, 64), x_test=rng.normal(size=(16, 5)),
+                y_test=rng.integers(0, 3, 16))
+  fields.update(change)
+  return data_lib.ArrayDataset(**fields)
+
+
+def _train(data, tmp_path):
+  cfg = small_cfg(dataset="arrays", model="mlp", num_steps=2, eval_every=2)
+  return train.train(cfg, str(tmp_path / "run"), data=data)
+
+
+@pytest.mark.parametrize("field,bad", [("x_train", np.nan), ("x_test", np.inf)])
+def test_non_finite_features_are_named_at_load_not_reported_as_divergence(tmp_path, field,
+                                                                           bad):
+  x = _arrays()._asdict()[field].copy()
+  x[7, 2] = bad
+  x[9, 0] = bad
+  with pytest.raises(config_lib.ConfigError) as e:
+    _train(_arrays(**{field: x}), tmp_path)
+  assert e.value.errors == [
+      f"config.dataset='arrays': ArrayDataset.{field} is not finite: example 7 holds a NaN or "
+      f"an infinity (2 such examples of {len(x)}); clean the data before training"]
+  assert not (tmp_path / "run").exists()
+
+
+def test_an_empty_test_split_is_refused_at_load(tmp_path):
+  with pytest.raises(config_lib.ConfigError, match=r"ArrayDataset.x_test is empty \(0 "
+                     r"examples\): every evaluation would measure nothing"):
+    _train(_arrays(x_test=np.zeros((0, 5), np.float32), y_test=np.zeros(0, int)), tmp_path)
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_data_cache_that_cannot_be_used_is_a_warning(tmp_path, capsys):
+  expect = _folder(str(tmp_path / "images"))
+  cache = tmp_path / "a_file"
+  cache.write_text("not a directory")
+  _check(disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(cache)), expect)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(
+      f"warning: config.data_cache: the decoded images cannot be cached in {str(cache)!r}"), err
+  # a damaged cache file: decoded again and replaced, with one line
+  good = tmp_path / "cache"
+  disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(good))
+  (npz,) = os.listdir(good)
+  (good / npz).write_bytes(b"damaged")
+  _check(disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(good)), expect)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "cannot be read" in err[0] and err[0].startswith("warning:"), err
+  _check(disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(good)), expect)
+  assert capsys.readouterr().err == ""  # replaced: read silently now
