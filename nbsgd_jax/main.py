@@ -100,6 +100,16 @@ def _config_file_errors(e: Exception, path: str, argv: list[str] = ()) -> list[s
   return [f"--config={path} could not be loaded: {type(e).__name__}: {lines[-1]}{where}"]
 
 
+def _callback_error(e: RuntimeError):
+  """The Python exception line inside XLA's error for a host callback that raised (a run-time
+  check, e.g. :func:`nbsgd_jax.codecs.sparse.check_message`'s), or None for anything else."""
+  if type(e).__name__ != "JaxRuntimeError" or "callback" not in str(e):
+    return None
+  found = [l.strip() for l in str(e).splitlines()
+           if re.match(r"^\s*[A-Za-z_][\w.]*(Error|Exception): ", l)]
+  return found[-1] if found else None
+
+
 def _unknown_keys(argv: list[str]) -> list[str]:
   from nbsgd_jax import config as config_lib
   keys = [m.group(1) for m in (re.match(r"--?(?:no)?config\.([^=]+)", arg) for arg in argv[1:])
@@ -159,6 +169,12 @@ def main(argv):
     sys.exit(2)
   except train_lib.TrainingDiverged as e:
     print(f"error: {e}", file=sys.stderr)
+    sys.exit(3)
+  except RuntimeError as e:  # a host callback's check (a compressor's indices) inside XLA
+    line = _callback_error(e)
+    if line is None:
+      raise
+    print(f"error: the run stopped: {line}", file=sys.stderr)
     sys.exit(3)
   except KeyboardInterrupt:  # the records are whole (written line by line), files closed
     again = ("resumes from the last checkpoint" if _CONFIG.value.checkpoint_every else

@@ -1,8 +1,10 @@
 """Diagnostics that point the right way: bad data is named where it is loaded (not reported
 later as a diverged run), and a data cache that cannot be used is a warning, not silence."""
 
+import functools
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -68,3 +70,33 @@ def test_a_data_cache_that_cannot_be_used_is_a_warning(tmp_path, capsys):
   assert len(err) == 1 and "cannot be read" in err[0] and err[0].startswith("warning:"), err
   _check(disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(good)), expect)
   assert capsys.readouterr().err == ""  # replaced: read silently now
+
+
+def _bad_indices(x, key):
+  """A user's compressor with a bug: its second index is d + 4 once x has a negative entry."""
+  del key
+  d = x.shape[0]
+  return x[:2], jnp.stack([jnp.int32(0), jnp.where(jnp.any(x < 0), d + 4, 1)])
+
+
+def test_a_compressor_index_out_of_range_at_run_time_stops_the_run_with_its_line(tmp_path):
+  """Traced (inside the compiled step), the index is checked by a host callback: the run
+  stops and the command line prints the check's own line (not a silent drop)."""
+  from nbsgd_jax import codecs
+  from nbsgd_jax import main as main_lib
+  codecs.register("bad_indices_test", lambda: codecs.sparse_codec("bad", _bad_indices))
+  try:
+    cfg = small_cfg(algorithm="allreduce", num_steps=4, eval_every=2,
+                    **{"compression.name": "bad_indices_test"})
+    with pytest.raises(RuntimeError) as e:
+      train.train(cfg, str(tmp_path / "run"))
+  finally:
+    codecs.REGISTRY.pop("bad_indices_test")
+  line = main_lib._callback_error(e.value)
+  assert line is not None and line.startswith("ValueError: the compressor returned index "), (
+      str(e.value)[-2000:])
+  assert "for a vector of" in line and "padding, no entry" in line
+  # the built-in compressors are in range by construction: no callback in their step
+  assert codecs.sparse.indices_in_range(codecs.sparse.make_compressor("top_k", 0.1))
+  assert codecs.sparse.indices_in_range(functools.partial(codecs.top_k, density=0.1))
+  assert not codecs.sparse.indices_in_range(_bad_indices)

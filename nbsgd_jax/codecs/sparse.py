@@ -17,6 +17,7 @@ and ``key``; ``density`` and the other options are keyword-only Python numbers (
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import statistics
@@ -444,6 +445,8 @@ COMPRESSORS: dict[str, Callable[..., Message]] = {
     "gaussian_k": gaussian_k,
     "random_k": random_k,
 }
+for _fn in COMPRESSORS.values():  # indices in [0, d] by construction (check_message)
+  _fn.indices_in_range = True
 
 
 def make_compressor(name: str, density: float, **options) -> Compressor:
@@ -473,6 +476,7 @@ def make_compressor(name: str, density: float, **options) -> Compressor:
     return fn(x, key, density=density, **options)
 
   compress.__name__ = f"{name}_{density:g}"
+  compress.indices_in_range = True
   return compress
 
 
@@ -485,15 +489,17 @@ def message_bytes(num_values: int, value_bytes: int = 4,
 # ----------------------------------------------------------------------------- config
 
 
-def check_message(out, d: int) -> tuple[Array, Array]:
+def check_message(out, d: int, trusted: bool = False) -> tuple[Array, Array]:
   """A compressor's output ``(values [cap], indices [cap])`` for ``x [d]``, checked once at
   trace time: two 1-D arrays of one length, integer indices, and, when the indices are known
-  then (concrete, not traced), each in ``[0, d]``. At run time an index outside ``[0, d]`` is
-  dropped like the padding index ``d`` (no entry, no bytes): a compressor that must not drop
-  entries is checked by its own test.
+  then (concrete, not traced), each in ``[0, d]``. Traced indices of a compressor that is not
+  ``trusted`` (:func:`indices_in_range`: the built-in ones are) are checked at run time too,
+  by a host callback (``jax.debug.callback``) each time it runs: an index outside ``[0, d]``
+  raises there, and the run stops with that line (through XLA: ``jax.errors.
+  JaxRuntimeError``, which the command line prints as one ``error:`` line).
 
   Raises:
-    ValueError: not a pair of 1-D arrays of one length, or a concrete index out of range.
+    ValueError: not a pair of 1-D arrays of one length, or an index out of range.
     TypeError: indices that are not integers.
   """
   if not (isinstance(out, (tuple, list)) and len(out) == 2):
@@ -509,12 +515,26 @@ def check_message(out, d: int) -> tuple[Array, Array]:
   if not jnp.issubdtype(indices.dtype, jnp.integer):
     raise TypeError(f"the compressor returned indices of dtype {indices.dtype}: expected "
                     "an integer dtype")
-  if not isinstance(indices, jax.core.Tracer) and indices.size:
-    bad = [int(i) for i in np.asarray(indices) if not 0 <= i <= d]
-    if bad:
-      raise ValueError(f"the compressor returned index {bad[0]} for a vector of {d} entries: "
-                       f"indices are in [0, {d}) ({d}: padding, no entry)")
+  if not isinstance(indices, jax.core.Tracer):
+    _check_range(np.asarray(indices), d)
+  elif not trusted:
+    jax.debug.callback(functools.partial(_check_range, d=d), indices)
   return values, indices
+
+
+def _check_range(indices: np.ndarray, d: int) -> None:
+  bad = np.asarray(indices)[(np.asarray(indices) < 0) | (np.asarray(indices) > d)]
+  if bad.size:
+    raise ValueError(f"the compressor returned index {int(bad.flat[0])} for a vector of {d} "
+                     f"entries: indices are in [0, {d}) ({d}: padding, no entry)")
+
+
+def indices_in_range(fn) -> bool:
+  """Whether the compressor ``fn`` (or the function of a ``functools.partial``) is one whose
+  indices are in ``[0, d]`` by construction (Top-k, Random-k, Gaussian-k, their
+  :func:`make_compressor` forms): :func:`check_message` skips its run-time check."""
+  fn = getattr(fn, "func", fn)
+  return bool(getattr(fn, "indices_in_range", False))
 
 
 def sparse_codec(name: str, fn: Callable) -> Codec:
@@ -525,7 +545,7 @@ def sparse_codec(name: str, fn: Callable) -> Codec:
 
   def compress(x, key=None):
     d = x.shape[0]
-    values, indices = check_message(fn(x, key), d)
+    values, indices = check_message(fn(x, key), d, indices_in_range(fn))
     valid = jnp.sum((indices >= 0) & (indices < d)).astype(jnp.float32)
     return (densify(values, indices, d).astype(x.dtype),
             valid * (jnp.dtype(values.dtype).itemsize + 4))

@@ -74,7 +74,8 @@ def _compress(compressor: Compressor, x: jax.Array, key: jax.Array
               ) -> tuple[jax.Array, jax.Array]:
   """Runs the compressor on ``x [d]`` and validates its output
   (:func:`nbsgd_jax.codecs.sparse.check_message`, trace time)."""
-  values, indices = codecs.sparse.check_message(compressor(x, key), x.shape[0])
+  values, indices = codecs.sparse.check_message(compressor(x, key), x.shape[0],
+                                                codecs.sparse.indices_in_range(compressor))
   return values.astype(x.dtype), indices.astype(jnp.int32)
 
 
