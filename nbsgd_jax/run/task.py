@@ -190,10 +190,10 @@ def eval_examples(num: int, cfg, num_workers: int) -> tuple[np.ndarray, np.ndarr
   evaluation of a run. ``test``: all ``num`` in order when ``config.eval_test_examples`` is
   0 or at least ``num``, else that many drawn uniformly without replacement from a stream of
   their own (``SeedSequence(seed, spawn_key=(3,))``: the test split may be sorted by label).
-  ``worker_test``: the first ``config.eval_worker_examples`` of ``test`` (0: auto,
-  ``ceil(len(test) / n)`` but at least 100, so that n workers' own models cost about one
-  pass of the averaged model's; each of a uniform sample's prefixes is one too, so a
-  sorted test split is shuffled for it)."""
+  ``worker_test``: ``config.eval_worker_examples`` of ``test`` (0: auto, ``ceil(len(test) /
+  n)`` but at least 100, so that n workers' own models cost about one pass of the averaged
+  model's), the first of a fixed shuffle of ``test`` (the same stream), so a uniform sample
+  of it even where the test split is sorted by label; both sorted."""
   want = cfg.eval_test_examples
   if 0 < want < num:
     rng = np.random.default_rng(np.random.SeedSequence(cfg.seed, spawn_key=(3,)))
