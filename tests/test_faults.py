@@ -19,6 +19,7 @@ from nbsgd_jax import files as files_lib
 from nbsgd_jax import train
 from nbsgd_jax.run import records as records_lib
 
+from tests.test_checkpoint import Crash  # the hook's exception that stops a run mid-way
 from tests.test_train import small_cfg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,10 +40,6 @@ def _without_wall(path):
   recs = [json.loads(l) for l in _lines(path)]
   return [{k: v for k, v in r.items() if k not in ("wall_time", "samples_per_second")}
           for r in recs]
-
-
-class Crash(Exception):
-  pass
 
 
 @pytest.fixture(scope="module")
