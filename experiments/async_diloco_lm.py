@@ -72,7 +72,8 @@ METHODS = {
 def lm_config(a, method: str, seed: int, outer_lr: float, stop_time: float = 0.0):
   """One run: the LM of ``reproduce_diloco.base_config`` on the slow cluster."""
   ns = argparse.Namespace(**{**vars(a), "workers": len(SECONDS_PER_STEP),
-                             "outer_lr": outer_lr, "bandwidth": 0.0, "latency": None})
+                             "outer_lr": outer_lr, "bandwidth": 0.0, "latency": None,
+                             "partition": "contiguous"})
   c = reproduce_diloco.base_config(ns, seed)
   fast = min(SECONDS_PER_STEP)
   over = {**METHODS[method], "lr_schedule": "constant", "lr_min": 0.0, "diloco.inner_steps": a.h,

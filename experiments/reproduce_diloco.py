@@ -115,7 +115,8 @@ def base_config(a, seed: int):
           "learning_rate": a.lr, "lr_min": a.lr * a.lr_min_ratio, "warmup_steps": a.warmup,
           "grad_clip": a.grad_clip, "weight_decay_on": "matrices",
           "diloco.outer_lr": a.outer_lr, "diloco.outer_momentum": a.outer_momentum,
-          "diloco.outer_nesterov": True, "seed": seed, "progress": False}
+          "diloco.outer_nesterov": True, "seed": seed, "progress": False,
+          "partition": a.partition}
   if a.bandwidth:
     over["cluster.bandwidth"] = a.bandwidth
   if a.latency is not None:
@@ -325,15 +326,33 @@ def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", required=True)
   p.add_argument("--quick", action="store_true", help="seconds-long smoke run")
-  p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+  p.add_argument("--protocol", choices=["paper", "scratch"], default="paper",
+                 help="paper: the paper's protocol (diloco_paper.py, the main result); "
+                 "scratch: every method from a random model (the earlier study)")
+  p.add_argument("--seeds", type=int, nargs="+", default=None,
+                 help="reported seeds (paper: 0 1 2; scratch: 0 1)")
+  p.add_argument("--tune_seed", type=int, default=3, help="paper: the seed rates are tuned on")
+  p.add_argument("--partition", choices=["iid", "contiguous"], default=None,
+                 help="the workers' text (paper: iid; scratch: contiguous)")
+  p.add_argument("--prefix_steps", type=int, default=500, help="paper: all-reduce steps first")
+  p.add_argument("--inner_lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3],
+                 help="paper: the inner AdamW rates tuned over")
+  p.add_argument("--outer_lrs", type=float, nargs="+", default=[0.3, 0.5, 0.7, 1.0],
+                 help="paper: DiLoCo's outer rates tuned over")
+  p.add_argument("--extend", type=int, default=2,
+                 help="paper: times the inner-rate grid is extended while its pick is at an edge")
+  p.add_argument("--no_ablation", dest="ablation", action="store_false",
+                 help="paper: skip the contiguous-shard ablation")
   p.add_argument("--methods", nargs="+", default=None, help="a subset of the method names")
   p.add_argument("--workers", type=int, default=8)
   p.add_argument("--layers", type=int, default=2)
   p.add_argument("--d_model", type=int, default=96)
   p.add_argument("--heads", type=int, default=4)
   p.add_argument("--context", type=int, default=64)
-  p.add_argument("--batch", type=int, default=8, help="windows per worker per step")
-  p.add_argument("--steps", type=int, default=800)
+  p.add_argument("--batch", type=int, default=None,
+                 help="windows per worker per step (paper: 16; scratch: 8)")
+  p.add_argument("--steps", type=int, default=None,
+                 help="steps of every run (paper: after the prefix, 1000; scratch: 800)")
   p.add_argument("--eval_every", type=int, default=100)
   p.add_argument("--eval_train_examples", type=int, default=128)
   p.add_argument("--lr", type=float, default=2e-3, help="peak inner AdamW learning rate")
@@ -355,7 +374,17 @@ def main():
   p.add_argument("--latency", type=float, default=None,
                  help="simulated s per message (cluster.latency; default: the package's)")
   a = p.parse_args()
-  if a.quick:
+  paper = a.protocol == "paper"
+  for k, v_paper, v_scratch in (("seeds", [0, 1, 2], [0, 1]), ("batch", 16, 8),
+                                ("steps", 1000, 800), ("partition", "iid", "contiguous")):
+    if getattr(a, k) is None:
+      setattr(a, k, v_paper if paper else v_scratch)
+  if a.quick and paper:
+    a.layers, a.d_model, a.heads, a.context, a.batch = 1, 32, 2, 32, 4
+    a.prefix_steps, a.steps, a.eval_every, a.warmup, a.h = 20, 20, 10, 4, [2, 5]
+    a.eval_train_examples, a.seeds, a.tune_seed = 32, a.seeds[:1], 9
+    a.inner_lrs, a.outer_lrs = a.inner_lrs[:2], a.outer_lrs[:2]
+  elif a.quick:
     a.layers, a.d_model, a.heads, a.context, a.batch = 1, 32, 2, 32, 4
     a.steps, a.eval_every, a.warmup, a.h, a.delay = 40, 20, 4, [2, 10], 1
     a.eval_train_examples, a.seeds = 32, a.seeds[:1]
@@ -370,6 +399,12 @@ def main():
               "std": "sample standard deviation over seeds, ddof = 1"}
   command = "python experiments/reproduce_diloco.py " + " ".join(
       shlex.quote(x) for x in sys.argv[1:])
+  if paper:
+    import diloco_paper  # noqa: E402  (experiments/diloco_paper.py)
+    res = diloco_paper.run(a, base_config, settings, command)
+    diloco_paper.plots(res, a.out)
+    common.write_results(a.out, res, diloco_paper.markdown(res))
+    return
   res = {"paper": PAPER, "command": command, "settings": settings, "methods": {},
          "_start": time.time()}
   study(a, res)

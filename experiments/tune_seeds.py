@@ -9,15 +9,20 @@ error feedback} x {density 0.01, 0.001}; ``local_sgd``: the 5 mnist10k runs of
 ``reproduce_local_sgd.py`` (c), local SGD tau 1 / 4 / 16, post-local SGD, DiLoCo with its
 outer optimizer fixed). For every run:
 
-1. train with the tuning seed (the first of ``--seeds``) at each learning rate of ``--lrs``;
-2. pick the rate with the lowest final training loss of the averaged model (on
-   ``eval_train_examples`` training examples: the test set plays no part in the choice;
-   a diverged run counts as +inf);
-3. train the other seeds at that rate.
+1. train with the tuning seed ``--tune_seed`` (default 3, never reported) at each learning
+   rate of ``--lrs``, with ``--validation`` training examples held out
+   (``config.validation_examples``: the test set plays no part in the choice);
+2. pick the rate with the lowest final loss of the averaged model on that validation split
+   (a diverged run counts as +inf), extending the grid (x2 or / 2, at most ``--extend``
+   times) while the pick is at its edge;
+3. train the reported ``--seeds`` at that rate on the whole training split.
 
 The table gives, per run, the picked rate, the test accuracy (all 2,000 held-out digits of
 mnist10k) as mean +- sample standard deviation (ddof = 1) over the seeds with each seed's
-value, the training loss, and the MB sent per worker. ``results.json`` is rewritten after
+value, the training loss, the MB sent per worker and the tuning grid's validation losses.
+The sparsification study also has Gaussian-k with GaussianK-SGD's own correction loop
+(``compression.gaussian_correction="paper"``: everything the loop selects is sent, so its
+bytes are its own), beside the default bracketing correction. ``results.json`` is rewritten after
 every batch of runs (the runs of a stage, trained as one program per structure:
 ``nbsgd_jax.train.train_runs``), so an interrupted study resumes where it stopped (runs
 already in it are not trained again); ``--report`` rewrites results.md from it without
@@ -52,10 +57,12 @@ def study_runs(study: str) -> dict:
   if study == "sparsification":
     import reproduce_sparsification as sp
     base = {"workers": 8, "model": "cnn", "steps": 300, "eval_every": 300}
-    grid = [("none", 1.0, False)] + [(c, dens, ef) for dens in (0.01, 0.001)
-                                     for c in sp.COMPRESSORS for ef in (True, False)]
-    return {sp.run_name(*g): (lambda lr, seed, g=g: sp.make_config(
-        *g, SimpleNamespace(**base, lr=lr, seed=seed))) for g in grid}
+    grid = [("none", 1.0, False, "")] + [
+        (c, dens, ef, "") for dens in (0.01, 0.001) for c in sp.COMPRESSORS
+        for ef in (True, False)] + [("gaussian_k", dens, ef, "paper") for dens in (0.01, 0.001)
+                                    for ef in (True, False)]
+    return {_sparse_name(*g): (lambda lr, seed, g=g: _sparse_config(
+        sp, *g, SimpleNamespace(**base, lr=lr, seed=seed))) for g in grid}
   if study == "local_sgd":
     import reproduce_local_sgd as ls
     a = {"mnist_steps": 600, "mnist_eval_every": 600}
@@ -63,6 +70,19 @@ def study_runs(study: str) -> dict:
         SimpleNamespace(**a, seed=seed), algo, lr=lr, **kw))
             for name, (algo, kw) in ls.mnist_runs(600).items()}
   raise ValueError(f"study={study!r} is not allowed: use one of {', '.join(STUDIES)}")
+
+
+def _sparse_name(name: str, density: float, ef: bool, correction: str) -> str:
+  import reproduce_sparsification as sp
+  base = sp.run_name(name, density, ef)
+  return base.replace("gaussian_k", f"gaussian_k({correction})") if correction else base
+
+
+def _sparse_config(sp, name: str, density: float, ef: bool, correction: str, a):
+  c = sp.make_config(name, density, ef, a)
+  if correction:
+    c.compression.gaussian_correction = correction
+  return c
 
 
 def key(name: str, lr: float, seed: int) -> str:
@@ -77,13 +97,14 @@ def tried_lrs(records: dict, name: str, seed: int) -> list:
 
 
 def pick_lr(records: dict, name: str, lrs: list, seed: int):
-  """The rate with the lowest final training loss of run ``name`` at ``seed`` among those
-  tried (``records[key(name, lr, seed)]["train_loss"]``, None = diverged = +inf); None while
-  a rate of the grid ``lrs`` has not been trained."""
+  """The rate with the lowest final validation loss of run ``name`` at the tuning ``seed``
+  among those tried (``records[key(name, lr, seed)]["test_loss"]``: these runs' test split
+  is the validation split; None = diverged = +inf); None while a rate of the grid ``lrs``
+  has not been trained."""
   if any(key(name, lr, seed) not in records for lr in lrs):
     return None
   grid = tried_lrs(records, name, seed)
-  losses = [records[key(name, lr, seed)]["train_loss"] for lr in grid]
+  losses = [records[key(name, lr, seed)]["test_loss"] for lr in grid]
   losses = [math.inf if x is None or not math.isfinite(x) else x for x in losses]
   return grid[int(np.argmin(losses))]
 
@@ -109,11 +130,12 @@ def mean_std(values: list) -> tuple:
   return float(np.mean(v)), (float(np.std(v, ddof=1)) if len(v) > 1 else None)
 
 
-def table(records: dict, runs: list, lrs: list, seeds: list) -> list:
-  """Per run: the picked rate, per-seed test accuracies, mean/std, losses and MB."""
+def table(records: dict, runs: list, lrs: list, seeds: list, tune_seed: int) -> list:
+  """Per run: the rate picked on ``tune_seed``, the reported ``seeds``' test accuracies,
+  mean/std, losses and MB."""
   rows = []
   for name in runs:
-    lr = pick_lr(records, name, lrs, seeds[0])
+    lr = pick_lr(records, name, lrs, tune_seed)
     if lr is None:
       continue
     rs = [records.get(key(name, lr, s)) for s in seeds]
@@ -125,8 +147,10 @@ def table(records: dict, runs: list, lrs: list, seeds: list) -> list:
                  "train_loss": mean_std([r["train_loss"] for r in done])[0],
                  "mb_sent": mean_std([r["bytes_sent"] / 1e6 if r["bytes_sent"] else None
                                       for r in done])[0],
-                 "tuning": {f"{x:g}": records[key(name, x, seeds[0])]["train_loss"]
-                            for x in tried_lrs(records, name, seeds[0])}})
+                 "tuning": {f"{x:g}": records[key(name, x, tune_seed)]["test_loss"]
+                            for x in tried_lrs(records, name, tune_seed)},
+                 "edge": lr in (min(tried_lrs(records, name, tune_seed)),
+                                max(tried_lrs(records, name, tune_seed)))})
   return rows
 
 
@@ -135,13 +159,16 @@ def _pct(x):
 
 
 def markdown(rows: list, a) -> str:
-  lines = [f"Study `{a.study}`: each run's learning rate picked by the final training loss of "
-           f"seed {a.seeds[0]} from {a.lrs}, extended (x2 or /2, at most {a.extend} more) "
-           "while the best was at an edge; then every seed at that rate. Test accuracy on all "
-           "2,000 held-out mnist10k digits: mean +- sample std (ddof = 1) over the seeds "
-           "named, then each seed's value (%).", "",
+  lines = [f"Study `{a.study}`: each run's learning rate picked on tuning seed {a.tune_seed} "
+           f"(not reported) by the final loss on {a.validation:,} training examples held out "
+           f"of its training (`validation_examples`; the test set plays no part), from "
+           f"{a.lrs}, extended (x2 or /2, at most {a.extend} more) while the best was at an "
+           "edge (a pick still at the edge is marked *edge*); then the reported seeds at that "
+           "rate on the whole training split. Test accuracy on all 2,000 test digits of "
+           "mnist10k: mean +- sample std (ddof = 1) over the seeds named, then each seed's "
+           "value (%).", "",
            "| run | lr | seeds | test acc. (%) | per seed | train loss | MB / worker | "
-           "tuning: lr -> train loss |",
+           "tuning: lr -> validation loss |",
            "|---|---:|---|---:|---|---:|---:|---|"]
   for r in rows:
     sd = "" if r["std"] is None else f" +- {100 * r['std']:.2f}"
@@ -152,13 +179,14 @@ def markdown(rows: list, a) -> str:
     mb = "-" if r["mb_sent"] is None else f"{r['mb_sent']:.2f}"
     tl = ", ".join(f"{lr}: " + ("div." if x is None else f"{x:.3f}")
                    for lr, x in r["tuning"].items())
-    lines.append(f"| {r['run']} | {r['lr']:g} | {', '.join(map(str, r['seeds']))} | {mean} | "
+    lr = f"{r['lr']:g}" + (" *edge*" if r.get("edge") else "")
+    lines.append(f"| {r['run']} | {lr} | {', '.join(map(str, r['seeds']))} | {mean} | "
                  f"{', '.join(_pct(x) for x in r['test_accuracy'])} | {loss} | {mb} | {tl} |")
   return "\n".join(lines) + "\n"
 
 
 def save(a, records: dict, runs: list) -> None:
-  rows = table(records, runs, a.lrs, a.seeds)
+  rows = table(records, runs, a.lrs, a.seeds, a.tune_seed)
   results = {"args": {k: v for k, v in vars(a).items() if k != "report"}, "table": rows,
              "records": records}
   common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(results))
@@ -174,18 +202,21 @@ def train_batch(a, runs: dict, records: dict, items: list) -> None:
   if not todo:
     return
   cfgs = [runs[name](lr, seed) for name, lr, seed in todo]
-  for c in cfgs:
+  for c, (_, _, seed) in zip(cfgs, todo):
     c.eval_worker_accuracy = False
+    c.validation_examples = a.validation if seed == a.tune_seed else 0
   t = time.time()
   summaries = train.train_runs(cfgs)
   share = (time.time() - t) / len(todo)
   for item, s in zip(todo, summaries):
     if s.get("stopped") == "diverged":
-      r = {"test_accuracy": None, "train_loss": None, "bytes_sent": None, "seconds": share,
-           "diverged": s.get("error", "diverged")}
+      r = {"test_accuracy": None, "test_loss": None, "train_loss": None, "bytes_sent": None,
+           "seconds": share, "diverged": s.get("error", "diverged")}
     else:
-      r = {"test_accuracy": float(s["test_accuracy"]), "train_loss": float(s["train_loss"]),
-           "bytes_sent": float(s["bytes_sent"]), "seconds": share}
+      r = {"test_accuracy": float(s["test_accuracy"]), "test_loss": float(s["test_loss"]),
+           "train_loss": float(s["train_loss"]), "bytes_sent": float(s["bytes_sent"]),
+           "seconds": share}
+    r["validation"] = item[2] == a.tune_seed  # test_* measured on the validation split
     records[key(*item)] = r
     print(f"  {key(*item):45s} acc {_pct(r['test_accuracy'])} loss {r['train_loss']}",
           flush=True)
@@ -199,7 +230,7 @@ def run_study(a, records: dict) -> None:
   the other seeds at each run's picked rate."""
   runs = study_runs(a.study)
   names = [n for n in runs if not a.only or n in a.only]
-  s0 = a.seeds[0]
+  s0 = a.tune_seed
   train_batch(a, runs, records, [(name, lr, s0) for name in names for lr in a.lrs])
   while True:
     more = [(name, lr, s0) for name in names
@@ -208,7 +239,7 @@ def run_study(a, records: dict) -> None:
       break
     train_batch(a, runs, records, more)
   train_batch(a, runs, records, [(name, pick_lr(records, name, a.lrs, s0), seed)
-                                 for name in names for seed in a.seeds[1:]])
+                                 for name in names for seed in a.seeds])
 
 
 def main():
@@ -216,7 +247,11 @@ def main():
   ap.add_argument("study", choices=STUDIES)
   ap.add_argument("--out", required=True)
   ap.add_argument("--lrs", type=float, nargs="+", default=[0.02, 0.05, 0.1])
-  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="reported seeds")
+  ap.add_argument("--tune_seed", type=int, default=3,
+                  help="the seed the rates are picked on (not among --seeds)")
+  ap.add_argument("--validation", type=int, default=1000,
+                  help="training examples held out of the tuning runs to pick the rate on")
   ap.add_argument("--extend", type=int, default=2,
                   help="rates tried beyond --lrs, x2 or /2, while the best is at an edge")
   ap.add_argument("--only", nargs="*", default=None, help="run names to train (default: all)")
@@ -228,15 +263,15 @@ def main():
   if os.path.exists(path):
     with open(path) as f:
       old = json.load(f)
-    if old["args"]["lrs"] != a.lrs or old["args"]["seeds"][0] != a.seeds[0]:
-      raise SystemExit(f"{path} was tuned with --lrs {old['args']['lrs']} and seed "
-                       f"{old['args']['seeds'][0]} first; give those (more seeds may follow) "
+    was = {k: old["args"].get(k) for k in ("lrs", "tune_seed", "validation")}
+    if was != {k: getattr(a, k) for k in was}:
+      raise SystemExit(f"{path} was tuned with {was}; give those (more seeds may follow) "
                        "or another --out")
     records = old["records"]
   if not a.report:
     run_study(a, records)
   save(a, records, list(study_runs(a.study)))
-  print(markdown(table(records, list(study_runs(a.study)), a.lrs, a.seeds), a))
+  print(markdown(table(records, list(study_runs(a.study)), a.lrs, a.seeds, a.tune_seed), a))
 
 
 if __name__ == "__main__":

@@ -145,6 +145,45 @@ class Checkpointer:
     self._mngr.close()
 
 
+def read_models(workdir: str, warn: Callable[[str], None]) -> tuple[int, Any, Any]:
+  """``(step, params, model_state)`` of another run's newest readable checkpoint, each leaf
+  the mean over its workers axis (``[n, ...] -> [...]``: the averaged model its evaluations
+  report; the model itself for all-reduce): what ``config.init_from`` starts a run from.
+  Read without a target (any algorithm's state: only ``params`` and ``model_state`` are
+  taken), float leaves averaged in float32 and cast back; ``workdir`` is never written.
+
+  Args:
+    workdir: the run's directory (holding ``checkpoints/``) or its ``checkpoints/`` itself.
+    warn: called with one line per unreadable checkpoint (skipped, not moved).
+
+  Raises:
+    FileNotFoundError: ``workdir`` holds no checkpoint.
+    Unreadable: checkpoints exist and none can be read.
+  """
+  import numpy as np
+  import orbax.checkpoint as ocp
+  path = os.path.abspath(workdir)
+  if os.path.basename(path.rstrip(os.sep)) != CHECKPOINT_DIR:
+    path = os.path.join(path, CHECKPOINT_DIR)
+  steps = (sorted(ocp.CheckpointManager(path).all_steps(), reverse=True)
+           if os.path.isdir(path) else [])
+  if not steps:
+    raise FileNotFoundError(f"no checkpoint in {path} (a run with config.checkpoint_every > 0 "
+                            "writes them)")
+  mngr = ocp.CheckpointManager(path)
+  for step in steps:
+    try:
+      state = mngr.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore())).state
+      mean = lambda x: np.asarray(np.mean(np.asarray(x, np.float32), axis=0), np.asarray(x).dtype)
+      return step, jax.tree.map(mean, state["params"]), jax.tree.map(
+          mean, state.get("model_state", {}))
+    except Exception as e:  # noqa: BLE001  (orbax / tensorstore raise many types)
+      warn(f"the checkpoint of step {step} in {os.path.join(path, str(step))} cannot be read "
+           f"({' '.join(f'{type(e).__name__}: {e}'.split())[:300]}): trying an older one")
+  raise Unreadable(f"no checkpoint in {path} can be read (steps {steps})")
+
+
 def read_records(path: str, last_step: int) -> list[dict]:
   """The JSON lines of ``path`` with ``step <= last_step``; a line that does not parse (torn
   by a kill) ends the read. Missing file: ``[]``."""

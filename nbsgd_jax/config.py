@@ -44,7 +44,7 @@ from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax.recipes import Section
 # the choice lists, each owned by its module (config.X for the docs, scripts and tests)
 from nbsgd_jax.backends import BACKENDS  # noqa: F401
-from nbsgd_jax.data import SCHEMES as PARTITIONS
+from nbsgd_jax.data import SCHEMES, TEXT_SCHEMES  # noqa: F401
 from nbsgd_jax.models import COMPUTE_DTYPES, MODELS, NORMS
 from nbsgd_jax.optim import LR_SCHEDULES, OPTIMIZERS, WEIGHT_DECAY_ON
 from nbsgd_jax import forms as forms_lib
@@ -53,6 +53,7 @@ from nbsgd_jax.topology import MIXING_WEIGHTS, TOPOLOGIES  # noqa: F401
 from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS  # noqa: F401
 
 SWEEP_RUNS = ("auto", "stacked", "in_turn")  # config.sweep_runs (nbsgd_jax.run.sweep)
+PARTITIONS = tuple(dict.fromkeys(SCHEMES + TEXT_SCHEMES))  # images: SCHEMES; text: TEXT_SCHEMES
 
 # the built-in algorithms (recipes.REGISTRY also holds those registered from outside)
 ALGORITHMS = tuple(recipes_lib.REGISTRY)
@@ -107,10 +108,10 @@ def _setup_defaults() -> ml_collections.ConfigDict:
                                  # out train/<class>/<image>, test/<class>/<image>; cifar10 /
                                  # cifar100: the python release (cifar-10-python.tar.gz or
                                  # cifar-10-batches-py/); text_file: a UTF-8 text file
-  c.data_cache = ""              # image_folder: directory of the decoded .npz cache
-                                 # ("" = ~/.cache/nbsgd_jax; none: no cache)
+  c.data_cache = ""              # image_folder: decoded .npz cache ("": ~/.cache/nbsgd_jax)
   c.data_dir = ""                # tfds data_dir ("" = tfds default)
-  c.partition = "iid"            # iid | dirichlet (over labels)
+  c.text_unknown_id = True       # text: one more id, reserved unknown (False: nanoGPT's ids)
+  c.partition = "iid"            # iid | dirichlet (labels) | contiguous (text: own 1/n each)
   c.dirichlet_alpha = 0.5        # concentration of the Dirichlet partition (> 0)
   return c
 
@@ -145,11 +146,11 @@ def _training_defaults() -> ml_collections.ConfigDict:
   c.eval_train_examples = 2000   # training examples used for train_loss (averaged model)
   c.eval_test_examples = 0       # test examples behind test_loss / test_accuracy: a fixed
                                  # uniform sample, the same at every evaluation (0: all)
+  c.validation_examples = 0      # > 0: held-out training examples test_* is measured on
   c.eval_worker_accuracy = True  # decentralized recipes: also each worker's own test accuracy
                                  # (worker_test_accuracy, the mean over the workers)
-  c.eval_worker_examples = 0     # test examples behind each worker's own accuracy: a fixed
-                                 # sample of the evaluated ones (0: auto, their number / n, at least
-                                 # 100: the n models cost about one pass of the averaged one)
+  c.eval_worker_examples = 0     # test examples behind each worker's own accuracy, a fixed
+                                 # sample (0: auto, n_test / n, >= 100: about one pass in all)
   c.stop_sim_time = 0.0          # s: stop at the first evaluation with sim_time >= this, before
                                  # num_steps (equal-time budgets; 0: off)
   c.stop_train_loss = 0.0        # stop at the first evaluation with train_loss <= this, before
@@ -185,6 +186,8 @@ def _training_defaults() -> ml_collections.ConfigDict:
   c.checkpoint_every = 0         # steps between orbax checkpoints in workdir/checkpoints (a
                                  # multiple of eval_every; 0: none); a run started again in
                                  # the same workdir resumes from the newest one
+  c.init_from = ""               # a run's workdir: start from its newest checkpoint's average
+                                 # model (optimizer state and step count fresh); "": seeded init
   return c
 
 
@@ -300,24 +303,23 @@ def check_top_level(cfg, errs: list) -> None:
   checks.integer(cfg, errs, "warmup_steps", 0)
   checks.number(cfg, errs, "momentum", 0, hi=1, hi_open=True)  # 1: eta / (1 - momentum) infinite
   checks.number(cfg, errs, "weight_decay", 0)
-  checks.integer(cfg, errs, "num_steps", 0)
-  checks.integer(cfg, errs, "eval_every", 1)
-  checks.integer(cfg, errs, "eval_train_examples", 1)
-  checks.integer(cfg, errs, "eval_test_examples", 0)
-  checks.integer(cfg, errs, "eval_worker_examples", 0)
+  for key, lo in (("num_steps", 0), ("eval_every", 1), ("eval_train_examples", 1),
+                  ("eval_test_examples", 0), ("validation_examples", 0),
+                  ("eval_worker_examples", 0), ("seed", 0)):
+    checks.integer(cfg, errs, key, lo)
   checks.number(cfg, errs, "stop_sim_time", 0)
   checks.number(cfg, errs, "stop_train_loss", 0)
-  checks.integer(cfg, errs, "seed", 0)
   if checks.integer(cfg, errs, "steps_per_dispatch", 0) and cfg.steps_per_dispatch > 1 and (
       cfg.cluster.get("clock") == "wall"):
     errs.append(f"config.steps_per_dispatch={cfg.steps_per_dispatch} is not allowed with "
                 "config.cluster.clock='wall': each step is timed on the host; use 1 (or 0: "
                 "auto)")
   for key in ("nesterov", "progress", "tensorboard", "double_buffer", "eval_worker_accuracy",
-              "overwrite"):
+              "overwrite", "text_unknown_id"):
     checks.boolean(cfg, errs, key)
   checks.choice(cfg, errs, "sweep_runs", SWEEP_RUNS)
-  for key in ("data_dir", "data_path", "data_cache", "imports", "compilation_cache", "sweep"):
+  for key in ("data_dir", "data_path", "data_cache", "imports", "compilation_cache", "sweep",
+              "init_from"):
     checks.string(cfg, errs, key)
   _check_dataset(cfg, errs)
   checks.choice(cfg, errs, "weight_decay_on", WEIGHT_DECAY_ON)
@@ -373,7 +375,7 @@ def _check_dataset(cfg, errs: list) -> None:
 # that reads it (an algorithm's own sections come with its registration: recipes.SECTIONS).
 SECTIONS: dict[str, Section] = {
     "lm": Section(models_lib.lm_defaults, models_lib.check_lm_config,
-                     'model=transformer: sizes of the language model'),
+                     'model=transformer: sizes and options of the language model'),
     "augment": Section(augment_lib.augment_defaults, augment_lib.check_config,
                      'on-device input augmentation of image batches'),
     "dpsgd": Section(recipes_lib.dpsgd_defaults, recipes_lib.check_dpsgd_config,
@@ -511,7 +513,7 @@ SWITCHES = (
     Switch(("model", "mlp_hidden", "cnn_channels", "conv_impl", "pool_impl", "residuals",
             "partition",
             "dirichlet_alpha", "eval_train_examples", "eval_test_examples",
-            "eval_worker_accuracy", "eval_worker_examples", "compute_dtype",
+            "validation_examples", "eval_worker_accuracy", "eval_worker_examples", "compute_dtype",
             "augment.*"),
            "dataset",
            lambda v: v not in SYNTHETIC),

@@ -220,6 +220,37 @@ def from_arrays(data: Any) -> Dataset | TextDataset:
   return Dataset(data.name, xs[0], ys[0], xs[1], ys[1], int(c))
 
 
+VALIDATION_SEED = 0  # the shuffle behind config.validation_examples: one split for every run
+
+
+def hold_out(dataset: Dataset | TextDataset, count: int) -> Dataset | TextDataset:
+  """``dataset`` with ``count`` training examples as its test split and the rest as its
+  training split: a validation split for choosing hyperparameters, the real test split set
+  aside (``config.validation_examples``). Images: a fixed uniform sample (a permutation
+  seeded by :data:`VALIDATION_SEED`, independent of the run's seed, so every run and seed
+  sees the same split); the rest keep their order. Text: the last ``count`` characters of the
+  training text (nanoGPT's split, one level down).
+
+  Raises:
+    ValueError: ``count`` is not an integer in ``[1, N_train - 1]`` (named, with ``N_train``).
+  """
+  text = isinstance(dataset, TextDataset)
+  n = len(dataset.train_tokens if text else dataset.train_labels)
+  if isinstance(count, bool) or not isinstance(count, int) or not 0 < count < n:
+    raise ValueError(f"validation_examples={count!r} is not allowed: the training split has "
+                     f"{n:,} {'characters' if text else 'examples'}; give an integer in "
+                     f"[1, {n - 1:,}] (0: no validation split)")
+  if text:
+    t = dataset.train_tokens
+    return dataset._replace(train_tokens=t[:n - count], test_tokens=t[n - count:])
+  order = np.random.default_rng(VALIDATION_SEED).permutation(n)
+  val, rest = np.sort(order[:count]), np.sort(order[count:])
+  return dataset._replace(train_images=dataset.train_images[rest],
+                          train_labels=dataset.train_labels[rest],
+                          test_images=dataset.train_images[val],
+                          test_labels=dataset.train_labels[val])
+
+
 def is_images(x: np.ndarray) -> bool:
   """Whether features are images for the input pipeline: uint8 ``[N, H, W, C]``."""
   return x.dtype == np.uint8 and x.ndim == 4

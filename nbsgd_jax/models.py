@@ -24,7 +24,9 @@ Logits are float32 whatever the compute ``dtype`` (bfloat16 compute keeps float3
   state) or ``"group"`` (GroupNorm, Wu & He 2018; no state).
 * ``"transformer"``: a decoder-only (GPT-style, pre-LayerNorm) transformer language model:
   token and learned position embeddings, ``num_layers`` blocks of causal multi-head
-  self-attention and a 4x GELU MLP, final LayerNorm, dense to the vocabulary.
+  self-attention and a 4x GELU MLP, final LayerNorm, dense to the vocabulary. ``config.lm``'s
+  options (``bias``, ``tie_embeddings``, ``init``, ``gelu``, ``layernorm_eps``) make it
+  karpathy/nanoGPT's ``GPT`` (``model.py``) exactly; their defaults keep the original model.
 
 The convolutions of ``"cnn"`` and ``"resnet"`` and the max-pools of ``"cnn"`` have a second
 implementation for many simulated workers on one device (``conv_impl="per_worker"``,
@@ -179,27 +181,82 @@ class ResNetCifar(nn.Module):
     return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
 
+LM_INITS = ("flax", "nanogpt")  # config.lm.init
+LM_GELUS = ("tanh", "exact")    # config.lm.gelu
+
+
+def _lm_inits(init: str, num_layers: int) -> dict:
+  """The initialisers of the language model's layers for ``lm.init``.
+
+  ``"flax"``: Flax's defaults (no arguments). ``"nanogpt"``: karpathy/nanoGPT ``model.py``,
+  ``GPT._init_weights``: every Linear and Embedding weight N(0, 0.02), biases zero (Flax's
+  default too), and the residual projections (``c_proj``: the attention output and the MLP
+  output) N(0, 0.02 / sqrt(2 num_layers)) (GPT-2's scaled init).
+
+  Returns:
+    ``{"dense", "proj", "attn", "embed"}``: keyword arguments of ``nn.Dense`` (an ordinary
+    Linear), ``nn.Dense`` (a residual projection), ``nn.MultiHeadDotProductAttention`` and
+    ``nn.Embed``.
+  """
+  if init == "flax":
+    return {"dense": {}, "proj": {}, "attn": {}, "embed": {}}
+  w = nn.initializers.normal(0.02)
+  proj = nn.initializers.normal(0.02 / math.sqrt(2 * num_layers))
+  return {"dense": {"kernel_init": w}, "proj": {"kernel_init": proj},
+          "attn": {"kernel_init": w, "out_kernel_init": proj}, "embed": {"embedding_init": w}}
+
+
 class DecoderBlock(nn.Module):
-  """Pre-LayerNorm transformer block: causal self-attention, then a 4x GELU MLP."""
+  """Pre-LayerNorm transformer block: causal self-attention, then a 4x GELU MLP.
+
+  ``x [B, T, d] -> x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``, ``mlp(h) = c_proj(gelu(
+  c_fc(h)))`` with ``c_fc: d -> 4 d``: nanoGPT's ``Block`` (karpathy/nanoGPT ``model.py``).
+  Parameters: ``LayerNorm_0`` / ``LayerNorm_1`` (``ln_1`` / ``ln_2``),
+  ``MultiHeadDotProductAttention_0``, whose ``query`` / ``key`` / ``value`` kernels
+  ``[d, heads, d / heads]`` are the three thirds of nanoGPT's fused ``attn.c_attn`` and whose
+  ``out`` kernel ``[heads, d / heads, d]`` is ``attn.c_proj``, ``Dense_1`` (``mlp.c_fc``) and
+  ``Dense_0`` (``mlp.c_proj``). ``bias=False``: no bias in the Dense layers and LayerNorms
+  (scale only); ``gelu``: ``"tanh"`` (approximate) or ``"exact"`` (erf); ``weight_init``:
+  :func:`_lm_inits` with ``num_layers`` blocks in the model.
+  """
 
   num_heads: int
   dtype: Any = jnp.float32
+  bias: bool = True
+  gelu: str = "tanh"
+  layernorm_eps: float = 1e-6
+  weight_init: str = "flax"  # lm.init ("init" would hide nn.Module.init)
+  num_layers: int = 1
 
   @nn.compact
   def __call__(self, x):
     d = x.shape[-1]
+    ini = _lm_inits(self.weight_init, self.num_layers)
+    norm = functools.partial(nn.LayerNorm, epsilon=self.layernorm_eps, use_bias=self.bias,
+                             dtype=self.dtype)
+    dense = functools.partial(nn.Dense, use_bias=self.bias, dtype=self.dtype)
     mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
-    h = nn.LayerNorm(dtype=self.dtype)(x)
-    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype)(
-        h, h, mask=mask)
-    h = nn.LayerNorm(dtype=self.dtype)(x)
-    h = nn.Dense(d, dtype=self.dtype)(nn.gelu(nn.Dense(4 * d, dtype=self.dtype)(h)))
-    return x + h
+    h = norm()(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype,
+                                            use_bias=self.bias, **ini["attn"])(h, h, mask=mask)
+    h = norm()(x)
+    # built c_proj first (named Dense_0, c_fc Dense_1): the original model's parameter names
+    c_proj, c_fc = dense(d, **ini["proj"]), dense(4 * d, **ini["dense"])
+    return x + c_proj(nn.gelu(c_fc(h), approximate=self.gelu == "tanh"))
 
 
 class TransformerLM(nn.Module):
   """Decoder-only transformer language model: tokens int32 ``[B, T]`` (``T <= context``) ->
-  next-token logits float32 ``[B, T, vocab_size]``."""
+  next-token logits float32 ``[B, T, vocab_size]``.
+
+  Token embedding plus a learned position embedding ``[context, d_model]`` (N(0, 0.02)),
+  ``num_layers`` :class:`DecoderBlock`, a final LayerNorm, then the output layer: a Dense
+  layer (with a bias when ``bias``), or with ``tie_embeddings`` the token embedding
+  transposed (``x @ wte.T``, no bias). The defaults are this framework's original model;
+  ``bias=False, tie_embeddings=True, weight_init="nanogpt", gelu="exact", layernorm_eps=1e-5``
+  (``config.lm.init`` is ``weight_init``) is
+  karpathy/nanoGPT's ``GPT`` (``model.py``) with ``bias=False``, dropout 0.
+  """
 
   vocab_size: int
   context: int = 64
@@ -207,17 +264,30 @@ class TransformerLM(nn.Module):
   d_model: int = 128
   num_heads: int = 4
   dtype: Any = jnp.float32
+  bias: bool = True
+  tie_embeddings: bool = False
+  weight_init: str = "flax"  # lm.init
+  gelu: str = "tanh"
+  layernorm_eps: float = 1e-6
 
   @nn.compact
   def __call__(self, tokens):
     t = tokens.shape[1]
-    x = nn.Embed(self.vocab_size, self.d_model)(tokens)
+    ini = _lm_inits(self.weight_init, self.num_layers)
+    embed = nn.Embed(self.vocab_size, self.d_model, **ini["embed"])
+    x = embed(tokens)
     pos = self.param("position", nn.initializers.normal(0.02), (self.context, self.d_model))
     x = (x + pos[:t]).astype(self.dtype)
     for _ in range(self.num_layers):
-      x = DecoderBlock(self.num_heads, self.dtype)(x)
-    x = nn.LayerNorm(dtype=self.dtype)(x)
-    return nn.Dense(self.vocab_size, dtype=self.dtype)(x).astype(jnp.float32)
+      x = DecoderBlock(self.num_heads, self.dtype, self.bias, self.gelu, self.layernorm_eps,
+                       self.weight_init, self.num_layers)(x)
+    x = nn.LayerNorm(epsilon=self.layernorm_eps, use_bias=self.bias, dtype=self.dtype)(x)
+    if self.tie_embeddings:
+      logits = x @ embed.embedding.astype(self.dtype).T
+    else:
+      logits = nn.Dense(self.vocab_size, use_bias=self.bias, dtype=self.dtype,
+                        **ini["dense"])(x)
+    return logits.astype(jnp.float32)
 
 
 MODELS = ("logreg", "mlp", "cnn", "resnet", "transformer")
@@ -247,12 +317,39 @@ def model_names() -> tuple:
 
 
 class LMSizes(NamedTuple):
-  """The language model's sizes (``config.lm``'s keys and defaults)."""
+  """The language model's sizes and options (``config.lm``'s keys and defaults)."""
 
   context: int = 64
   num_layers: int = 2
   d_model: int = 128
   num_heads: int = 4
+  bias: bool = True
+  tie_embeddings: bool = False
+  init: str = "flax"
+  gelu: str = "tanh"
+  layernorm_eps: float = 1e-6
+
+
+LM_OPTIONS = ("bias", "tie_embeddings", "init", "gelu", "layernorm_eps")
+
+
+def _lm_options(lm: Any) -> dict:
+  """``lm``'s options (:data:`LM_OPTIONS`; an absent one takes :class:`LMSizes`' default).
+
+  Raises:
+    ValueError: a bad value, naming ``lm.<field>``, the value and what is allowed.
+  """
+  opts = {k: getattr(lm, k, LMSizes._field_defaults[k]) for k in LM_OPTIONS}
+  for k in ("bias", "tie_embeddings"):
+    if not isinstance(opts[k], bool):
+      raise checks.not_allowed(f"lm.{k}", opts[k], "use True or False")
+  for k, allowed in (("init", LM_INITS), ("gelu", LM_GELUS)):
+    if opts[k] not in allowed:
+      raise checks.not_allowed(f"lm.{k}", opts[k], f"use one of {list(allowed)}")
+  eps = opts["layernorm_eps"]
+  if not (checks.is_num(eps) and 0 < eps < math.inf):
+    raise checks.not_allowed("lm.layernorm_eps", eps, "it must be a finite number > 0")
+  return opts
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -272,8 +369,9 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
     depth: ``"resnet"``'s depth ``6 k + 2`` (20: ResNet-20).
     norm_groups: groups of ``norm="group"`` (divides 16).
     dtype: compute dtype, ``"float32"`` or ``"bfloat16"`` (parameters stay float32).
-    lm: ``"transformer"``'s sizes: an object with ``context``, ``num_layers``, ``d_model``,
-      ``num_heads`` (``config.lm``; None: :class:`LMSizes`' defaults).
+    lm: ``"transformer"``'s sizes and options: an object with ``context``, ``num_layers``,
+      ``d_model``, ``num_heads`` and optionally :data:`LM_OPTIONS` (``config.lm``; None or an
+      absent option: :class:`LMSizes`' defaults).
     conv_impl: ``"batched"`` (``lax.conv_general_dilated``: a grouped convolution under
       ``vmap``) or ``"per_worker"`` (:func:`nbsgd_jax.per_worker.conv_general_dilated`), the
       convolutions of ``"cnn"`` and ``"resnet"``.
@@ -285,7 +383,7 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
       (:mod:`nbsgd_jax.forms`: ``"materialized"`` on a CPU).
 
   Raises:
-    ValueError: an unknown name, norm or dtype, or bad sizes (named).
+    ValueError: an unknown name, norm or dtype, or bad sizes or ``lm`` options (named).
   """
   if dtype not in DTYPES:
     raise ValueError(f"compute_dtype={dtype!r} is not allowed: use one of {list(DTYPES)}")
@@ -327,28 +425,46 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
     if lm.d_model % lm.num_heads:
       raise ValueError(f"lm.d_model={lm.d_model} is not allowed with lm.num_heads="
                        f"{lm.num_heads}: the heads must divide it")
+    opts = _lm_options(lm)
+    opts["weight_init"] = opts.pop("init")
     return TransformerLM(vocab_size=num_classes, context=lm.context, num_layers=lm.num_layers,
-                         d_model=lm.d_model, num_heads=lm.num_heads, dtype=dt)
+                         d_model=lm.d_model, num_heads=lm.num_heads, dtype=dt, **opts)
   raise ValueError(f"model={name!r} is not allowed: use one of {list(MODELS)}")
 
 
 def lm_defaults() -> ml_collections.ConfigDict:
-  """``config.lm.*`` with their defaults: model=transformer: sizes of the language model."""
+  """``config.lm.*`` with their defaults: model=transformer: sizes and options of the language
+  model (the options' defaults keep the original model; ``experiments/configs/
+  shakespeare_char.py`` sets nanoGPT's)."""
   s = ml_collections.ConfigDict()
   s.context = 64                 # tokens per training sequence T (and positions learned)
   s.num_layers = 2               # transformer blocks
   s.d_model = 128                # width
   s.num_heads = 4                # attention heads (divide d_model)
+  s.bias = True                  # biases in the Dense layers and LayerNorms (False: none, the
+                                 # LayerNorms scale only: nanoGPT's bias=False)
+  s.tie_embeddings = False       # output layer = the token embedding transposed, no bias
+                                 # (nanoGPT's weight tying); False: its own Dense layer
+  s.init = "flax"                # flax (Flax's default initialisers) | nanogpt (nanoGPT's
+                                 # _init_weights: weights N(0, 0.02), the residual projections
+                                 # N(0, 0.02 / sqrt(2 num_layers)), biases zero)
+  s.gelu = "tanh"                # the MLP's GELU: tanh (approximate) | exact (erf, nanoGPT's)
+  s.layernorm_eps = 1e-6         # the LayerNorms' epsilon (nanoGPT: 1e-5)
   return s
 
 
 def check_lm_config(cfg, errs: list) -> None:
-  """lm.*: the language model's sizes."""
+  """lm.*: the language model's sizes and options."""
   ok = [checks.integer(cfg, errs, f"lm.{k}", 1) for k in ("context", "num_layers", "d_model",
                                                           "num_heads")]
   if all(ok) and cfg.lm.d_model % cfg.lm.num_heads:
     errs.append(f"config.lm.num_heads={cfg.lm.num_heads} is not allowed with config.lm."
                 f"d_model={cfg.lm.d_model}: the heads must divide the width")
+  for k in ("bias", "tie_embeddings"):
+    checks.boolean(cfg, errs, f"lm.{k}")
+  checks.choice(cfg, errs, "lm.init", LM_INITS)
+  checks.choice(cfg, errs, "lm.gelu", LM_GELUS)
+  checks.number(cfg, errs, "lm.layernorm_eps", 0.0, lo_open=True)
 
 
 def init(model: nn.Module, key: jax.Array, sample: jax.Array) -> tuple[dict, dict]:

@@ -13,8 +13,9 @@ Corpora (:func:`load_text_dataset`, :class:`TextDataset`):
   the image sets, with a vocabulary built from the train split.
 
 Tokenisation: characters to ids and back (:func:`encode_text`, :func:`decode_text`), with a
-reserved unknown id. Partition: :func:`partition_text` cuts the train stream into ``n`` equal
-contiguous chunks ``[n, L]``.
+reserved unknown id (``unknown_id=False``: none, nanoGPT's exact ``stoi``). Partition:
+:func:`partition_text` gives every worker the whole train stream (``"iid"``: i.i.d. windows)
+or cuts it into ``n`` equal contiguous chunks (``"contiguous"``), ``[n, L]``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ TEXT_DATASETS = ("tiny_shakespeare", "text_file")  # besides "tfds:<name>"
 TEXT_TRAIN_FRACTION = 0.9  # nanoGPT's shakespeare_char split: first 90 % train, rest validation
 TEXT_DATASETS_HELP = ("use 'tiny_shakespeare' (embedded), 'text_file' (with data_path) or "
                       "'tfds:<name>' for a TFDS text data set (e.g. 'tfds:tiny_shakespeare')")
-TEXT_SCHEMES = ("iid",)
+TEXT_SCHEMES = ("iid", "contiguous")
 UNKNOWN_CHAR = "\ufffd"  # what decode_text writes for the reserved unknown id
 
 _check_int = checks.index_at_least
@@ -52,7 +53,8 @@ class TextDataset(NamedTuple):
     vocab: ``str``, the distinct characters (Unicode code points) of the train split sorted
       by code point; id ``i < len(vocab)`` is character ``vocab[i]``.
     vocab_size: ``len(vocab) + 1``: the model's number of output classes, the last id being
-      the reserved unknown id (never present in ``train_tokens``).
+      the reserved unknown id (never present in ``train_tokens``); ``len(vocab)`` when loaded
+      with ``unknown_id=False`` (no reserved id: every id is a character).
   """
 
   name: str
@@ -136,7 +138,7 @@ def decode_text(tokens: np.ndarray, vocab: str) -> str:
 
 
 def load_text_dataset(name: str, data_dir: str | None = None,
-                      data_path: str | None = None) -> TextDataset:
+                      data_path: str | None = None, unknown_id: bool = True) -> TextDataset:
   """Loads a character-level language modelling corpus into host memory.
 
   Args:
@@ -152,6 +154,9 @@ def load_text_dataset(name: str, data_dir: str | None = None,
     data_dir: TFDS data directory (``None``: the TFDS default, ``~/tensorflow_datasets`` or
       ``$TFDS_DATA_DIR``).
     data_path: the text file of ``"text_file"``; ignored otherwise.
+    unknown_id: reserve the unknown id ``len(vocab)`` (``vocab_size = len(vocab) + 1``);
+      False: ``vocab_size = len(vocab)``, the ids exactly nanoGPT's ``stoi`` (``config.
+      text_unknown_id``).
 
   Returns:
     A :class:`TextDataset`. For ``"tfds:*"``: each split's examples are concatenated in record order, with no
@@ -168,7 +173,8 @@ def load_text_dataset(name: str, data_dir: str | None = None,
       unknown, not prepared locally in ``data_dir`` or unreadable (nothing is downloaded at
       run time: prepare it beforehand, e.g. ``tfds build tiny_shakespeare
       --file_format=array_record``); a record has no ``text`` string or is not valid UTF-8; a
-      split is empty (no characters).
+      split is empty (no characters); ``unknown_id=False`` and a test character is absent
+      from a ``"tfds:*"`` train split.
       Preparing ``tiny_shakespeare`` runs its TFDS builder, which reads the download with
       ``tf.io.gfile`` and so needs TensorFlow where it is prepared; reading it here does not.
 
@@ -179,44 +185,54 @@ def load_text_dataset(name: str, data_dir: str | None = None,
   if name == "tiny_shakespeare":
     resource = importlib.resources.files("nbsgd_jax") / "assets" / "tiny_shakespeare.txt.gz"
     with importlib.resources.as_file(resource) as path:
-      return split_text(disk_data.read_text(str(path)), name)
+      return split_text(disk_data.read_text(str(path)), name, unknown_id=unknown_id)
   if name == "text_file":
-    return split_text(disk_data.read_text(data_path), name)
+    return split_text(disk_data.read_text(data_path), name, unknown_id=unknown_id)
   if not (isinstance(name, str) and name.startswith("tfds:") and name[len("tfds:"):].strip()):
     raise ValueError(f"dataset={name!r} is not allowed: {TEXT_DATASETS_HELP}")
   train_text, test_text = tfds_data.read_text_splits(name, name[len("tfds:"):].strip(), data_dir)
   train_cps = _code_points(train_text)
   vocab = "".join(map(chr, np.unique(train_cps).tolist()))
+  test_tokens = encode_text(test_text, vocab)
+  if not unknown_id and np.any(test_tokens == len(vocab)):
+    unknown = sorted(set(test_text) - set(vocab))
+    raise ValueError(f"unknown_id=False is not allowed with dataset={name!r}: its test split "
+                     f"holds {len(unknown)} characters absent from its train split (e.g. "
+                     f"{unknown[:5]!r}), which need the reserved unknown id")
   return TextDataset(
       name=name,
       train_tokens=encode_text(train_text, vocab),
-      test_tokens=encode_text(test_text, vocab),
+      test_tokens=test_tokens,
       vocab=vocab,
-      vocab_size=len(vocab) + 1,
+      vocab_size=len(vocab) + int(unknown_id),
   )
 
 
-def split_text(text: str, name: str, train_fraction: float = TEXT_TRAIN_FRACTION) -> TextDataset:
+def split_text(text: str, name: str, train_fraction: float = TEXT_TRAIN_FRACTION,
+               unknown_id: bool = True) -> TextDataset:
   """A character corpus split as nanoGPT's ``shakespeare_char``.
 
   Args:
     text: the whole corpus.
     name: the data set's name (kept in the result).
     train_fraction: the leading fraction of the characters that trains, in ``(0, 1)``.
+    unknown_id: keep the reserved (never used) unknown id; False: ``vocab_size =
+      len(vocab)``, nanoGPT's ``vocab_size`` and ``stoi`` exactly.
 
   Returns:
     A :class:`TextDataset` whose ``train_tokens`` are the first ``int(len(text) *
     train_fraction)`` characters and ``test_tokens`` the rest (the validation split), with
     ``vocab`` every distinct character of the whole text sorted by code point (so no
     validation character is unknown); ``vocab_size = len(vocab) + 1`` keeps the reserved
-    unknown id of :func:`encode_text`.
+    unknown id of :func:`encode_text` (``len(vocab)`` with ``unknown_id=False``).
 
   Raises:
     ValueError: a split would hold fewer than 2 characters (one input and its target).
 
   Source: karpathy/nanoGPT, ``data/shakespeare_char/prepare.py`` (``chars =
   sorted(list(set(data)))``; ``train_data = data[:int(n*0.9)]``, ``val_data =
-  data[int(n*0.9):]``).
+  data[int(n*0.9):]``; ``stoi = { ch:i for i,ch in enumerate(chars) }``, ``vocab_size =
+  len(chars)``).
   """
   cut = int(len(text) * train_fraction)
   if cut < 2 or len(text) - cut < 2:
@@ -225,36 +241,39 @@ def split_text(text: str, name: str, train_fraction: float = TEXT_TRAIN_FRACTION
   vocab = "".join(map(chr, np.unique(_code_points(text)).tolist()))
   return TextDataset(name=name, train_tokens=encode_text(text[:cut], vocab),
                      test_tokens=encode_text(text[cut:], vocab), vocab=vocab,
-                     vocab_size=len(vocab) + 1)
+                     vocab_size=len(vocab) + int(unknown_id))
 
 
 def partition_text(
     tokens: np.ndarray, num_workers: int, scheme: str = "iid", min_length: int = 1
 ) -> np.ndarray:
-  """Cuts a token stream into equal contiguous shards, one per worker.
+  """The workers' token streams: the whole stream for each, or equal contiguous shards.
 
   Args:
     tokens: integer ``[N]`` (e.g. ``TextDataset.train_tokens``).
     num_workers: ``n >= 1``.
-    scheme: ``"iid"`` only: ``n`` equal contiguous chunks in stream order (no shuffling:
-      sequences must stay contiguous for language modelling; a worker's training windows are
-      drawn from its own chunk). ``"dirichlet"`` is rejected: Dirichlet label skew
+    scheme: ``"iid"``: every worker holds the whole stream and draws its windows from all of
+      it with its own random stream (i.i.d. data: the i.i.d. shards of DiLoCo, Douillard et al.
+      2023, Sec. 3; ``n x N`` tokens held); ``"contiguous"``: ``n`` equal contiguous chunks in
+      stream order (each worker's windows from its own part of the text: non-i.i.d. for a
+      text whose parts differ). ``"dirichlet"`` is rejected: Dirichlet label skew
       (:func:`nbsgd_jax.data.partition`) needs per-example class labels, which a token stream
       does not have.
     min_length: every chunk must hold at least this many tokens, ``>= 1`` (e.g.
       ``seq_len + 1`` so that one input/target window fits).
 
   Returns:
-    int32 ``[n, L]`` with ``L = N // n``: row ``i`` is ``tokens[i * L:(i + 1) * L]``. The last
-    ``N % n`` tokens are dropped, so every row is fully valid (no padding and no ``sizes``,
-    unlike :func:`nbsgd_jax.data.stack_shards`). Deterministic: no seed.
+    int32 ``[n, L]``: ``"iid"``: ``L = N``, every row ``tokens``; ``"contiguous"``:
+    ``L = N // n``, row ``i`` is ``tokens[i * L:(i + 1) * L]`` (the last ``N % n`` tokens
+    dropped, so every row is fully valid: no padding and no ``sizes``, unlike
+    :func:`nbsgd_jax.data.stack_shards`). Deterministic: no seed.
 
   Raises:
     ValueError: ``tokens`` is not a non-empty 1-D integer array; ``num_workers`` is not an
-      integer ``>= 1``; ``scheme`` is not ``"iid"`` (``"dirichlet"`` with its own message);
-      ``min_length`` is not an integer ``>= 1`` or ``N // n < min_length``.
+      integer ``>= 1``; ``scheme`` is not in :data:`TEXT_SCHEMES` (``"dirichlet"`` with its
+      own message); ``min_length`` is not an integer ``>= 1`` or a row would be shorter.
 
-  Source: none (contiguous per-worker shards of a character stream).
+  Source: none (per-worker rows of a character stream).
   """
   t = np.asarray(tokens)
   if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer):
@@ -266,15 +285,18 @@ def partition_text(
   if scheme == "dirichlet":
     raise ValueError(
         "scheme='dirichlet' is not allowed for text: Dirichlet label skew needs per-example "
-        "class labels and a token stream has none; use scheme='iid' (equal contiguous chunks)"
+        "class labels and a token stream has none; use scheme='iid' (the whole stream for "
+        "every worker) or 'contiguous' (equal contiguous chunks)"
     )
   if scheme not in TEXT_SCHEMES:
     raise ValueError(f"scheme={scheme!r} is not allowed for text: use one of {TEXT_SCHEMES}")
   min_length = _check_int("min_length", min_length, 1)
-  length = t.shape[0] // n
+  length = t.shape[0] if scheme == "iid" else t.shape[0] // n
   if length < min_length:
     raise ValueError(
         f"num_workers={n} is not allowed with {t.shape[0]} tokens and min_length={min_length}: "
         f"each worker's chunk would hold {length} tokens; it needs >= min_length"
     )
+  if scheme == "iid":
+    return np.broadcast_to(t.astype(np.int32), (n, length)).copy()
   return t[: n * length].reshape(n, length).astype(np.int32)

@@ -491,13 +491,22 @@ def test_encode_decode_text():
 @pytest.mark.parametrize("num, n", [(103, 4), (100, 4), (5, 5), (7, 1)])
 def test_partition_text_equal_contiguous_chunks(num, n):
   tokens = np.arange(num, dtype=np.int64) % 50
-  shards = data.partition_text(tokens, n)
+  shards = data.partition_text(tokens, n, scheme="contiguous")
   length = num // n
   chex.assert_shape(shards, (n, length))
   assert shards.dtype == np.int32
   for i in range(n):
     np.testing.assert_array_equal(shards[i], tokens[i * length:(i + 1) * length])
   np.testing.assert_array_equal(shards.reshape(-1), tokens[:n * length])  # tail dropped
+
+
+def test_partition_text_iid_gives_every_worker_the_whole_stream():
+  tokens = np.arange(103, dtype=np.int64) % 50
+  shards = data.partition_text(tokens, 4)
+  chex.assert_shape(shards, (4, 103))
+  assert shards.dtype == np.int32 and shards.flags.writeable
+  for row in shards:
+    np.testing.assert_array_equal(row, tokens)
 
 
 def test_partition_text_dirichlet_is_rejected_with_reason():
@@ -511,10 +520,11 @@ def test_partition_text_dirichlet_is_rejected_with_reason():
         (dict(num_workers=0), "num_workers"),
         (dict(num_workers=2.0), "num_workers"),
         (dict(num_workers=True), "num_workers"),
-        (dict(num_workers=11), "num_workers"),
+        (dict(num_workers=11, scheme="contiguous"), "num_workers"),
         (dict(num_workers=2, scheme="shuffled"), "scheme"),
         (dict(num_workers=2, min_length=0), "min_length"),
-        (dict(num_workers=3, min_length=4), "num_workers"),  # 10 // 3 = 3 < 4
+        (dict(num_workers=3, min_length=4, scheme="contiguous"), "num_workers"),  # 3 < 4
+        (dict(num_workers=3, min_length=11), "num_workers"),  # iid: 10 < 11
     ],
 )
 def test_partition_text_bad_inputs(kwargs, field):

@@ -28,6 +28,7 @@ IN_FUNCTION = {
     ("nbsgd_jax.main", "nbsgd_jax.train"): "start-up: --help answers without importing jax",
     ("nbsgd_jax.main", "nbsgd_jax.multihost"): "start-up: only a multi-process run needs it",
     ("nbsgd_jax.run.loop", "nbsgd_jax.checkpoint"): "start-up: orbax, only with checkpoints",
+    ("nbsgd_jax.run.setup", "nbsgd_jax.checkpoint"): "start-up: orbax, only with init_from",
     ("nbsgd_jax.run.records", "nbsgd_jax.tensorboard"): "optional dependency (tensorboardX)",
 }
 

@@ -48,12 +48,18 @@ def test_committed_multi_seed_tables_are_rendered_from_their_records(study):
   with open(os.path.join(out, "results.json")) as f:
     results = json.load(f)
   a = argparse.Namespace(**{**results["args"], "out": out})
-  rows = ts.table(results["records"], list(ts.study_runs(study)), a.lrs, a.seeds)
+  rows = ts.table(results["records"], list(ts.study_runs(study)), a.lrs, a.seeds, a.tune_seed)
   with open(os.path.join(out, "results.md")) as f:
     assert f.read() == ts.markdown(rows, a)
   assert len(rows) == len(ts.study_runs(study))
   for r in rows:
     assert len(r["seeds"]) >= 3, r["run"]
+    assert a.tune_seed not in r["seeds"], r["run"]   # the tuning seed is never reported
+    # the pick: the lowest validation loss among the tuning seed's rates (diverged: +inf)
+    tuned = {float(k): (np.inf if v is None else v) for k, v in r["tuning"].items()}
+    assert r["lr"] == min(tuned, key=tuned.get), r["run"]
+    assert all(results["records"][ts.key(r["run"], lr, a.tune_seed)]["validation"]
+               for lr in tuned)
     got = [x for x in r["test_accuracy"] if x is not None]
     if len(got) > 1:
       assert r["std"] == pytest.approx(np.std(got, ddof=1))
@@ -120,3 +126,25 @@ def test_asynchronous_cnn_spreads_are_ddof_1():
   s = cnn.spread([1.0, None, 2.0, 3.0])
   assert (s["mean"], s["std"], s["reached"], s["runs"]) == (2.0, 1.0, 3, 4)
   assert cnn.spread([1.0])["std"] is None
+
+
+def test_committed_diloco_protocol_is_its_records():
+  """docs/diloco/paper: results.md is rendered from results.json; every pick is the lowest
+  final training loss of its method's grid on the tuning seed, which no row reports."""
+  dp = _script("diloco_paper")
+  out = os.path.join(ROOT, "docs", "diloco", "paper")
+  with open(os.path.join(out, "results.json")) as f:
+    res = json.load(f)
+  with open(os.path.join(out, "results.md")) as f:
+    assert f.read() == dp.markdown(res)
+  tune = res["settings"]["tune_seed"]
+  assert tune not in res["settings"]["seeds"]
+  for name, pick in res["picks"].items():
+    grid = res["tuning"][name]
+    losses = {k: r["history"][-1]["train_loss"] for k, r in grid.items()}
+    assert pick["key"] == min(losses, key=losses.get), name
+  for label, m in res["methods"].items():
+    assert sorted(m["seeds"]) == sorted(str(x) for x in res["settings"]["seeds"]), label
+    assert m["rates"] == res["picks"][m["method"]]["rates"], label
+    for r in m["seeds"].values():
+      assert r["history"][-1]["step"] == res["settings"]["steps"]

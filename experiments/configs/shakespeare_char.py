@@ -15,9 +15,18 @@ The data are the embedded tiny_shakespeare text split as nanoGPT's ``shakespeare
     python -m nbsgd_jax.main --config=experiments/configs/shakespeare_char.py \\
         --workdir=runs/shakespeare_char
 
-Differences from nanoGPT that we know of: the output layer is not tied to the token
-embedding (about 8k more parameters), the vocabulary has one reserved unknown id (66 logits),
-and the validation loss is averaged over the whole split rather than 20 random batches.
+The model is nanoGPT's ``GPT`` (``model.py``) with ``train.py``'s default ``bias=False``:
+no biases (LayerNorms scale only, epsilon 1e-5), the output layer tied to the token embedding,
+``_init_weights`` (weights N(0, 0.02), the residual projections N(0, 0.02 / sqrt(8))), exact
+(erf) GELU, and the 65-character vocabulary without a reserved unknown id
+(``text_unknown_id=False``): 804,096 parameters, position embeddings included
+(``tests/test_nanogpt.py`` checks the count and the forward pass against a numpy transcription
+of ``model.py``).
+
+Differences from nanoGPT that we know of: the validation loss is averaged over the whole split
+rather than 20 random batches (and ``train_loss`` over the first 240 training windows); the
+warm-up ramp is ``lr * t / 100`` at step ``t`` (nanoGPT's ``get_lr``: ``lr * (t + 1) / 101``);
+and the random streams (initialisation, batches) are JAX's, not PyTorch's.
 """
 
 from nbsgd_jax.config import default_config
@@ -34,6 +43,12 @@ def get_config():
   c.lm.num_layers = 4
   c.lm.num_heads = 4
   c.lm.d_model = 128
+  c.lm.bias = False           # nanoGPT's train.py default
+  c.lm.tie_embeddings = True
+  c.lm.init = "nanogpt"
+  c.lm.gelu = "exact"
+  c.lm.layernorm_eps = 1e-5
+  c.text_unknown_id = False   # the 65 characters: nanoGPT's vocab_size and stoi
   c.batch_size = 12
   c.optimizer = "adamw"
   c.learning_rate = 1e-3

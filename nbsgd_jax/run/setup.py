@@ -74,8 +74,14 @@ def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -
 
   Raises:
     ConfigError: any bad key, including a ``batch_size`` larger than some worker's shard, a
-      given model or data that does not fit (named).
+      given model or data that does not fit (named), a ``config.init_from`` without a
+      readable checkpoint or whose models do not fit this model (the first leaf that differs).
   """
+  s = _build(cfg, model, data)
+  return _init_from(s) if cfg.init_from else s
+
+
+def _build(cfg: ml_collections.ConfigDict, model: Any, data: Any) -> Setup:
   if cfg.get("backend") == "multihost":  # before anything initializes a JAX backend
     try:
       multihost.initialize()
@@ -131,6 +137,35 @@ def setup(cfg: ml_collections.ConfigDict, model: Any = None, data: Any = None) -
   return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, task, **facts)
 
 
+def _init_from(s: Setup) -> Setup:
+  """``s`` whose task starts from ``config.init_from``'s averaged model
+  (:func:`nbsgd_jax.checkpoint.read_models`), checked leaf by leaf against the model's own
+  initialisation (tree, shapes, dtypes)."""
+  from nbsgd_jax import checkpoint  # orbax: only when a run starts from a checkpoint
+  field = f"config.init_from={s.cfg.init_from!r}"
+  try:
+    step, params, model_state = checkpoint.read_models(
+        s.cfg.init_from, lambda line: print(f"warning: {field}: {line}", flush=True))
+  except (FileNotFoundError, checkpoint.Unreadable) as e:
+    raise config_lib.ConfigError([f"{field}: {e}"]) from None
+  want = jax.eval_shape(s.task.init)
+  # a stateless model's empty model state may come back as another empty container
+  loaded = (params, model_state if jax.tree.leaves(want[1]) else jax.tree.map(jnp.zeros_like,
+                                                                              want[1]))
+  have = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), loaded)
+  if jax.tree.structure(want) != jax.tree.structure(have):
+    raise config_lib.ConfigError([f"{field}: its step-{step} checkpoint's parameters are not "
+                                  "this model's (another model, sizes or layer names)"])
+  for (path, w), h in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(have)):
+    if (w.shape, w.dtype) != (h.shape, h.dtype):
+      raise config_lib.ConfigError([
+          f"{field}: {('params', 'model_state')[path[0].idx]}{jax.tree_util.keystr(path[1:])} "
+          f"is {h.dtype}{list(h.shape)} in its step-{step} "
+          f"checkpoint, {w.dtype}{list(w.shape)} in this model"])
+  init = lambda: jax.tree.map(jnp.asarray, loaded)
+  return s._replace(task=s.task._replace(init=init))
+
+
 def use_compilation_cache(directory: str) -> Optional[str]:
   """JAX's persistent compilation cache in ``directory`` (``config.compilation_cache``):
   ``"default"``: ``$NBSGD_JAX_COMPILATION_CACHE`` if set, else
@@ -166,6 +201,22 @@ def _check_given(cfg, model, data) -> None:
 
 
 def _load(cfg, data):
+  """The run's data set (:func:`_read`), with ``config.validation_examples`` held out of its
+  training split as the split it is evaluated on (:func:`nbsgd_jax.data.hold_out`).
+
+  Raises:
+    ConfigError: as :func:`_read`; more validation examples than the training split allows.
+  """
+  dataset = _read(cfg, data)
+  if not cfg.validation_examples:
+    return dataset
+  try:
+    return data_lib.hold_out(dataset, cfg.validation_examples)
+  except ValueError as e:
+    raise config_lib.ConfigError([f"config.{e}"]) from None
+
+
+def _read(cfg, data):
   """The run's data set: given, from a registered loader, a text set for the built-in
   language model, or an image set.
 
@@ -181,7 +232,8 @@ def _load(cfg, data):
       return data_lib.from_arrays(data)
     if cfg.model == "transformer" or cfg.dataset in data_lib.TEXT_DATASETS:
       return data_lib.load_text_dataset(cfg.dataset, data_dir=cfg.data_dir or None,
-                                        data_path=cfg.data_path or None)
+                                        data_path=cfg.data_path or None,
+                                        unknown_id=cfg.text_unknown_id)
     return data_lib.load_dataset(cfg.dataset, data_dir=cfg.data_dir or None,
                                  data_path=cfg.data_path or None,
                                  cache_dir=cfg.data_cache or None, progress=bool(cfg.progress))
