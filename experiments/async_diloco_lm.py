@@ -41,7 +41,6 @@ Resumable: every run is cached under ``OUT/runs`` by its config; ``OUT/results.j
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shlex
@@ -88,19 +87,7 @@ def lm_config(a, method: str, seed: int, outer_lr: float, stop_time: float = 0.0
 
 def cached(a, cfgs: list) -> list:
   """Each config's history, trained (as one call) when ``OUT/runs`` lacks it."""
-  keys = [hashlib.sha1(c.to_json_best_effort(sort_keys=True).encode()).hexdigest()[:16]
-          for c in cfgs]
-  paths = [os.path.join(a.out, "runs", k + ".json") for k in keys]
-  todo = [i for i, p in enumerate(paths) if not os.path.exists(p)]
-  if todo:
-    for i, r in zip(todo, common.run_histories([cfgs[i] for i in todo], KEEP)):
-      r.pop("summary", None)
-      common.write_atomic(paths[i], json.dumps(r))
-  out = []
-  for p in paths:
-    with open(p) as f:
-      out.append(json.load(f))
-  return out
+  return common.cached_histories(cfgs, KEEP, os.path.join(a.out, "runs"))
 
 
 def at_time(history: list, t: float, key: str = "test_loss") -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -65,6 +66,37 @@ def run_histories(cfgs: list, keep, hooks=None) -> list[dict]:
     else:
       out.append({"history": [{k: h[k] for k in keep if k in h} for h in s["history"]],
                   "seconds": share, "summary": s})
+  return out
+
+
+def cache_key(config: dict) -> str:
+  """A run's cache key (16 hex digits): a hash of its config (a dict, as JSON) without the
+  keys of sections that are off, so that keys added to an unused section later do not
+  invalidate a cache."""
+  import ml_collections
+  from nbsgd_jax import config as config_lib
+  off = config_lib.inactive_keys(ml_collections.ConfigDict(config))
+  flat = {k: v for k, v in config_lib.flatten_dict(config).items() if k not in off}
+  return hashlib.sha1(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_histories(cfgs: list, keep, runs_dir: str) -> list[dict]:
+  """:func:`run_histories` of ``cfgs`` through a run cache: each run is read from
+  ``runs_dir/<cache_key>.json`` when there, the others trained as one call and each written
+  (atomically) as soon as the call returns, so a study stopped at any point resumes where it
+  stopped. Each entry is :func:`run_histories`'s without ``"summary"``, plus ``"config"``."""
+  os.makedirs(runs_dir, exist_ok=True)
+  texts = [c.to_json_best_effort(sort_keys=True) for c in cfgs]
+  paths = [os.path.join(runs_dir, cache_key(json.loads(t)) + ".json") for t in texts]
+  todo = {p: i for i, p in enumerate(paths) if not os.path.exists(p)}  # one per key
+  if todo:
+    for i, r in zip(todo.values(), run_histories([cfgs[i] for i in todo.values()], keep)):
+      r.pop("summary", None)
+      write_atomic(paths[i], json.dumps({**r, "config": json.loads(texts[i])}))
+  out = []
+  for p in paths:
+    with open(p) as f:
+      out.append(json.load(f))
   return out
 
 

@@ -53,7 +53,6 @@ fraction of mini-batches used), ``OUT/results.md``, ``OUT/speedup.png`` (speed-u
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -63,7 +62,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 import common  # noqa: E402  (experiments/common.py)
@@ -85,6 +83,9 @@ CELLS = {
 }
 REFERENCE_CELL = "speeds 0.3 + stragglers"
 TARGET_FRACTION = 0.8
+# a blocking run whose target is above this fraction of its initial training loss did not
+# train (a dead network, a divergence): its seed has no target and no speed-up
+TRAINED_FRACTION = 0.5
 
 
 # ----------------------------------------------------------------------------- runs
@@ -133,21 +134,13 @@ def make_config(a, algorithm: str, lr: float, seed: int, cell: str, nb: bool = F
   return config_lib.override(c, extra)
 
 
-def cache_key(config: dict) -> str:
-  """A run's cache key: its config (as JSON) without the keys of sections that are off, so
-  that keys added to an unused section later do not invalidate the cache."""
-  off = config_lib.inactive_keys(ml_collections.ConfigDict(config))
-  flat = {k: v for k, v in config_lib.flatten_dict(config).items() if k not in off}
-  return hashlib.sha1(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def cache_index(runs_dir: str) -> dict:
   """key -> path of every cached run in ``runs_dir``."""
   index = {}
   for name in sorted(os.listdir(runs_dir)):
     if name.endswith(".json"):
       with open(os.path.join(runs_dir, name)) as f:
-        index[cache_key(json.load(f)["config"])] = os.path.join(runs_dir, name)
+        index[common.cache_key(json.load(f)["config"])] = os.path.join(runs_dir, name)
   return index
 
 
@@ -155,7 +148,7 @@ def run(a, cfg) -> dict:
   """The run's ``{"history", "minibatch_fraction", "diverged"}``, from the cache or trained
   (:func:`run_many` of this one config, when no stage prefetched it)."""
   text = cfg.to_json_best_effort(sort_keys=True)
-  key = cache_key(json.loads(text))
+  key = common.cache_key(json.loads(text))
   path = a.cache.get(key, os.path.join(a.runs_dir, key + ".json"))
   if not os.path.exists(path):
     run_many(a, [cfg])
@@ -182,7 +175,7 @@ def run_many(a, cfgs: list) -> None:
   todo, seen = [], set()
   for cfg in cfgs:
     text = cfg.to_json_best_effort(sort_keys=True)
-    key = cache_key(json.loads(text))
+    key = common.cache_key(json.loads(text))
     path = a.cache.get(key, os.path.join(a.runs_dir, key + ".json"))
     if key not in seen and not os.path.exists(path):
       seen.add(key)
@@ -204,6 +197,14 @@ def lowest_loss(history: list, last_step: float) -> float:
   """The lowest training loss evaluated at steps <= ``last_step`` (inf if none)."""
   losses = [h["train_loss"] for h in history if h["step"] <= last_step]
   return min(losses) if losses else math.inf
+
+
+def untrained(history: list, target: float) -> bool:
+  """Whether the blocking run of ``history`` did not train: its target (the lowest loss within
+  its first ``TARGET_FRACTION`` of steps) is above ``TRAINED_FRACTION`` x its initial loss. A
+  speed-up to such a target (e.g. 2.28 from 2.31 for a CNN that died at step 20) measures
+  nothing."""
+  return not target <= TRAINED_FRACTION * history[0]["train_loss"]
 
 
 def time_to_target(history: list, target: float):
@@ -390,19 +391,21 @@ def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
     for name, kw, _ in _variants(a, algo, cell):
       lr = rates[name]
       speedups, fracs, tb, tn, mb, stale, stale_s, curves = [], [], [], [], [], [], [], None
+      dead = [seed for seed in a.seeds if untrained(blocking[seed]["history"],
+                                                    targets[algo, seed])]
       for seed in a.seeds:
         b = blocking[seed]
         r = run(a, make_config(a, algo, lr, seed, cell, budget=budget[seed], **kw))
         if curves is None:  # the first seed's curves, for the plot
           curves = {"blocking": b["history"], "this": r["history"]}
-        target = targets[algo, seed]
-        t_b = time_to_target(b["history"], target)
-        t_n = time_to_target(r["history"], target)
+        target = None if seed in dead else targets[algo, seed]
+        t_b = None if target is None else time_to_target(b["history"], target)
+        t_n = None if target is None else time_to_target(r["history"], target)
         tb.append(t_b)
         tn.append(t_n)
         speedups.append(t_b / t_n if (t_b and t_n) else None)
         fracs.append(r["minibatch_fraction"])
-        bytes_at = at_target(r["history"], target, "bytes_sent")
+        bytes_at = None if target is None else at_target(r["history"], target, "bytes_sent")
         mb.append(None if bytes_at is None else bytes_at / 1e6 / a.workers)
         stale.append(mean_of(r["history"], "staleness_steps"))
         stale_s.append(mean_of(r["history"], "staleness_s"))
@@ -410,6 +413,7 @@ def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
                    "slowdown_sigma": CELLS[cell][0], "delay_prob": CELLS[cell][1],
                    "delay_mean_T_b": CELLS[cell][2], "lr_blocking": lr_b[algo],
                    "lr": lr, "seeds": list(a.seeds), "tune_seed": a.tune_seed,
+                   "blocking_untrained": dead,
                    "speedup": _stats(speedups), "time_blocking": _stats(tb),
                    "time": _stats(tn), "mb_per_worker_to_target": _stats(mb),
                    "staleness_steps": _stats(stale), "staleness_s": _stats(stale_s),
@@ -418,7 +422,8 @@ def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
       sp = rows[-1]["speedup"]
       print(f"  {cell:30s} {algo:14s} {name:26s} speed-up " + _fmt(sp)
             + f" ({sp['reached']}/{len(a.seeds)} seeds), mini-batches used "
-            f"{rows[-1]['minibatch_fraction']:.0%}", flush=True)
+            f"{rows[-1]['minibatch_fraction']:.0%}"
+            + (f"; blocking did not train on seeds {dead}" if dead else ""), flush=True)
   return rows
 
 
@@ -430,6 +435,9 @@ def study_order(a, cell: str, lr_b: dict, targets: dict) -> list:
     for seed in a.seeds:
       atc = run(a, make_config(a, algo, lr_b[algo], seed, cell))
       par = run(a, make_config(a, algo, lr_b[algo], seed, cell, **{"dpsgd.order": "parallel"}))
+      if untrained(atc["history"], targets[algo, seed]):
+        ratios.append(None)
+        continue
       t_a = time_to_target(atc["history"], targets[algo, seed])
       t_p = time_to_target(par["history"], targets[algo, seed])
       ratios.append(t_a / t_p if (t_a and t_p) else None)
@@ -495,6 +503,13 @@ def markdown(res: dict) -> str:
                    f"{_fmt(r.get('staleness_steps', na), 2, '').replace('not reached', '-')} | "
                    f"{_fmt(stale_ms, 1, '').replace('not reached', '-')} | "
                    f"{r['lr_blocking']:g} / {r['lr']:g} |")
+    dead = [f"{r['cell']}, {r['algorithm']}: seed {', '.join(map(str, r['blocking_untrained']))}"
+            for r in sc["cells"] if r.get("blocking_untrained") and r["variant"] == "non-blocking"]
+    if dead:
+      lines += ["", "Seeds whose blocking run did not train (its target above "
+                f"{TRAINED_FRACTION:g} x its initial loss), left out of every row of that cell "
+                "and algorithm like a seed that does not reach the target: " + "; ".join(dead)
+                + "."]
     if sc.get("order"):
       lines += ["", "Update order (blocking, same learning rate and target): time to target "
                 "with `atc` / with `parallel`", "", "| algorithm | atc / parallel |",

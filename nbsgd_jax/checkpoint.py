@@ -165,17 +165,16 @@ def read_models(workdir: str, warn: Callable[[str], None]) -> tuple[int, Any, An
   path = os.path.abspath(workdir)
   if os.path.basename(path.rstrip(os.sep)) != CHECKPOINT_DIR:
     path = os.path.join(path, CHECKPOINT_DIR)
-  steps = (sorted(ocp.CheckpointManager(path).all_steps(), reverse=True)
-           if os.path.isdir(path) else [])
+  mngr = ocp.CheckpointManager(path) if os.path.isdir(path) else None
+  steps = sorted(mngr.all_steps(), reverse=True) if mngr else []
   if not steps:
     raise FileNotFoundError(f"no checkpoint in {path} (a run with config.checkpoint_every > 0 "
                             "writes them)")
-  mngr = ocp.CheckpointManager(path)
+  mean = lambda x: np.asarray(np.mean(np.asarray(x, np.float32), axis=0), np.asarray(x).dtype)
   for step in steps:
     try:
       state = mngr.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore())).state
-      mean = lambda x: np.asarray(np.mean(np.asarray(x, np.float32), axis=0), np.asarray(x).dtype)
       return step, jax.tree.map(mean, state["params"]), jax.tree.map(
           mean, state.get("model_state", {}))
     except Exception as e:  # noqa: BLE001  (orbax / tensorstore raise many types)

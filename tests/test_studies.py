@@ -27,6 +27,32 @@ def test_nonblocking_study_uses_the_sample_standard_deviation():
   assert nb._fmt(nb._stats([1.5, None])) == "1.50x (1/2)"
 
 
+def test_a_blocking_run_that_did_not_train_has_no_target():
+  nb = _script("reproduce_nonblocking")
+  dead = [{"train_loss": 2.306}, {"train_loss": 2.283}, {"train_loss": 2.301}]
+  assert nb.untrained(dead, 2.283)  # a CNN that died at step 20: no speed-up to that
+  assert not nb.untrained([{"train_loss": 2.306}, {"train_loss": 0.06}], 0.06)
+  assert nb.untrained([{"train_loss": 2.306}, {"train_loss": float("nan")}], float("nan"))
+
+
+@pytest.mark.parametrize("study", ["nonblocking", os.path.join("nonblocking", "quick")])
+def test_committed_nonblocking_study_is_its_records_and_homogeneous_is_1(study):
+  """results.md is rendered from results.json; where non-blocking SGD is the blocking
+  algorithm (the homogeneous cell) every seed's speed-up is within 0.03 of 1; no row
+  reports the tuning seed."""
+  nb = _script("reproduce_nonblocking")
+  res = nb.restat(json.loads(_committed(study, "results.json")))
+  assert _committed(study, "results.md") == nb.markdown(res)
+  homogeneous = 0
+  for sc in res["scenarios"].values():
+    for r in sc["cells"]:
+      assert len(r["seeds"]) == 3 and r["tune_seed"] not in r["seeds"], r["cell"]
+      if r["cell"] == "homogeneous":
+        homogeneous += 1
+        assert all(abs(v - 1) <= 0.03 for v in r["speedup"]["per_seed"]), r["algorithm"]
+  assert homogeneous == 3
+
+
 def test_committed_nonblocking_tables_are_ddof_1():
   with open(os.path.join(ROOT, "docs", "nonblocking", "results.json")) as f:
     cells = json.load(f)["cells"]
@@ -148,3 +174,11 @@ def test_committed_diloco_protocol_is_its_records():
     assert m["rates"] == res["picks"][m["method"]]["rates"], label
     for r in m["seeds"].values():
       assert r["history"][-1]["step"] == res["settings"]["steps"]
+
+
+def test_cnn_comparison_refuses_to_report_its_tuning_seed():
+  ca = _script("compare_algorithms")
+  a = argparse.Namespace(seeds=[0, 1, 2], tune_seed=1, runs=["dpsgd"])
+  with pytest.raises(ValueError, match="--tune_seed 1 is among --seeds"):
+    ca.compare(a)
+
