@@ -182,3 +182,20 @@ def test_cnn_comparison_refuses_to_report_its_tuning_seed():
   with pytest.raises(ValueError, match="--tune_seed 1 is among --seeds"):
     ca.compare(a)
 
+
+
+def test_committed_cnn_comparison_is_its_records():
+  """docs/compare_cnn and its lr002 rows: results.md is rendered from results.json; each
+  row reports >= 3 seeds, none the tuning seed, and CHOCO's gamma is the lowest final
+  training loss of its grid on the tuning seed (diverged: never)."""
+  ca = _script("compare_algorithms")
+  for parts in (("compare_cnn",), ("compare_cnn", "lr002")):
+    res = json.loads(_committed(*parts, "results.json"))
+    a = argparse.Namespace(**res["args"])
+    assert _committed(*parts, "results.md") == ca.markdown(res, a)
+    assert len(a.seeds) >= 3 and a.tune_seed not in a.seeds
+    for name, r in res["mnist"].items():
+      assert sorted(r["seeds"]) == sorted(str(s) for s in a.seeds), name
+      if "gamma_grid" in r:
+        grid = {float(g): (v if np.isfinite(v) else np.inf) for g, v in r["gamma_grid"].items()}
+        assert r["gamma"] == min(grid, key=grid.get), name
