@@ -53,6 +53,7 @@ from nbsgd_jax.topology import MIXING_WEIGHTS, TOPOLOGIES  # noqa: F401
 from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS  # noqa: F401
 
 SWEEP_RUNS = ("auto", "stacked", "in_turn")  # config.sweep_runs (nbsgd_jax.run.sweep)
+BUDGET_UNITS = ("steps", "grads_per_worker")  # config.budget_unit (run/stepper.py, Budget)
 PARTITIONS = tuple(dict.fromkeys(SCHEMES + TEXT_SCHEMES))  # images: SCHEMES; text: TEXT_SCHEMES
 
 # the built-in algorithms (recipes.REGISTRY also holds those registered from outside)
@@ -141,7 +142,9 @@ def _training_defaults() -> ml_collections.ConfigDict:
                                  # embeddings; not biases or norm scales: nanoGPT's rule)
   c.grad_clip = 0.0              # clip each worker's gradient to this global L2 norm before
                                  # its optimizer (0: off; nanoGPT: 1.0)
-  c.num_steps = 1000             # training steps (iterations)
+  c.num_steps = 1000             # the run's length (in budget_unit)
+  c.budget_unit = "steps"        # unit of num_steps, eval_every, checkpoint_every, schedule:
+                                 # steps | grads_per_worker (the same for every algorithm)
   c.eval_every = 100             # steps between evaluations (a final one is always made)
   c.eval_train_examples = 2000   # training examples used for train_loss (averaged model)
   c.eval_test_examples = 0       # test examples behind test_loss / test_accuracy: a fixed
@@ -159,7 +162,8 @@ def _training_defaults() -> ml_collections.ConfigDict:
                                  # steps between evaluations whose host inputs are known in
                                  # advance; hooks run before each dispatch; clock=wall: 1);
                                  # 0: auto, the largest divisor of eval_every up to 16, and 1
-                                 # with hooks, clock=wall or a periodic recipe (run/stepper.py)
+                                 # with hooks, clock=wall, a periodic recipe or a convolution
+                                 # on a CPU (run/stepper.py, forms.blocks_pay)
   c.double_buffer = True         # a spare set of parameter buffers: each step writes the new
                                  # parameters there (no fresh [n, d] buffer and copy when the
                                  # models are mixed); False: one set, less memory
@@ -281,7 +285,6 @@ def check_top_level(cfg, errs: list) -> None:
   checks.choice(cfg, errs, "algorithm", algorithm_names())
   checks.integer(cfg, errs, "num_workers", 1)
   checks.choice(cfg, errs, "model", model_names())
-  checks.choice(cfg, errs, "norm", NORMS)
   d = cfg.get("resnet_depth")
   if not (checks.is_int(d) and d >= 8 and (d - 2) % 6 == 0):
     errs.append(f"config.resnet_depth={d!r} is not allowed: it must be 6 k + 2 with k >= 1 "
@@ -293,22 +296,23 @@ def check_top_level(cfg, errs: list) -> None:
   checks.choice(cfg, errs, "conv_impl", forms_lib.CONV_CHOICES)
   checks.choice(cfg, errs, "pool_impl", forms_lib.POOL_CHOICES)
   checks.choice(cfg, errs, "residuals", forms_lib.RESIDUAL_CHOICES)
-  checks.choice(cfg, errs, "optimizer", OPTIMIZERS)
+  for key, allowed in (("norm", NORMS), ("optimizer", OPTIMIZERS), ("partition", PARTITIONS),
+                       ("lr_schedule", LR_SCHEDULES), ("sweep_runs", SWEEP_RUNS),
+                       ("weight_decay_on", WEIGHT_DECAY_ON)):
+    checks.choice(cfg, errs, key, allowed)
   checks.number(cfg, errs, "adam_b2", 0, hi=1, hi_open=True)
-  checks.choice(cfg, errs, "partition", PARTITIONS)
   checks.number(cfg, errs, "dirichlet_alpha", 0, lo_open=True)
   checks.integer(cfg, errs, "batch_size", 1)
   checks.number(cfg, errs, "learning_rate", 0, lo_open=True)
-  checks.choice(cfg, errs, "lr_schedule", LR_SCHEDULES)
   checks.integer(cfg, errs, "warmup_steps", 0)
   checks.number(cfg, errs, "momentum", 0, hi=1, hi_open=True)  # 1: eta / (1 - momentum) infinite
-  checks.number(cfg, errs, "weight_decay", 0)
-  for key, lo in (("num_steps", 0), ("eval_every", 1), ("eval_train_examples", 1),
-                  ("eval_test_examples", 0), ("validation_examples", 0),
-                  ("eval_worker_examples", 0), ("seed", 0)):
+  checks.choice(cfg, errs, "budget_unit", BUDGET_UNITS)
+  for key, lo in (("num_steps", 0), ("eval_every", 1),
+                  ("eval_train_examples", 1), ("eval_test_examples", 0),
+                  ("validation_examples", 0), ("eval_worker_examples", 0), ("seed", 0)):
     checks.integer(cfg, errs, key, lo)
-  checks.number(cfg, errs, "stop_sim_time", 0)
-  checks.number(cfg, errs, "stop_train_loss", 0)
+  for key in ("weight_decay", "grad_clip", "stop_sim_time", "stop_train_loss"):
+    checks.number(cfg, errs, key, 0)
   if checks.integer(cfg, errs, "steps_per_dispatch", 0) and cfg.steps_per_dispatch > 1 and (
       cfg.cluster.get("clock") == "wall"):
     errs.append(f"config.steps_per_dispatch={cfg.steps_per_dispatch} is not allowed with "
@@ -317,13 +321,10 @@ def check_top_level(cfg, errs: list) -> None:
   for key in ("nesterov", "progress", "tensorboard", "double_buffer", "eval_worker_accuracy",
               "overwrite", "text_unknown_id"):
     checks.boolean(cfg, errs, key)
-  checks.choice(cfg, errs, "sweep_runs", SWEEP_RUNS)
   for key in ("data_dir", "data_path", "data_cache", "imports", "compilation_cache", "sweep",
               "init_from"):
     checks.string(cfg, errs, key)
   _check_dataset(cfg, errs)
-  checks.choice(cfg, errs, "weight_decay_on", WEIGHT_DECAY_ON)
-  checks.number(cfg, errs, "grad_clip", 0)
   lr = cfg.get("learning_rate")
   if checks.number(cfg, errs, "lr_min", 0) and cfg.get("lr_schedule") == "cosine" and (
       checks.is_num(lr) and lr > 0 and cfg.lr_min > lr):
@@ -541,18 +542,18 @@ SWITCHES = (
 
 
 def switches() -> list[Switch]:
-  """:data:`SWITCHES` with one more per algorithm section (:data:`nbsgd_jax.recipes.
-  SECTIONS`: on while an algorithm registered with it runs) and one per
-  ``compression.*`` key a codec reads (:data:`nbsgd_jax.codecs.REGISTRY`: on while a codec
-  that reads it runs)."""
-  owned = [Switch((f"{name}.*",), "algorithm",
-                  lambda v, name=name: v in recipes_lib.section_owners(name))
-           for name in recipes_lib.SECTIONS]
+  """:data:`SWITCHES` and one more per algorithm section (on while an algorithm registered
+  with it runs), per ``compression.*`` key a codec reads (on while such a codec runs) and per
+  key an algorithm ignores (``recipes.register(ignores=...)``: off while it runs)."""
+  owned = [Switch((f"{n}.*",), "algorithm", lambda v, n=n: v in recipes_lib.section_owners(n))
+           for n in recipes_lib.SECTIONS]
   codec_keys = dict.fromkeys(k for spec in codecs_lib.REGISTRY.values() for k in spec.keys)
-  read = [Switch((f"compression.{k}",), "compression.name",
-                 lambda v, k=k: v in codecs_lib.REGISTRY and k in codecs_lib.REGISTRY[v].keys)
-          for k in codec_keys]
-  return list(SWITCHES[:2]) + owned + read + list(SWITCHES[2:])
+  read = [Switch((f"compression.{k}",), "compression.name", lambda v, k=k: k in getattr(
+      codecs_lib.REGISTRY.get(v), "keys", ())) for k in codec_keys]
+  ignored = [Switch((k,), "algorithm",
+                    lambda v, k=k: k not in getattr(recipes_lib.REGISTRY.get(v), "ignores", ()))
+             for k in dict.fromkeys(k for e in recipes_lib.REGISTRY.values() for k in e.ignores)]
+  return list(SWITCHES[:2]) + owned + read + ignored + list(SWITCHES[2:])
 
 
 def _switched_keys(switch: Switch, default: ml_collections.ConfigDict) -> list[str]:
@@ -595,9 +596,8 @@ def inactive_warnings(cfg: ml_collections.ConfigDict) -> list[str]:
 
 
 def odd_warnings(cfg: ml_collections.ConfigDict) -> list[str]:
-  """One line per value that is allowed but probably not meant (the run is still
-  meaningful): a warm-up longer than the run, a dispatch size that does not divide
-  ``eval_every`` (each shorter block compiles once more)."""
+  """One line per value allowed but probably not meant: a warm-up longer than the run, a
+  dispatch size that does not divide ``eval_every`` (each shorter block compiles again)."""
   lines = []
   if cfg.warmup_steps > cfg.num_steps:
     lines.append(f"config.warmup_steps={cfg.warmup_steps} is longer than the run "

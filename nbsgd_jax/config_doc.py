@@ -63,6 +63,7 @@ UNIT_RULES = (
     (r"^(?:\w+, )?coordinates\b", "coordinates"),
     (r"^probability\b", "probability"),
     (r"^workers\b", "workers"),
+    (r"^gradient computations per worker\b", "gradients per worker"),
     (r"^(?:\w+: )?(?:training |local |inner |extra gossip )?steps\b|\bthis many steps\b"
      r"|\bsteps < \w+|\bbefore this step\b", "steps"),
 )

@@ -19,6 +19,14 @@ every form computes the same function (tests: ``tests/test_forms.py``,
   block's BatchNorm, inside each transposing copy that XLA:CPU makes for a weight
   gradient; ``"fused"`` (XLA's own choice) elsewhere.
 
+* steps per dispatch (``config.steps_per_dispatch = 0``, :func:`blocks_pay`): blocks of k
+  steps (a ``lax.scan``) wherever the step has no convolution, one step per dispatch on a
+  CPU when it has one. XLA:CPU runs a convolution inside a loop's body on a slower path than
+  the same convolution at the top of a program: the main job's CNN took 150 ms a step in
+  blocks of 2, 4 or 16 against 45 ms at k = 1, a bare two-layer convolution's gradient 13x
+  slower in a 4-step scan (unrolled: as fast), while dense layers run as fast in a loop
+  (``benchmarks/steps_per_dispatch.py``, ``docs/steps_per_dispatch.md``).
+
 Not a form: XLA:CPU's own (Eigen) convolution kernels instead of YNNPACK's (the compiler
 option ``xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``) made the
 ResNet-20 step 15-20 % faster, but its gradients of ResNet-8 differed from float64's by up to
@@ -74,6 +82,34 @@ def resolve(cfg: Any, platform: str, local_workers: int) -> Forms:
   if residuals == AUTO:
     residuals = "materialized" if cpu else "fused"
   return Forms(conv, cfg.pool_impl, residuals)
+
+
+SLOW_IN_LOOPS = {"cpu": ("conv_general_dilated",)}  # primitives slower inside a loop's body
+
+
+def blocks_pay(platform: str, step_jaxpr) -> bool:
+  """Whether blocks of steps in one program (a ``lax.scan``) are as fast per step as one
+  step per program on ``platform``: False when the step (``step_jaxpr``, a ``ClosedJaxpr``
+  of its loss, e.g. ``jax.make_jaxpr``'s) holds a primitive of :data:`SLOW_IN_LOOPS` there
+  (module docstring, "steps per dispatch"; sub-programs included)."""
+  slow = SLOW_IN_LOOPS.get(platform, ())
+  return not any(name in slow for name in primitive_names(step_jaxpr))
+
+
+def primitive_names(jaxpr) -> set:
+  """The names of every primitive of ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``) and of
+  the programs its equations hold (``pjit``, ``scan``, ``cond``, custom derivatives)."""
+  names, todo = set(), [jaxpr]
+  while todo:
+    j = todo.pop()
+    j = getattr(j, "jaxpr", j)
+    for eqn in j.eqns:
+      names.add(eqn.primitive.name)
+      for v in eqn.params.values():
+        for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+          if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+            todo.append(sub)
+  return names
 
 
 def device_workers(backend) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 import traceback
 
@@ -55,7 +56,7 @@ def _summary_table(summary: dict) -> str:
 
 
 def _report_sweep(summaries: list) -> None:
-  """One line per run of a sweep (process 0)."""
+  """One line per run of a sweep, then the command of its report (process 0)."""
   import jax
   if jax.process_index():
     return
@@ -67,6 +68,8 @@ def _report_sweep(summaries: list) -> None:
         "run", "steps", "train_loss", "test_accuracy", "sim_time", "stopped")) + " |")
   print("\n".join(rows))
   print(f"wrote {_WORKDIR.value}/sweep.json and one directory per run")
+  print("mean +- std over seeds, per cell of the grid: python -m nbsgd_jax.report "
+        f"{shlex.quote(_WORKDIR.value)}")
 
 
 def _flag_errors(message: str) -> list[str]:

@@ -58,10 +58,13 @@ def structure(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
 def make_schedule(cfg: ml_collections.ConfigDict,
                   hp: Optional[Mapping[str, Any]] = None) -> optax.Schedule:
   """Learning rate per step: optional linear warm-up, then constant, cosine decay to
-  ``lr_min`` at ``num_steps`` (nanoGPT's ``min_lr``), inverse time ``learning_rate * t0 /
+  ``lr_min`` at T (nanoGPT's ``min_lr``), inverse time ``learning_rate * t0 /
   (t + t0)``, ``t0 = lr_time_scale`` (the step sizes of the PL analyses, e.g. Haddadpour et
   al. 2019: ``2 / (mu (t + a))``), or step decays (``lr_decay`` at each of ``lr_milestones``
-  x ``num_steps``, counted from step 0; Goyal et al. 2017; the phases of Kong et al. 2021).
+  x T, counted from step 0; Goyal et al. 2017; the phases of Kong et al. 2021), T =
+  ``num_steps``. The step is the optimizer's own count: a worker's updates, one per gradient
+  it applies (on the event clock, its own events: with ``budget_unit="grads_per_worker"``
+  the schedule ends with the run for the mean worker).
 
   The formulas of optax's ``linear_schedule``, ``cosine_decay_schedule``,
   ``piecewise_constant_schedule`` and ``join_schedules`` (the tests hold them to optax's),

@@ -61,7 +61,7 @@ class Recipe(NamedTuple):
     clock: ``(cluster, communications, params) -> HostPart``, the run's clock instead of the
       lockstep one (the asynchronous recipes' event clock); None: lockstep.
     evaluated: ``(opt_state, params) -> params`` ``[n, ...]``, the models an evaluation reads
-      (asynchronous DiLoCo's server replicas); None: the workers' parameters.
+      (asynchronous DiLoCo's server replicas; Xi is still the workers'); None: the workers'.
   """
 
   transform: T.WorkerTransform
@@ -117,6 +117,7 @@ class Entry(NamedTuple):
   no_compression: Reason = None
   sections: tuple[str, ...] = ()
   check: Optional[Callable[[ml_collections.ConfigDict, list], None]] = None
+  ignores: tuple[str, ...] = ()
 
 
 REGISTRY: dict[str, Entry] = {}
@@ -127,8 +128,8 @@ GOSSIP_REASON = ("gossip exchanges models, not gradients; compressed gossip need
 
 def register(name: str, gossips: bool = False, no_compression: Reason = None,
              sections: Optional[dict[str, Section]] = None,
-             check: Optional[Callable[[ml_collections.ConfigDict, list], None]] = None
-             ) -> Callable:
+             check: Optional[Callable[[ml_collections.ConfigDict, list], None]] = None,
+             ignores: tuple[str, ...] = ()) -> Callable:
   """Decorator: register ``build`` (``Builder -> Recipe``) as ``config.algorithm=name``.
 
   Args:
@@ -144,6 +145,8 @@ def register(name: str, gossips: bool = False, no_compression: Reason = None,
     check: ``(cfg, errs) -> None``, the rules that hold only while this algorithm runs
       (e.g. a period no longer than the run); ``validate`` calls it when
       ``config.algorithm == name``.
+    ignores: dotted keys of the shared sections it never reads while they are on (CHOCO-SGD's
+      codec keeps no residual: ``compression.error_feedback``): named as having no effect.
 
   Raises:
     ValueError: ``name`` registered with another ``build``, or a section name registered
@@ -157,7 +160,7 @@ def register(name: str, gossips: bool = False, no_compression: Reason = None,
       if section in SECTIONS and SECTIONS[section] != spec:
         raise ValueError(f"config section {section!r} is already registered")
     SECTIONS.update(sections or {})
-    REGISTRY[name] = Entry(build, gossips, no_compression, tuple(sections or ()), check)
+    REGISTRY[name] = Entry(build, gossips, no_compression, tuple(sections or ()), check, ignores)
     return build
 
   return wrap
@@ -460,7 +463,8 @@ def _choco_reason(cfg) -> Optional[str]:
   return None
 
 
-@register("choco_sgd", gossips=True, no_compression=_choco_reason, sections={"choco": CHOCO})
+@register("choco_sgd", gossips=True, no_compression=_choco_reason, sections={"choco": CHOCO},
+          ignores=("compression.error_feedback",))
 def choco_sgd(b: Builder) -> Recipe:
   """CHOCO-SGD (Koloskova et al. 2019, Algorithm 2): gossip of compressed model differences
   with public copies; consensus control repeats a plain gossip round."""
@@ -559,11 +563,6 @@ def streaming_diloco(b: Builder) -> Recipe:
 # ----------------------------------------------------------------------------- assembly
 
 
-def _reason(entry: Entry, cfg) -> Optional[str]:
-  r = entry.no_compression
-  return r(cfg) if callable(r) else r
-
-
 def gossip_recipes() -> list[str]:
   """Names of the recipes that gossip every step (consensus control applies)."""
   return [n for n, e in REGISTRY.items() if e.gossips]
@@ -578,7 +577,8 @@ def combination_errors(cfg: ml_collections.ConfigDict) -> list[str]:
   errs: list = []
   if REGISTRY[name].check is not None:  # the rules of this algorithm
     REGISTRY[name].check(cfg, errs)
-  reason = _reason(REGISTRY[name], cfg)
+  reason = REGISTRY[name].no_compression
+  reason = reason(cfg) if callable(reason) else reason
   # an unknown name is the config's error
   if cfg.compression.name in codecs.REGISTRY and cfg.compression.name != codecs.NONE and reason:
     errs.append(f"config.compression.name={cfg.compression.name!r} is not allowed with "

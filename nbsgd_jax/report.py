@@ -5,7 +5,7 @@
 A run directory is what :func:`nbsgd_jax.train.train` writes: ``config.json``,
 ``metrics.jsonl`` (one evaluation per line; the last line may be torn while the run is in
 progress) and, once the run has finished, ``summary.json``. The report reads only these files
-(no jax), so it can be run on runs in progress.
+(it trains and evaluates nothing), so it can be run on runs in progress.
 
 ``OUT`` receives
 
@@ -13,11 +13,15 @@ progress) and, once the run has finished, ``summary.json``. The report reads onl
   model (``train_loss``, log scale) and test accuracy against simulated time (s), wall time of
   the training steps (s), MB sent per worker and step; one line per run;
 * ``consensus_distance.png``: consensus distance Xi against step, for the runs that have it;
-* ``report.md``: one row per run (final accuracy and loss, steps, times, MB sent, time and MB
-  to a target training loss, samples/s) with the figures embedded.
+* ``report.md``: one row per run (the algorithm as run, final accuracy and loss, steps, times,
+  MB sent, time and MB to a target training loss, samples/s; for the asynchronous runs on the
+  event clock their events or pushes and staleness, with a note on what their steps applied)
+  with the figures embedded.
 
-Runs are labelled by the configuration keys that differ between them (nested keys flattened
-with dots, e.g. ``algorithm=dpsgd, nonblocking.enabled=True``; logging-only keys such as
+Runs are labelled by the algorithm as run where it differs (:mod:`nbsgd_jax.naming`, e.g.
+``dpsgd + non-blocking (M = 4)``), then by the other configuration keys that differ between
+them (nested keys flattened with dots, e.g. ``learning_rate=0.1``; a key counts only among
+the runs that read it: ``diloco.inner_steps`` not for ``dpsgd``; logging-only keys such as
 ``progress`` are ignored), or by their directory name when nothing differs. Every file is
 written to a temporary name and then renamed, so a crash never leaves a half-written report.
 """
@@ -32,7 +36,12 @@ import os
 import sys
 from typing import Any, Sequence
 
+import ml_collections
+
+from nbsgd_jax import config as config_lib
 from nbsgd_jax import files as files_lib
+from nbsgd_jax import naming
+from nbsgd_jax import sweep_report
 
 # Keys that change logging or bookkeeping, not training: never used to tell runs apart.
 NOISE_KEYS = ("progress", "tensorboard", "data_dir", "checkpoint_every", "eval_every",
@@ -45,6 +54,12 @@ X_AXES = (("sim_time", "simulated time (s)", 1.0),
           ("wall_time", "wall time of training steps (s)", 1.0),
           ("bytes_sent", "MB sent per worker", 1e-6),
           ("step", "step", 1.0))
+# The event clock's record keys (nbsgd_jax.host.events: EventTimes.record, ServerEventTimes
+# .record): (key, column of report.md, format); a column is shown when some run has its key.
+ASYNC_COLUMNS = (("events", "events", ".0f"), ("pushes", "pushes", ".0f"),
+                 ("staleness_steps", "staleness mean", ".3g"),
+                 ("staleness_steps_max", "staleness max", ".0f"))
+EVENT_CLOCK_DOC = "docs/algorithms.md, \"The event clock\""
 CONSENSUS_FIGURE = "consensus_distance.png"
 NO_EVAL = "no evaluation yet"
 _ABSENT = "(absent)"
@@ -70,6 +85,11 @@ class Run:
     skipped_lines: lines of ``metrics.jsonl`` that are not a JSON object with a ``step``
       (a torn last line of a run in progress or crashed).
     summary: ``summary.json``, or None while the run is in progress (or if it crashed).
+    unused: the dotted config keys the run does not read (a section that is off, another
+      algorithm's section: :func:`nbsgd_jax.config.inactive_keys`).
+    as_run: the algorithm as run (:func:`nbsgd_jax.naming.algorithm_as_run`), e.g.
+      ``"dpsgd + non-blocking (M = 4)"``.
+    named: the dotted config keys whose values ``as_run`` states.
   """
   path: str
   name: str
@@ -78,13 +98,16 @@ class Run:
   records: list
   skipped_lines: int
   summary: dict | None
+  unused: frozenset = frozenset()
+  as_run: str = ""
+  named: frozenset = frozenset()
 
   @property
   def finished(self) -> bool:
     return self.summary is not None
 
 
-from nbsgd_jax.config import flatten_dict as flatten  # noqa: E402  (jax-free)
+flatten = config_lib.flatten_dict
 
 
 def load_run(path: str) -> Run:
@@ -142,8 +165,11 @@ def load_run(path: str) -> Run:
   except (OSError, ValueError):
     summary = None
   name = os.path.basename(os.path.normpath(path))
+  cfg = ml_collections.ConfigDict(config)
   return Run(path=path, name=name, config=config, flat_config=flatten(config),
-             records=records, skipped_lines=skipped, summary=summary)
+             records=records, skipped_lines=skipped, summary=summary,
+             unused=frozenset(config_lib.inactive_keys(cfg)),
+             as_run=naming.algorithm_as_run(cfg), named=frozenset(naming.named_keys(cfg)))
 
 
 # ----------------------------------------------------------------------------- table
@@ -164,8 +190,10 @@ def _fmt_value(v: Any) -> str:
 
 
 def differing_keys(runs: Sequence[Run]) -> list[str]:
-  """Flattened config keys whose values are not the same in every run (noise keys left out),
-  in config order; empty for a single run."""
+  """Flattened config keys whose values are not the same in every run that reads them
+  (:attr:`Run.unused`: ``diloco.inner_steps`` counts only among the runs of a recipe that
+  takes ``diloco``, ``compression.density`` only among those that compress; noise keys left
+  out), in config order; empty for a single run."""
   keys: list[str] = []
   for r in runs:
     keys += [k for k in r.flat_config if k not in keys]
@@ -173,7 +201,12 @@ def differing_keys(runs: Sequence[Run]) -> list[str]:
     return []
   return [k for k in keys if k not in NOISE_KEYS
           and len({json.dumps(r.flat_config.get(k, _ABSENT), sort_keys=True)
-                   for r in runs}) > 1]
+                   for r in runs if k not in r.unused}) > 1]
+
+
+def settings_of(run: Run, keys: Sequence[str]) -> dict:
+  """``{key: run's value}`` of the differing ``keys`` that ``run`` reads."""
+  return {k: run.flat_config.get(k, _ABSENT) for k in keys if k not in run.unused}
 
 
 def first_reaching(records: Sequence[dict], target: float) -> dict | None:
@@ -188,14 +221,17 @@ def first_reaching(records: Sequence[dict], target: float) -> dict | None:
 def _row(run: Run, label: str, settings: dict, target: float | None) -> dict:
   cfg = run.flat_config
   row = {"run": run.name, "dir": run.path, "label": label, "settings": settings,
-         "algorithm": cfg.get("algorithm"), "num_steps": cfg.get("num_steps"),
+         "algorithm": cfg.get("algorithm"), "algorithm_as_run": run.as_run,
+         "named": sorted(run.named), "num_workers": cfg.get("num_workers"),
+         "num_steps": cfg.get("num_steps"),
          "finished": run.finished, "evaluations": len(run.records),
          "skipped_lines": run.skipped_lines, "target_loss": target}
   if not run.records:
     row.update(status=NO_EVAL, step=None, final_test_accuracy=None, final_train_loss=None,
                sim_time=None, wall_time=None, bytes_sent=None, mb_sent=None,
                samples_per_second=None, target_step=None, target_sim_time=None,
-               target_wall_time=None, target_bytes_sent=None, target_mb_sent=None)
+               target_wall_time=None, target_bytes_sent=None, target_mb_sent=None,
+               **{key: None for key, _, _ in ASYNC_COLUMNS})
     return row
   last = run.records[-1]
   step, wall = last["step"], _num(last.get("wall_time"))
@@ -218,22 +254,28 @@ def _row(run: Run, label: str, settings: dict, target: float | None) -> dict:
       target_sim_time=_num(hit.get("sim_time")) if hit else None,
       target_wall_time=_num(hit.get("wall_time")) if hit else None,
       target_bytes_sent=hit_bytes,
-      target_mb_sent=hit_bytes * 1e-6 if hit_bytes is not None else None)
+      target_mb_sent=hit_bytes * 1e-6 if hit_bytes is not None else None,
+      **{key: _num(last.get(key)) for key, _, _ in ASYNC_COLUMNS})
   return row
 
 
 def _labels(runs: Sequence[Run], keys: Sequence[str]) -> list[str]:
-  """Legend labels: the differing keys (at most ``_LABEL_FIELDS``), or the directory name when
-  nothing differs; runs with the same label (same config) get their directory name added."""
+  """Legend labels: the algorithm as run (:attr:`Run.as_run`) where it is not the same in
+  every run, then the differing keys the run reads that it does not state (at most
+  ``_LABEL_FIELDS`` parts), or the directory name when nothing differs; runs with the same
+  label (same config) get their directory name added."""
   names = [r.name for r in runs]
   ident = [r.path if names.count(r.name) > 1 else r.name for r in runs]
+  by_name = len({r.as_run for r in runs}) > 1
   labels = []
   for r, idn in zip(runs, ident):
-    parts = [f"{k}={_fmt_value(r.flat_config.get(k, _ABSENT))}" for k in keys]
+    parts = [r.as_run] if by_name else []
+    parts += [f"{k}={_fmt_value(v)}" for k, v in settings_of(r, keys).items()
+              if not (by_name and k in r.named)]
     if len(parts) > _LABEL_FIELDS:
       parts = parts[:_LABEL_FIELDS] + ["..."]
     labels.append(", ".join(parts) if parts else idn)
-  if not keys:
+  if not keys and not by_name:
     return labels
   return [f"{lab} ({idn})" if labels.count(lab) > 1 else lab for lab, idn in zip(labels, ident)]
 
@@ -331,6 +373,78 @@ def _md_cell(s: str) -> str:
   return s.replace("|", "\\|")
 
 
+def _table(rows: list, target: float | None) -> list[str]:
+  """The lines of report.md's table: one row per run; the algorithm as run, the differing
+  settings it does not state, and the event clock's columns (:data:`ASYNC_COLUMNS`) that
+  some run has ("-" for the others)."""
+  extra = [c for c in ASYNC_COLUMNS if any(row[c[0]] is not None for row in rows)]
+  head = ["run", "algorithm", "settings (differing)", "steps", "final test acc",
+          "final train loss", "sim time (s)", "wall time (s)", "MB sent", "sim s to target",
+          "wall s to target", "MB to target", "samples/s"] + [title for _, title, _ in extra]
+  out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for row in rows:
+    settings = ", ".join(f"{k}={_fmt_value(v)}" for k, v in row["settings"].items()
+                         if k not in row["named"]) or "-"  # the algorithm column states them
+    if row["status"] == NO_EVAL:
+      steps = f"0 / {row['num_steps']} ({NO_EVAL})"
+    else:
+      steps = f"{row['step']} / {row['num_steps']}"
+      if not row["finished"]:
+        steps += " (in progress)"
+    reached = row["status"] != NO_EVAL and row["target_step"] is not None
+    nr = "not reached" if row["status"] != NO_EVAL and target is not None else "-"
+    cells = [row["run"], str(row["algorithm_as_run"]), settings, steps,
+             _f(row["final_test_accuracy"], ".4f"), _f(row["final_train_loss"]),
+             _f(row["sim_time"]), _f(row["wall_time"]), _f(row["mb_sent"], ".4g"),
+             _f(row["target_sim_time"]) if reached else nr,
+             _f(row["target_wall_time"]) if reached else nr,
+             _f(row["target_mb_sent"]) if reached else nr,
+             _f(row["samples_per_second"], ".0f")] + [_f(row[k], spec) for k, _, spec in extra]
+    out.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+  return out
+
+
+def event_note(row: dict) -> str | None:
+  """What the device steps of an event-clock run applied (its ``events`` or ``pushes``), or
+  None for a run without them: a step is one batch of events, not one step of every worker
+  (``docs/algorithms.md``, "The event clock")."""
+  steps, events, pushes, n = row["step"], row["events"], row["pushes"], row["num_workers"]
+  if not steps or (events is None and pushes is None):
+    return None
+  if events is not None:
+    per = events / steps
+    what = f"{events:.0f} events ({per:.3g} a step"
+    if isinstance(n, int) and n > 0:  # an event is one worker's gradient step
+      what += f": {per / n:.2g} of a gradient step per worker a step"
+    what += ")"
+  else:
+    what = f"{pushes:.0f} pushes to the server ({pushes / steps:.3g} a step)"
+  return (f"{row['run']}: its {steps} steps applied {what}; on the event clock a step applies "
+          f"one batch of events that commute ({EVENT_CLOCK_DOC}).")
+
+
+def _notes(rows: list, skipped: list, consensus_note: str | None) -> list[str]:
+  """The lines of report.md's notes: runs in progress or without evaluations, torn lines,
+  skipped directories, the event clock's steps, the consensus distance."""
+  notes = []
+  for row in rows:
+    if row["status"] == NO_EVAL:
+      notes.append(f"- {row['run']} ({row['dir']}): {NO_EVAL}; not plotted.")
+    elif not row["finished"]:
+      notes.append(f"- {row['run']} ({row['dir']}): in progress (no summary.json), "
+                   f"{row['step']} of {row['num_steps']} steps.")
+    if row["skipped_lines"]:
+      notes.append(f"- {row['run']}: skipped {row['skipped_lines']} unparsable line(s) of "
+                   "metrics.jsonl (torn last line?).")
+    if event_note(row):
+      notes.append(f"- {event_note(row)}")
+  for path, reason in skipped:
+    notes.append(f"- skipped {path}: {reason}")
+  if consensus_note:
+    notes.append(f"- {consensus_note}")
+  return notes
+
+
 def _markdown(rows: list, runs: list, skipped: list, keys: list, target: float | None,
               target_given: bool, figures: list, consensus_note: str | None) -> str:
   out = ["# Run comparison", ""]
@@ -346,43 +460,8 @@ def _markdown(rows: list, runs: list, skipped: list, keys: list, target: float |
             if k in runs[0].flat_config and k not in keys]
   if shared:
     out.append(f"Shared settings: {_md_cell(', '.join(shared))}.")
-  out += ["", "| run | algorithm | settings (differing) | steps | final test acc | "
-          "final train loss | sim time (s) | wall time (s) | MB sent | sim s to target | "
-          "wall s to target | MB to target | samples/s |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-  for row in rows:
-    settings = ", ".join(f"{k}={_fmt_value(v)}" for k, v in row["settings"].items()
-                         if k != "algorithm") or "-"  # algorithm has its own column
-    if row["status"] == NO_EVAL:
-      steps = f"0 / {row['num_steps']} ({NO_EVAL})"
-    else:
-      steps = f"{row['step']} / {row['num_steps']}"
-      if not row["finished"]:
-        steps += " (in progress)"
-    reached = row["status"] != NO_EVAL and row["target_step"] is not None
-    nr = "not reached" if row["status"] != NO_EVAL and target is not None else "-"
-    cells = [row["run"], str(row["algorithm"]), settings, steps,
-             _f(row["final_test_accuracy"], ".4f"), _f(row["final_train_loss"]),
-             _f(row["sim_time"]), _f(row["wall_time"]), _f(row["mb_sent"], ".4g"),
-             _f(row["target_sim_time"]) if reached else nr,
-             _f(row["target_wall_time"]) if reached else nr,
-             _f(row["target_mb_sent"]) if reached else nr,
-             _f(row["samples_per_second"], ".0f")]
-    out.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
-  notes = []
-  for row in rows:
-    if row["status"] == NO_EVAL:
-      notes.append(f"- {row['run']} ({row['dir']}): {NO_EVAL}; not plotted.")
-    elif not row["finished"]:
-      notes.append(f"- {row['run']} ({row['dir']}): in progress (no summary.json), "
-                   f"{row['step']} of {row['num_steps']} steps.")
-    if row["skipped_lines"]:
-      notes.append(f"- {row['run']}: skipped {row['skipped_lines']} unparsable line(s) of "
-                   "metrics.jsonl (torn last line?).")
-  for path, reason in skipped:
-    notes.append(f"- skipped {path}: {reason}")
-  if consensus_note:
-    notes.append(f"- {consensus_note}")
+  out += [""] + _table(rows, target)
+  notes = _notes(rows, skipped, consensus_note)
   if notes:
     out += ["", "## Notes", ""] + notes
   if figures:
@@ -408,14 +487,18 @@ def build_report(run_dirs: Sequence[str], out: str, target_loss: float | None = 
 
   Returns:
     a dict with ``rows`` (one dict per run, in the order given: ``run``, ``dir``, ``label``,
-    ``settings`` (the differing config keys and this run's values), ``algorithm``,
-    ``status`` (``"finished"``, ``"in progress"`` or ``"no evaluation yet"``), ``step`` and
+    ``settings`` (the differing config keys this run reads, :func:`differing_keys`, and its
+    values), ``algorithm`` (``config.algorithm``), ``algorithm_as_run`` (:attr:`Run.as_run`)
+    and ``named`` (the keys it states, sorted), ``num_workers``, ``status``
+    (``"finished"``, ``"in progress"`` or ``"no evaluation yet"``), ``step`` and
     ``num_steps``, ``final_test_accuracy``, ``final_train_loss``, ``sim_time`` and
     ``wall_time`` (s, at the last evaluation), ``bytes_sent`` (bytes per worker) and
     ``mb_sent`` (1e6 bytes), ``samples_per_second`` (step x batch_size x num_workers /
     wall_time), ``target_loss``, ``target_step``, ``target_sim_time`` (s),
     ``target_wall_time`` (s), ``target_bytes_sent`` (bytes), ``target_mb_sent``: None when
-    the target is not reached or there is no evaluation), ``skipped`` (``(dir, reason)``
+    the target is not reached or there is no evaluation; the event clock's ``events``,
+    ``pushes``, ``staleness_steps`` and ``staleness_steps_max`` at the last evaluation, None
+    for a run without them), ``skipped`` (``(dir, reason)``
     pairs), ``target_loss``, ``report`` (path of ``report.md``) and ``figures`` (paths of
     the PNGs written).
 
@@ -445,8 +528,7 @@ def build_report(run_dirs: Sequence[str], out: str, target_loss: float | None = 
     finals = [_num(r.records[-1].get("train_loss")) for r, _ in evaluated]
     finals = [x for x in finals if x is not None]
     target = max(finals) if finals else None
-  rows = [_row(r, lab, {k: r.flat_config.get(k, _ABSENT) for k in keys}, target)
-          for r, lab in zip(runs, labels)]
+  rows = [_row(r, lab, settings_of(r, keys), target) for r, lab in zip(runs, labels)]
 
   os.makedirs(out, exist_ok=True)
   figures = []
@@ -488,10 +570,17 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Command line; returns the exit status (0; 2 for bad arguments or no run directory;
-  1 when the report cannot be written)."""
+  1 when the report cannot be written). One directory holding ``sweep.json``: that sweep's
+  report, :func:`nbsgd_jax.sweep_report.main` (``--out`` optional there)."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if sweep_report.sweep_dir_of(argv):  # python -m nbsgd_jax.report SWEEP_DIR [--out OUT]
+    return sweep_report.main(argv)
   p = _Parser(prog="python -m nbsgd_jax.report",
-              description="Compare run directories: PNG plots and OUT/report.md.")
-  p.add_argument("dirs", nargs="+", metavar="DIR", help="run directories (workdirs)")
+              description="Compare run directories: PNG plots and OUT/report.md. One sweep "
+                          "directory (holding sweep.json; --out default SWEEP_DIR/report): "
+                          "mean +- std over seeds per cell of its grid.")
+  p.add_argument("dirs", nargs="+", metavar="DIR", help="run directories (workdirs), or one "
+                 "sweep directory")
   p.add_argument("--out", required=True, help="output directory for report.md and the PNGs")
   p.add_argument("--target_loss", type=float, default=None,
                  help="target training loss for time / MB to target (default: the highest "

@@ -45,7 +45,9 @@ def parse(text: str, cfg: ml_collections.ConfigDict) -> list[tuple[str, list]]:
 
   Raises:
     ConfigError: an axis without ``=``, an unknown key, a key swept twice, an empty list, a
-      value of the wrong type, a tuple-valued key (one line each, naming the key).
+      value of the wrong type, a tuple-valued key, an empty range (``a:b`` with ``a >= b``),
+      a value twice in one axis, no axis at all (a grid of zero runs); one line each, naming
+      the key.
   """
   errs, axes, seen = [], [], set()
   for part in [p.strip() for p in text.replace("\n", ";").split(";") if p.strip()]:
@@ -67,13 +69,38 @@ def parse(text: str, cfg: ml_collections.ConfigDict) -> list[tuple[str, list]]:
       errs.append(f"config.sweep: config.{key} has no values: write {key}=value1,value2,...")
       continue
     try:
-      axes.append((key, [v for item in items for v in _values(item, default)]))
+      per_item = [_values(item, default) for item in items]
     except ValueError as e:
       errs.append(f"config.sweep: config.{key}={e} is not allowed: it must be "
                   f"{config_lib.TYPE_NAMES.get(type(default), type(default).__name__)}")
+      continue
+    axis_errs = _axis_errors(key, values.strip(), items, per_item)
+    errs.extend(axis_errs)
+    if not axis_errs:
+      axes.append((key, [v for vs in per_item for v in vs]))
+  if not axes and not errs:
+    errs.append(f"config.sweep={text!r} has no axis: a grid of zero runs is not allowed; "
+                "write key=value1,value2,... (axes separated by ;)")
   if errs:
     raise config_lib.ConfigError(errs)
   return axes
+
+
+def _axis_errors(key: str, text: str, items: list, per_item: list) -> list[str]:
+  """The lines refusing one axis ``key=text``: an item ``a:b`` that is an empty range (``a >=
+  b``), a value given twice (after typing: ``0.1,1e-1``; ``0:3,2``); ``per_item[i]``: the
+  values of ``items[i]``."""
+  errs = [f"config.sweep: {key}={item} is an empty range: a:b needs a < b"
+          for item, vs in zip(items, per_item) if not vs]
+  seen, repeated = set(), {}  # repeated: a dict for its order
+  for v in (v for vs in per_item for v in vs):
+    if v in seen:
+      repeated[v] = None
+    seen.add(v)
+  if repeated:
+    errs.append(f"config.sweep: {key}={text} repeats {', '.join(map(str, repeated))}: each "
+                "value of an axis is allowed once (one run per value)")
+  return errs
 
 
 def _default(cfg, key: str, errs: list):

@@ -253,8 +253,9 @@ def check_mixing_matrix(w: Any, owner: str) -> np.ndarray:
   else:
     rows, cols = np.abs(w.sum(1) - 1).max(), np.abs(w.sum(0) - 1).max()
     if max(rows, cols) > _STOCHASTIC_TOL:
-      bad = (f"it is not doubly stochastic (rows sum to 1 within {rows:.2g}, columns within "
-             f"{cols:.2g})")
+      bad = (f"it is not doubly stochastic: its row sums differ from 1 by up to {rows:.2g} "
+             f"and its column sums by up to {cols:.2g}, where the tolerance is "
+             f"{_STOCHASTIC_TOL:.0e}")
   if bad:
     raise ValueError(f"{owner}(topology=<matrix>) is not allowed: {bad}; give a doubly "
                      f"stochastic [n, n] mixing matrix or a name from {sorted(topology_lib.TOPOLOGIES)}")

@@ -334,3 +334,17 @@ def test_async_diloco_evaluates_the_server_s_model():
   np.testing.assert_array_equal(read, np.asarray(server))
   np.testing.assert_array_equal(read, np.broadcast_to(read[0], read.shape))
   assert not np.allclose(read, np.asarray(stepper.state.params["w"]))
+
+
+def test_async_diloco_s_consensus_distance_is_the_workers_own():
+  """The replicas an evaluation reads are equal (their Xi is 0), but the recorded
+  ``consensus_distance`` is that of the workers' own models (numpy float64), not a false 0."""
+  stepper = train.Stepper.of(train.setup(_cfg(algorithm="async_diloco", num_steps=10 ** 5,
+                                               **{"diloco.inner_steps": 3})))
+  _server_after(stepper, 10)
+  run = stepper.runs[0]
+  rec = run.evaluate(run.done, None)
+  x = np.asarray(stepper.state.params["w"], np.float64).reshape(N, -1)
+  want = np.sqrt(np.mean(np.sum((x - x.mean(0)) ** 2, axis=1)))
+  assert want > 1e-3
+  np.testing.assert_allclose(rec["consensus_distance"], want, rtol=1e-5)

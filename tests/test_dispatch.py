@@ -91,8 +91,30 @@ def test_auto_dispatch_is_one_on_the_wall_clock():
   cfg.cluster.clock = "wall"
   s = types.SimpleNamespace(cfg=cfg, recipe=types.SimpleNamespace(periodic=False))
   assert stepper_lib.dispatch_size([s]) == 1
-  cfg.cluster.clock = "simulated"
-  assert stepper_lib.dispatch_size([s]) == 5  # eval_every = 5
+  assert stepper_lib.dispatch_size([train.setup(small_cfg(steps_per_dispatch=0))]) == 5
+
+
+def test_auto_dispatch_is_one_for_a_convolution_on_a_cpu():
+  """XLA:CPU runs a convolution in a loop's body slower than at the top of a program
+  (docs/steps_per_dispatch.md): a CNN's step gets k = 1 there, an MLP's blocks."""
+  from jax import lax
+  from nbsgd_jax import forms
+  from nbsgd_jax.run import stepper as stepper_lib
+  assert jax.default_backend() == "cpu"
+  assert stepper_lib.dispatch_size([_setup(model="cnn")]) == 1
+  assert stepper_lib.dispatch_size([_setup(model="mlp")]) == 6
+  kernel = np.ones((3, 3, 1, 1), np.float32)
+  conv = lambda x: lax.conv_general_dilated(x, kernel, (1, 1), "SAME",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  # found inside sub-programs too (a scan's body inside a jit)
+  nested = jax.make_jaxpr(jax.jit(lambda x: lax.scan(lambda c, _: (conv(c), None), x, None,
+                                                     length=2)[0]))(np.ones((1, 4, 4, 1),
+                                                                            np.float32))
+  assert "conv_general_dilated" in forms.primitive_names(nested)
+  assert not forms.blocks_pay("cpu", nested)
+  assert forms.blocks_pay("gpu", nested)  # the rule is XLA:CPU's
+  dense = jax.make_jaxpr(lambda x: jax.nn.relu(x @ x.T))(np.ones((3, 3), np.float32))
+  assert forms.blocks_pay("cpu", dense)
 
 
 @pytest.mark.parametrize("case", ["dpsgd", "nonblocking_mesh"])

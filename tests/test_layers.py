@@ -18,9 +18,10 @@ LAYERS = {
     "device": ("backends", "collectives", "matchings", "topology", "per_worker", "forms", "models",
                "problems", "augment", "consensus", "codecs", "communications", "transforms"),
     "host": ("host", "data", "text_data", "tfds_data", "disk_data"),
-    "build": ("optim", "recipes", "async_recipes", "config", "hparams", "sweeps"),
+    "build": ("optim", "recipes", "async_recipes", "config", "hparams", "sweeps", "naming"),
     "run": ("run",),
-    "programs": ("train", "tx", "main", "launch", "report", "config_doc"),
+    "programs": ("train", "tx", "main", "launch", "report", "sweep_report",
+                 "config_doc"),
 }
 # the imports made inside a function, each with its reason
 IN_FUNCTION = {

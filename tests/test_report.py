@@ -12,7 +12,8 @@ import chex
 import numpy as np
 import pytest
 
-from nbsgd_jax import report, train
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import naming, report, train
 
 from tests.test_train import small_cfg
 
@@ -34,6 +35,17 @@ def runs(tmp_path_factory):
     dirs[algo] = str(base / algo)
     train.train(cfg, dirs[algo])
   return dirs
+
+
+@pytest.fixture(scope="module")
+def ad_psgd_run(tmp_path_factory):
+  """A short real ``ad_psgd`` run as ``runs``' (event clock), with keys it does not read
+  changed: ``diloco.inner_steps`` and ``nonblocking.num_minibatches``."""
+  d = str(tmp_path_factory.mktemp("async") / "ad_psgd")
+  train.train(small_cfg(algorithm="ad_psgd", num_steps=NUM_STEPS, eval_every=EVAL_EVERY,
+                        batch_size=BATCH, num_workers=WORKERS, learning_rate=0.1,
+                        **{"diloco.inner_steps": 7, "nonblocking.num_minibatches": 2}), d)
+  return d
 
 
 def read_records(run_dir):
@@ -80,7 +92,7 @@ def test_table_matches_metrics(runs, tmp_path):
     last = recs[algo][-1]
     assert row["algorithm"] == algo and row["status"] == "finished" and row["finished"]
     assert row["settings"] == {"algorithm": algo}  # the only key that differs
-    assert row["label"] == f"algorithm={algo}"
+    assert row["label"] == algo == row["algorithm_as_run"]  # the algorithm as run
     assert row["step"] == NUM_STEPS and row["num_steps"] == NUM_STEPS
     chex.assert_trees_all_close(
         (row["final_test_accuracy"], row["final_train_loss"], row["sim_time"],
@@ -134,6 +146,109 @@ def test_target_not_reached(runs, tmp_path):
   for algo in runs:
     line = next(l for l in md.splitlines() if l.startswith(f"| {algo} |"))
     assert line.count("not reached") == 3  # sim s, wall s and MB to target
+
+
+# ------------------------------------------------------------------ what the runs did
+
+
+@pytest.mark.parametrize("over,name", [
+    ({}, "dpsgd"),
+    ({"nonblocking.enabled": True}, "dpsgd + non-blocking (M = 4)"),
+    ({"nonblocking.num_minibatches": 2}, "dpsgd"),  # M of a run that is not non-blocking
+    ({"algorithm": "ad_psgd"}, "ad_psgd (event clock)"),
+    ({"algorithm": "async_diloco"}, "async_diloco (event clock)"),
+    ({"algorithm": "allreduce", "compression.name": "top_k"},
+     "allreduce + top_k (density 0.01, error feedback)"),
+    ({"algorithm": "allreduce", "compression.name": "top_k", "compression.density": 0.05,
+      "compression.error_feedback": False, "compression.flatten": False},
+     "allreduce + top_k (density 0.05, no error feedback, per layer)"),
+    ({"algorithm": "choco_sgd", "compression.name": "top_k"},  # its codec keeps no residual
+     "choco_sgd + top_k (density 0.01)"),
+    ({"consensus.control": True}, "dpsgd + consensus control"),
+    ({"algorithm": "diloco", "nonblocking.enabled": True, "nonblocking.num_minibatches": 2,
+      "compression.name": "powersgd", "cluster.failures": "1:5:3"},
+     "diloco + non-blocking (M = 2) + powersgd (rank 2, error feedback) + failures (1:5:3)"),
+])
+def test_the_algorithm_as_run_composes_its_parts(over, name):
+  cfg = config_lib.override(config_lib.default_config(), over)
+  assert naming.algorithm_as_run(cfg) == name
+  assert naming.algorithm_as_run(json.loads(cfg.to_json_best_effort())) == name  # config.json
+
+
+def test_the_name_states_its_keys_and_ignored_keys_are_named_as_unused():
+  cfg = config_lib.override(config_lib.default_config(), {"nonblocking.enabled": True})
+  assert naming.named_keys(cfg) == {  # the words' keys, and the switches of those off
+      "algorithm", "nonblocking.enabled", "nonblocking.num_minibatches", "compression.name",
+      "consensus.control", "cluster.failures"}
+  choco = config_lib.override(config_lib.default_config(), {
+      "algorithm": "choco_sgd", "compression.name": "top_k", "compression.error_feedback": False})
+  assert naming.algorithm_as_run(choco) == "choco_sgd + top_k (density 0.01)"
+  assert config_lib.inactive_warnings(choco) == [
+      "config.compression.error_feedback=False has no effect: config.algorithm='choco_sgd'"]
+
+
+def config_dir(tmp_path, name, **over):
+  """A run directory holding only its ``config.json`` (no evaluation yet)."""
+  d = tmp_path / name
+  d.mkdir()
+  cfg = config_lib.override(config_lib.default_config(), over)
+  (d / "config.json").write_text(cfg.to_json_best_effort())
+  return str(d)
+
+
+def test_settings_differ_only_among_the_runs_that_read_them(tmp_path):
+  ad = config_dir(tmp_path, "ad", algorithm="ad_psgd", **{
+      "diloco.inner_steps": 7, "nonblocking.num_minibatches": 2, "compression.density": 0.1})
+  dp = config_dir(tmp_path, "dp", algorithm="dpsgd")
+  assert report.differing_keys([report.load_run(d) for d in (ad, dp)]) == ["algorithm"]
+  lo = config_dir(tmp_path, "lo", algorithm="diloco", **{"diloco.inner_steps": 7})
+  hi = config_dir(tmp_path, "hi", algorithm="diloco")
+  rows = by_run(report.build_report([ad, dp, lo, hi], str(tmp_path / "o")))
+  assert rows["lo"]["settings"] == {"algorithm": "diloco", "diloco.inner_steps": 7}
+  assert rows["hi"]["settings"] == {"algorithm": "diloco", "diloco.inner_steps": 50}
+  assert rows["ad"]["settings"] == {"algorithm": "ad_psgd"}  # 7 there, but not read
+  assert rows["ad"]["label"] == "ad_psgd (event clock)"
+  assert rows["lo"]["label"] == "diloco, diloco.inner_steps=7"
+  # compression.density counts only among the runs whose codec reads it
+  top = [config_dir(tmp_path, f"top{d}", algorithm="allreduce", **{
+      "compression.name": "top_k", "compression.density": d}) for d in (0.01, 0.05)]
+  plain = config_dir(tmp_path, "plain", algorithm="allreduce", **{"compression.density": 0.5})
+  rows = by_run(report.build_report(top + [plain], str(tmp_path / "o2")))
+  assert rows["top0.05"]["settings"] == {"compression.name": "top_k", "compression.density": 0.05}
+  assert rows["plain"]["settings"] == {"compression.name": "none"}
+  assert rows["top0.05"]["label"] == "allreduce + top_k (density 0.05, error feedback)"
+  md = (tmp_path / "o2" / "report.md").read_text()
+  assert "| top0.05 | allreduce + top_k (density 0.05, error feedback) | - |" in md
+
+
+def test_the_event_clock_s_facts_are_columns_and_a_note(runs, ad_psgd_run, tmp_path):
+  """The asynchronous run's events and staleness (its last record's) are columns, "-" for
+  the lockstep run; a note says what its steps applied; the keys it does not read are not
+  differences; summary.json carries the algorithm as run."""
+  with open(os.path.join(ad_psgd_run, "summary.json")) as f:
+    summary = json.load(f)
+  assert (summary["algorithm"], summary["algorithm_as_run"]) == ("ad_psgd",
+                                                                 "ad_psgd (event clock)")
+  last = read_records(ad_psgd_run)[-1]
+  events, mean, top = last["events"], last["staleness_steps"], last["staleness_steps_max"]
+  assert events > NUM_STEPS and mean > 0  # 4 workers on a ring: up to 2 events a step
+  rows = by_run(report.build_report([ad_psgd_run, runs["dpsgd"]], str(tmp_path / "o")))
+  ad = rows["ad_psgd"]
+  assert (ad["events"], ad["staleness_steps"], ad["staleness_steps_max"]) == (events, mean, top)
+  assert ad["pushes"] is None and rows["dpsgd"]["events"] is None
+  assert ad["settings"] == {"algorithm": "ad_psgd"}  # not diloco.*, not num_minibatches
+  md = (tmp_path / "o" / "report.md").read_text()
+  cells = lambda start: [c.strip() for c in next(
+      l for l in md.splitlines() if l.startswith(start)).strip("|").split("|")]
+  head = cells("| run |")
+  assert head[-3:] == ["events", "staleness mean", "staleness max"] and "pushes" not in head
+  assert cells("| ad_psgd |")[-3:] == [f"{events}", f"{mean:.3g}", f"{top}"]
+  assert cells("| dpsgd |")[-3:] == ["-", "-", "-"]
+  assert cells("| ad_psgd |")[1] == "ad_psgd (event clock)"
+  per = events / NUM_STEPS
+  assert (f"- ad_psgd: its {NUM_STEPS} steps applied {events} events ({per:.3g} a step: "
+          f"{per / WORKERS:.2g} of a gradient step per worker a step)") in md
+  assert "inner_steps" not in md and "num_minibatches" not in md
 
 
 # ------------------------------------------------------------------ figures
@@ -215,9 +330,9 @@ def test_in_progress_no_eval_and_not_a_run(runs, tmp_path, capsys):
   for name in ("fresh", "fresh2"):
     assert rows[name]["status"] == "no evaluation yet" and rows[name]["step"] is None
     assert rows[name]["final_test_accuracy"] is None and rows[name]["target_step"] is None
-  # Mixed algorithms: labels by the differing key; equal configs get the directory name.
-  assert rows["allreduce"]["label"] == "algorithm=allreduce (allreduce)"
-  assert rows["live"]["label"] == "algorithm=dpsgd (live)"
+  # Mixed algorithms: labels by the algorithm as run; equal configs get the directory name.
+  assert rows["allreduce"]["label"] == "allreduce (allreduce)"
+  assert rows["live"]["label"] == "dpsgd (live)"
   assert len({r["label"] for r in result["rows"]}) == 4
 
   md = (out / "report.md").read_text()
@@ -253,10 +368,15 @@ def test_nested_differences_and_noise_keys(runs, tmp_path):
   cfg = json.load(open(os.path.join(b, "config.json")))
   cfg["nonblocking"]["enabled"] = True
   cfg["progress"] = True  # noise: never a difference
+  cfg["learning_rate"] = 0.2  # a difference the algorithm as run does not state
   json.dump(cfg, open(os.path.join(b, "config.json"), "w"))
   rows = by_run(report.build_report([a, b], str(tmp_path / "o")))
-  assert rows["nonblocking"]["label"] == "nonblocking.enabled=True"
-  assert rows["blocking"]["settings"] == {"nonblocking.enabled": False}
+  assert rows["nonblocking"]["label"] == "dpsgd + non-blocking (M = 4), learning_rate=0.2"
+  assert rows["blocking"]["label"] == "dpsgd, learning_rate=0.1"  # "dpsgd": not non-blocking
+  assert rows["blocking"]["settings"] == {"nonblocking.enabled": False, "learning_rate": 0.1}
+  line = next(l for l in (tmp_path / "o" / "report.md").read_text().splitlines()
+              if l.startswith("| nonblocking |"))  # the algorithm column states M
+  assert "| dpsgd + non-blocking (M = 4) | learning_rate=0.2 |" in line
 
 
 def test_no_run_at_all_raises(tmp_path):

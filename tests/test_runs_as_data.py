@@ -23,6 +23,7 @@ from nbsgd_jax import transforms as T
 from nbsgd_jax.run import step as step_lib
 from nbsgd_jax.run.loop import train
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _EVENTS: list = []
 monitoring.register_event_duration_secs_listener(
@@ -360,3 +361,37 @@ def test_a_per_worker_entry_of_the_wrong_length_is_refused_by_name():
   inputs.per_worker["age"] = np.zeros(3)
   with pytest.raises(ValueError, match=r"per_worker\['age'\] has shape \(3,\)"):
     step_lib.host_context(s, inputs)
+
+
+# ------------------------------------------------------------------ start-up
+
+
+def test_a_fresh_quick_start_compiles_few_programs_before_its_first_step():
+  """A fresh process's ``train()`` of the guide's quick start compiles at most 15 programs
+  up to its first step (the initial state is one program: the model's init, the broadcast
+  and the transforms' init; data and hyperparameters go to the device without a program);
+  issue 53 counted 55."""
+  script = textwrap.dedent("""
+      import importlib.util, json
+      from jax import monitoring
+      compiles, at = [], {}
+      monitoring.register_event_duration_secs_listener(
+          lambda name, secs, **kw: compiles.append(kw.get("fun_name"))
+          if name == "/jax/core/compile/backend_compile_duration" else None)
+      from nbsgd_jax import config as config_lib
+      from nbsgd_jax.run.loop import train
+      spec = importlib.util.spec_from_file_location("q", "experiments/configs/quickstart.py")
+      q = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(q)
+      cfg = config_lib.override(q.get_config(), {"num_steps": 4, "eval_every": 4,
+                                                 "progress": False})
+      hook = lambda step, state, s: at.setdefault(step, list(compiles))
+      train(cfg, hooks=(hook,))
+      print(json.dumps({str(k): v for k, v in at.items()}))
+  """)
+  env = {**os.environ, "NBSGD_JAX_COMPILATION_CACHE": "none"}
+  out = subprocess.run([sys.executable, "-c", script], env=env, check=True, cwd=ROOT,
+                       capture_output=True, text=True).stdout.splitlines()[-1]
+  at = json.loads(out)
+  assert len(at["0"]) <= 3, at["0"]   # before the first dispatch: the initial state
+  assert len(at["1"]) <= 15, at["1"]  # and the first step's programs

@@ -199,3 +199,78 @@ def test_committed_cnn_comparison_is_its_records():
       if "gamma_grid" in r:
         grid = {float(g): (v if np.isfinite(v) else np.inf) for g, v in r["gamma_grid"].items()}
         assert r["gamma"] == min(grid, key=grid.get), name
+
+
+# ------------------------------------------------------------------ headline runs
+
+
+def _config_file(name, overrides):
+  """``experiments/configs/NAME.py``'s config with ``overrides``, as ``config.json`` holds it."""
+  from nbsgd_jax import config as config_lib
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments",
+                                                                   "configs", f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  cfg = config_lib.override(mod.get_config(), overrides)
+  return config_lib.flatten_dict(json.loads(cfg.to_json_best_effort()))
+
+
+def _guide_runs():
+  """The guide's quick-start runs: ``{workdir name: {key: value}}`` of its commands
+  (``--workdir=runs/NAME --config.KEY=VALUE ...``)."""
+  import ast
+  import re
+  text = _committed("guide.md").replace("\\\n", " ")
+  runs = {}
+  for line in text.splitlines():
+    m = re.match(r"python -m nbsgd_jax\.main --config=experiments/configs/quickstart\.py "
+                 r"--workdir=runs/(\w+)(.*)", line.strip())
+    if m and m.group(1) not in runs:
+      over = {}
+      for key, value in re.findall(r"--config\.([\w.]+)=(\S+)", m.group(2)):
+        try:
+          over[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+          over[key] = value
+      runs[m.group(1)] = over
+  return runs
+
+
+def test_the_headline_runs_were_recorded_with_todays_configs():
+  """The committed runs whose figures the README and the guide quote were made by today's
+  config files and defaults, every key of their config.json: a change of a default forces a
+  re-record (issue 53: the main job's record had been made under another default)."""
+  from nbsgd_jax import config as config_lib
+  runs = {("main_job",): ("mnist", {})}
+  guide = _guide_runs()
+  assert set(guide) == {"dpsgd", "allreduce", "dpsgd_nonblocking"}, guide
+  runs.update({("guide", "runs", name): ("quickstart", over) for name, over in guide.items()})
+  for parts, (name, over) in runs.items():
+    with open(os.path.join(ROOT, "docs", *parts, "config.json")) as f:
+      have = config_lib.flatten_dict(json.load(f))
+    want = _config_file(name, over)
+    diff = {k: (have.get(k), want.get(k)) for k in set(have) | set(want)
+            if have.get(k) != want.get(k)}
+    assert not diff, (parts, "recorded / today's", diff)
+
+
+def test_the_guides_figures_are_its_committed_runs(tmp_path):
+  """The guide's report table and the README's times to the target are the report of the
+  committed quick-start runs (docs/guide/runs)."""
+  from nbsgd_jax import report
+  names = ["dpsgd", "allreduce", "dpsgd_nonblocking"]
+  report.build_report([os.path.join(ROOT, "docs", "guide", "runs", n) for n in names],
+                      str(tmp_path))
+  made = (tmp_path / "report.md").read_text()
+  guide = " ".join(_committed("guide.md").split())
+  with open(os.path.join(ROOT, "README.md")) as f:
+    readme = " ".join(f.read().split())
+  for name in names:
+    with open(os.path.join(ROOT, "docs", "guide", "runs", name, "summary.json")) as f:
+      s = json.load(f)
+    row = f"| {name} | {s['test_accuracy']:.4f} | {s['train_loss']:.4f} | {s['sim_time']:.4g} |"
+    assert row in guide, row
+  targets = [line for line in made.splitlines() if line.startswith("|")]
+  assert targets, made
+  for quoted in re.findall(r"(\d+\.\d) s", readme[readme.index("Three 10-second runs"):][:400]):
+    assert quoted in made or any(quoted in line for line in targets), quoted

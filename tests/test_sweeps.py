@@ -4,6 +4,7 @@ structure; each run equals the same config trained alone."""
 import copy
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -82,12 +83,43 @@ def test_groups_follow_the_structure():
     ("sweep=a", "config.sweep cannot be swept"),
     ("cluster=1", "config.cluster holds a ConfigDict"),
     ("learning_rate=0.1,-1", "config.sweep run learning_rate=-1.0: config.learning_rate=-1.0"),
+    ("seed=3:1", "config.sweep: seed=3:1 is an empty range: a:b needs a < b"),
+    ("seed=2:2", "config.sweep: seed=2:2 is an empty range: a:b needs a < b"),
+    ("seed=0,2:2,5", "config.sweep: seed=2:2 is an empty range"),
+    ("learning_rate=0.1,0.1", "config.sweep: learning_rate=0.1,0.1 repeats 0.1: each value of "
+                              "an axis is allowed once"),
+    ("learning_rate=0.1,1e-1", "learning_rate=0.1,1e-1 repeats 0.1"),
+    ("seed=0:3,2", "config.sweep: seed=0:3,2 repeats 2"),
+    ("nesterov=True,true", "nesterov=True,true repeats True"),
+    (" ; ", "config.sweep=' ; ' has no axis: a grid of zero runs is not allowed"),
+    ("", "config.sweep='' has no axis"),
 ])
 def test_bad_grids_are_refused_naming_the_key_and_nothing_is_written(tmp_path, grid, needle):
   with pytest.raises(config_lib.ConfigError) as e:
     sweep(_cfg(sweep=grid), str(tmp_path / "out"))
   assert any(needle in line for line in e.value.errors), e.value.errors
+  assert all("\n" not in line for line in e.value.errors)
   assert not (tmp_path / "out").exists()
+
+
+def test_every_bad_axis_is_named_and_a_good_grid_still_expands():
+  with pytest.raises(config_lib.ConfigError) as e:
+    sweeps.parse("seed=3:1;learning_rate=0.1,0.1;momentum=0.5,0.9", _cfg())
+  assert len(e.value.errors) == 2
+  assert sweeps.parse("seed=0:2,5;learning_rate=0.1,0.2", _cfg()) == [
+      ("seed", [0, 1, 5]), ("learning_rate", [0.1, 0.2])]
+
+
+def test_the_command_line_refuses_a_bad_grid_with_one_line_and_writes_nothing(tmp_path):
+  out = tmp_path / "out"
+  r = subprocess.run([sys.executable, "-m", "nbsgd_jax.main",
+                      "--config=experiments/configs/quickstart.py", f"--workdir={out}",
+                      "--config.sweep=seed=3:1"], cwd=ROOT, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 2, r.stderr
+  assert r.stderr.splitlines() == [
+      "error: config.sweep: seed=3:1 is an empty range: a:b needs a < b"]
+  assert r.stdout == "" and not out.exists()
 
 
 def test_train_refuses_a_sweep():
@@ -221,21 +253,34 @@ def test_an_interrupted_sweep_resumes_to_the_uninterrupted_result(tmp_path, monk
 
 
 def test_the_command_line_runs_a_sweep_and_the_report_reads_its_runs(tmp_path):
+  """The sweep prints its report's command; that command gives mean +- std over the 2 seeds
+  of the cell, the report of run directories still reads them one by one."""
+  from nbsgd_jax import report
   out = tmp_path / "sweep"
   cmd = [sys.executable, "-m", "nbsgd_jax.main", "--config=experiments/configs/mnist.py",
          f"--workdir={out}", "--config.progress=False", "--config.num_steps=4",
          "--config.eval_every=2", "--config.eval_train_examples=100", "--config.model=mlp",
-         "--config.compilation_cache=none", "--config.sweep=learning_rate=0.02,0.05"]
+         "--config.compilation_cache=none",
+         "--config.sweep=learning_rate=0.05;seed=0:2"]
   r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr
-  assert "learning_rate=0.05" in r.stdout
-  runs = sorted(p.name for p in out.iterdir() if p.is_dir())
-  assert runs == ["learning_rate=0.02", "learning_rate=0.05"]
+  assert "learning_rate=0.05,seed=1" in r.stdout
+  assert r.stdout.splitlines()[-1].endswith(f": python -m nbsgd_jax.report {out}")
+  runs = sorted(p.name for p in out.iterdir() if p.name.startswith("learning_rate"))
+  assert runs == ["learning_rate=0.05,seed=0", "learning_rate=0.05,seed=1"]
   rep = subprocess.run([sys.executable, "-m", "nbsgd_jax.report", *(str(out / d) for d in runs),
                         "--out", str(tmp_path / "rep")], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
   assert rep.returncode == 0, rep.stderr
   assert (tmp_path / "rep" / "report.md").exists()
+  printed = shlex.split(r.stdout.splitlines()[-1].split(": ", 1)[1])
+  assert printed[:3] == ["python", "-m", "nbsgd_jax.report"]
+  assert report.main(printed[3:]) == 0
+  md = (out / "report" / "report.md").read_text()
+  acc = [json.loads((out / run / "summary.json").read_text())["test_accuracy"] for run in runs]
+  assert f"| learning_rate=0.05 | 2 of 2 | {np.mean(acc):.4f} +- {np.std(acc, ddof=1):.4f} |" \
+      in md, md
+  assert (out / "report" / "loss_accuracy_vs_sim_time.png").exists()
 
 
 def test_stopped_runs_leave_the_program_and_a_resume_keeps_it(tmp_path, monkeypatch):

@@ -176,6 +176,10 @@ def test_bad_inputs_are_named():
     _vmapped(tx.gossip("ring", axis_name="v"), x)
   with pytest.raises(ValueError, match="not doubly stochastic"):
     tx.gossip(np.full((N, N), 0.3), axis_name="w")
+  # the observed deviation (N = 4: rows sum to 1.2) and the tolerance, each named as such
+  with pytest.raises(ValueError, match=r"row sums differ from 1 by up to 0.2 and its column "
+                     r"sums by up to 0.2, where the tolerance is 1e-06"):
+    tx.gossip(np.full((N, N), 0.3), axis_name="w")
   with pytest.raises(ValueError, match=r"<3 x 3 matrix>\) does not fit the axis: it has 4"):
     _vmapped(tx.gossip(np.full((3, 3), 1 / 3), axis_name="w"), x)
   with pytest.raises(TypeError, match=r"tx.error_feedback\(compressor=.*compressor\(x, key\)"):

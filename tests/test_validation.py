@@ -92,6 +92,7 @@ CASES = [
     bad("momentum", 1.0),  # no decay: eta / (1 - momentum) is infinite
     bad("weight_decay", -1e-4),
     bad("num_steps", -5),
+    bad("budget_unit", "grads"),
     bad("warmup_steps", -1),
     bad("lr_milestones", (0.75, 0.5), lr_schedule="step"),
     bad("lr_milestones", (0.5, 1.0), lr_schedule="step"),

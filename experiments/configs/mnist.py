@@ -20,6 +20,11 @@ def get_config():
   c.momentum = 0.9
   c.weight_decay = 5e-4
   c.num_steps = 600
+  # gradient computations per worker: 600 steps here, and the same budget for the
+  # asynchronous family (--config.algorithm=ad_psgd), whose steps are batches of events
+  c.budget_unit = "grads_per_worker"
   c.eval_every = 100
   c.seed = 0
+  # a checkpoint at every evaluation (follows --config.eval_every): a killed run resumes
+  c.checkpoint_every = c.get_ref("eval_every").identity()  # setting it leaves eval_every
   return c

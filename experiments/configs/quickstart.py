@@ -29,6 +29,8 @@ def get_config():
   c.eval_every = 20
   c.eval_train_examples = 1000
   c.seed = 0
+  # a checkpoint every 5th evaluation (follows --config.eval_every): a killed run resumes
+  c.checkpoint_every = c.get_ref("eval_every") * 5
   c.cluster.scenario = "lognormal"  # worker speeds
   c.cluster.spread = 0.3
   c.cluster.time_per_example = 1.25e-3  # s per example at speed 1 (32 examples: 40 ms)

@@ -274,8 +274,15 @@ class EventTimes(HostPart):
   communication's :meth:`~nbsgd_jax.communications.pairwise.PairwiseAverage.message_bytes`).
   The model a worker reads for its next gradient is its model right after its event.
 
+  Each event applies one gradient computation of its worker, so a device step holds as many
+  as its batch has events (:meth:`computed`; AD-PSGD on the main job with stragglers: 0.27
+  per worker); a budget in gradient computations per worker is the device steps that reach
+  it from step 0 (:meth:`steps_for`: the events depend on the cluster and the seeds alone,
+  not on the model, so a fresh clock replays them).
+
   Inputs: ``per_worker`` ``start``, ``fire``, ``peer`` (:mod:`nbsgd_jax.transforms.
   asynchronous`). Record: ``sim_time`` (s, the last event's time), ``events`` (applied so far),
+  ``grads_per_worker`` (the workers' mean gradient computations applied so far),
   ``staleness_steps`` / ``staleness_s`` (the mean over the applied events of the changes to a
   worker's model between its read and its event, and of the gradient's age in seconds),
   ``staleness_steps_max``.
@@ -296,7 +303,8 @@ class EventTimes(HostPart):
     self.overhead = float(step_overhead)
     self.message_bytes = float(message_bytes)
     self.message_s = float(clock_lib.comm_time(cluster, 1.0, self.message_bytes)[0])
-    self.clock = EventClock(cluster.n, self._duration, touch, self._comm, reach, resources)
+    self._clock_args = (cluster.n, self._duration, touch, self._comm, reach, resources)
+    self.clock = EventClock(*self._clock_args)
     self.started = np.ones(cluster.n, bool)  # every worker reads x_0 at step 0
     self.events, self.stale_steps, self.stale_s, self.stale_max = 0, 0, 0.0, 0
 
@@ -317,6 +325,24 @@ class EventTimes(HostPart):
       self.stale_s += e.time - e.start
       self.stale_max = max(self.stale_max, e.staleness)
 
+  def computed(self, steps: np.ndarray) -> np.ndarray:
+    """int ``[n]``, the gradient computations each worker applied after ``steps[i]`` events
+    of its own (an event applies one)."""
+    return np.asarray(steps, np.int64)
+
+  def steps_for(self, grads):
+    """For each budget ``grads[j]`` (increasing), the fewest batches from step 0 after which
+    the workers' mean :meth:`computed` reaches it, counted on a fresh clock (the same events:
+    they depend on the cluster and the seeds alone). A batch holds at most one event per
+    worker, so the mean grows by at most 1 a step: it ends within one batch of the budget."""
+    clock, n, step, out = EventClock(*self._clock_args), self.cluster.n, 0, []
+    for g in grads:
+      while int(self.computed(clock.steps).sum()) < g * n:
+        clock.next_batch()
+        step += 1
+      out.append(step)
+    return out
+
   def rounds(self, step, inputs, report) -> list:
     """The step's exchanges as one :class:`~nbsgd_jax.communications.Round` (each paired
     worker sends one model to its peer), from the host's own draws: the bytes the device
@@ -331,6 +357,7 @@ class EventTimes(HostPart):
   def record(self):
     per = max(self.events, 1)
     return {"sim_time": self.clock.now, "events": self.events,
+            "grads_per_worker": float(self.computed(self.clock.steps).mean()),
             "staleness_steps": self.stale_steps / per, "staleness_s": self.stale_s / per,
             "staleness_steps_max": self.stale_max}
 
@@ -354,6 +381,8 @@ class ServerEventTimes(EventTimes):
   pull). Pushes and pulls touch the server (resource ``n``), so none shares a batch with
   another; inner steps touch their worker alone.
 
+  A pull computes no gradient; each inner step computes one (:meth:`computed`).
+
   Inputs: ``per_worker`` ``fire``, ``pull``, ``push``, ``staleness`` (at a push: the server
   updates since the worker's pull). Record: as :class:`EventTimes`, with ``staleness_steps``
   / ``_max`` / ``staleness_s`` over the pushes (server updates, and seconds since the pull).
@@ -373,6 +402,12 @@ class ServerEventTimes(EventTimes):
 
   def _kinds(self, k: int) -> np.ndarray:
     return k % self.cycle  # 0: a pull, cycle - 1: a push, else an inner step
+
+  def computed(self, steps):
+    """Events less pulls: event k of worker i is a pull when ``k % cycle_i == 0``, so
+    ``ceil(steps_i / cycle_i)`` of its first ``steps_i`` are."""
+    steps = np.asarray(steps, np.int64)
+    return steps - (steps + self.cycle - 1) // self.cycle
 
   def _duration(self, k: int) -> np.ndarray:
     compute = cluster_lib.minibatch_finish_times(self.cluster, k)[:, -1] + self.overhead

@@ -114,6 +114,13 @@ class HostPart:
     run's period ends are its program's structure, so a sweep trains it alone."""
     return False
 
+  def steps_for(self, grads: Sequence[int]) -> Optional[list[int]]:
+    """For each budget ``grads[j]`` (gradient computations per worker, increasing), the
+    fewest device steps from step 0 after which the workers' mean count reaches it; None: no
+    say (the clock of the run answers: :meth:`Host.steps_for`)."""
+    del grads
+    return None
+
   def state_dict(self) -> Optional[dict]:
     """JSON-serialisable state for checkpoints (None: stateless)."""
     return None
@@ -289,7 +296,11 @@ class Clock(HostPart):
   other but nobody waits for it until the end of step ``t + tau``: then
   ``c_i <- max(c_i, arrival_i)``.
 
-  Record: ``sim_time`` (s), the latest worker clock.
+  A step is one gradient computation per worker (a lockstep step: every worker computes its
+  gradient; Non-blocking SGD's partial batches and a failed worker's step included), so
+  a budget of B gradient computations per worker is B steps (:meth:`steps_for`).
+
+  Record: ``sim_time`` (s), the latest worker clock; ``grads_per_worker``, the steps so far.
   """
 
   name = "clock"
@@ -298,6 +309,11 @@ class Clock(HostPart):
     self.cluster, self.communications = cluster, list(communications)
     self.clocks = np.zeros(cluster.n)
     self.pending: list = []  # [step the result is needed, arrival times [n]] of deferred rounds
+    self.steps = 0  # steps observed (step + 1 of the last: no state of its own to restore)
+
+  def steps_for(self, grads):
+    """The points themselves: one gradient computation per worker a step."""
+    return [int(g) for g in grads]
 
   @property
   def sim_time(self) -> float:
@@ -326,10 +342,11 @@ class Clock(HostPart):
     self.pending = [p for p in self.pending if p[0] != step]
     for a in arrived:
       self.clocks = np.maximum(self.clocks, a)
+    self.steps = step + 1
     return None
 
   def record(self):
-    return {"sim_time": self.sim_time}
+    return {"sim_time": self.sim_time, "grads_per_worker": float(self.steps)}
 
   def state_dict(self):
     return {"clocks": self.clocks.tolist(), "pending": self.pending}
@@ -410,6 +427,21 @@ class Host:
   def own_plan(self) -> bool:
     """Whether any part plans from the run's own results (:meth:`HostPart.own_plan`)."""
     return any(p.own_plan() for p in self.parts)
+
+  def steps_for(self, grads: Sequence[int]) -> list[int]:
+    """For each budget ``grads[j]`` (gradient computations per worker, increasing), the
+    device steps from step 0 that reach it: the first part's answer
+    (:meth:`HostPart.steps_for`: the run's clock, lockstep or the event clock).
+
+    Raises:
+      ValueError: no part answers (a host without a clock).
+    """
+    for p in self.parts:
+      steps = p.steps_for(grads)
+      if steps is not None:
+        return steps
+    raise ValueError(f"no host part of {[p.name for p in self.parts]} says how many gradient "
+                     "computations a device step holds (a run's clock does)")
 
   def record(self) -> dict:
     out: dict = {}

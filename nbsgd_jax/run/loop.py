@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax import naming
 from nbsgd_jax.run import records as records_lib
 from nbsgd_jax.run import setup as setup_lib
 from nbsgd_jax.run.evaluation import TrainingDiverged
@@ -61,6 +62,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
 
   Writes ``workdir/config.json``, ``workdir/metrics.jsonl`` (one object per evaluation:
   ``step``, ``sim_time`` (s on the simulated cluster, :class:`nbsgd_jax.host.Clock`),
+  ``grads_per_worker`` (the workers' mean gradient computations so far: the unit of
+  ``num_steps`` with ``config.budget_unit = "grads_per_worker"``),
   ``wall_time`` s, ``train_loss``, ``train_batch_loss``, ``test_loss``, ``test_accuracy``,
   ``consensus_distance``, ``bytes_sent`` (bytes per worker, cumulative), ``rounds``
   (communication rounds so far) and, for decentralized recipes, ``worker_test_accuracy``),
@@ -179,7 +182,7 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
   else:
     host.begin(run)
     run.evaluate(0, None)
-  bar = stack.enter_context(progress_bar(cfg.num_steps, run.done, cfg.algorithm,
+  bar = stack.enter_context(progress_bar(run.num_steps, run.done, naming.algorithm_as_run(cfg),
                                          cfg.progress and main_process))
 
   def save(done):
@@ -201,7 +204,9 @@ def progress_bar(total: int, initial: int, desc: str, enabled: bool):
 
 def loop(stepper: Stepper, bar, save=None, checkpoint_every: int = 0,
          hooks: Sequence[tuple] = ()):
-  """Step every run of ``stepper`` to its ``num_steps`` or its stop: dispatches to the next
+  """Step every run of ``stepper`` to its last step (:attr:`~nbsgd_jax.run.stepper.Run.
+  num_steps`: ``num_steps``, or the steps that reach its budget in gradient computations per
+  worker) or its stop: dispatches to the next
   evaluation of any run, each run evaluated on its own cadence and stop rules
   (:func:`stop_reason`); ``save(done)`` after an evaluation at a multiple of
   ``checkpoint_every`` and at the end. A run that diverges stops (its error in
@@ -212,7 +217,8 @@ def loop(stepper: Stepper, bar, save=None, checkpoint_every: int = 0,
       evaluation, or as a checkpoint left them).
     bar: the progress bar (steps of the slowest run).
     save: ``done -> None``, or None without checkpoints.
-    checkpoint_every: steps between checkpoints.
+    checkpoint_every: steps between checkpoints (with a budget, gradient computations per
+      worker: :meth:`~nbsgd_jax.run.stepper.Run.checkpoint_due`).
     hooks: per run, a tuple of ``hook(step, state, setup)`` (:func:`train`) called with
       that run's state and set-up (empty: none).
   """
@@ -245,7 +251,8 @@ def loop(stepper: Stepper, bar, save=None, checkpoint_every: int = 0,
                          if k in rec})
       stepper.compact()
       good = [r for r in runs if r.stopped != "diverged"]  # the last good checkpoint stays
-      if save is not None and good and (done % checkpoint_every == 0
+      if save is not None and good and (any(r.checkpoint_due(done, checkpoint_every)
+                                            for r in evaluating)
                                         or not any(r.active for r in runs)):
         save(done)  # the last step too: a re-run is done
       watch.resume()
@@ -295,7 +302,8 @@ def summarize(cfg, s, run: Run, rec: dict, steps: int, stopped: Optional[str],
     periods = {"periods": run.host.part("planner").planner.periods}
   wall = run.watch.seconds
   cluster = run.host.part("workload").cluster
-  summary = {**rec, "algorithm": cfg.algorithm, "num_workers": cfg.num_workers,
+  summary = {**rec, "algorithm": cfg.algorithm,
+             "algorithm_as_run": naming.algorithm_as_run(cfg), "num_workers": cfg.num_workers,
              "backend": cfg.backend, "model": (type(s.model).__name__ if cfg.model == "module" else cfg.model)
                        if s.model is not None else "linear",
              "dataset": cfg.dataset,

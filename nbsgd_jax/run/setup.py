@@ -110,8 +110,8 @@ def _build(cfg: ml_collections.ConfigDict, model: Any, data: Any) -> Setup:
   given = (model, data, models_lib.REGISTRY.get(cfg.model), data_lib.REGISTRY.get(cfg.dataset))
   key = hparams_lib.structure_key(cfg, *given)
   step_lib.PROGRAMS.get(key, "given", lambda: given)  # alive while their programs are: ids
-  facts = dict(hparams=backend.replicate(jax.tree.map(jnp.asarray, hparams_lib.values(cfg))),
-               structure=key)
+  # numpy to the device by device_put: jnp.asarray would compile a program per array
+  facts = dict(hparams=backend.replicate(hparams_lib.values(cfg)), structure=key)
   memo = lambda name, make: step_lib.PROGRAMS.get(key, name, make)
   if cfg.dataset in config_lib.SYNTHETIC:
     problem = _problem(cfg)
@@ -130,8 +130,7 @@ def _build(cfg: ml_collections.ConfigDict, model: Any, data: Any) -> Setup:
   else:
     images, labels, sizes = data_lib.stack_shards(dataset.train_images, dataset.train_labels,
                                                   shards)
-    worker_data = task_lib.WorkerData(*backend.place((jnp.asarray(images), jnp.asarray(labels),
-                                                      jnp.asarray(sizes))))
+    worker_data = task_lib.WorkerData(*jax.device_put(backend.place((images, labels, sizes))))
   task = task_lib.classification_task(cfg, dataset, worker_data, model, backend,
                                       recipe.decentralized, memo)
   return Setup(cfg, dataset, worker_data, model, topo, recipe, backend, task, **facts)
@@ -162,7 +161,7 @@ def _init_from(s: Setup) -> Setup:
           f"{field}: {('params', 'model_state')[path[0].idx]}{jax.tree_util.keystr(path[1:])} "
           f"is {h.dtype}{list(h.shape)} in its step-{step} "
           f"checkpoint, {w.dtype}{list(w.shape)} in this model"])
-  init = lambda: jax.tree.map(jnp.asarray, loaded)
+  init = lambda seed=None: jax.tree.map(jnp.asarray, loaded)
   return s._replace(task=s.task._replace(init=init))
 
 
@@ -407,17 +406,31 @@ def check_model_fit(s: Setup) -> list[str]:
 
 
 def init_state(s: Setup) -> TrainState:
-  """Identical initial models on every worker (seeded), each with its own transform state."""
+  """Identical initial models on every worker (seeded by the run's ``hparams["seed"]``), each
+  with its own transform state, built by ONE compiled program (the model's init, the
+  broadcast to ``[n, ...]`` and the transforms' ``init`` under ``vmap``), kept in
+  :data:`~nbsgd_jax.run.step.PROGRAMS` by the run's structure: another seed compiles nothing.
+  A run that starts from ``config.init_from`` (its models are constants of the program) is
+  not kept.
+
+  Returns:
+    the placed :class:`~nbsgd_jax.run.step.TrainState`: leaves ``[n, ...]``.
+  """
+  make = lambda: jax.jit(lambda seed: _initial_state(s, seed))
+  program = make() if s.cfg.init_from else step_lib.PROGRAMS.get(s.structure, "init", make)
+  return s.backend.place(program(s.hparams["seed"]))
+
+
+def _initial_state(s: Setup, seed: jax.Array) -> TrainState:
+  """The traced body of :func:`init_state` (``seed``: int32 scalar)."""
   n = s.cfg.num_workers
   params, model_state = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape),
-                                     s.task.init())
+                                     s.task.init(seed))
   opt_state = jax.vmap(s.recipe.transform.init)(params)
   # Own buffers for every leaf: a state that starts as a copy of the params (an anchor) must
-  # not alias them, or donating the train state would donate one buffer twice.
-  opt_state, model_state = jax.tree.map(lambda x: jnp.array(x, copy=True),
-                                        (opt_state, model_state))
-  return s.backend.place(TrainState(params, opt_state, jnp.zeros((n,), jnp.int32),
-                                    model_state))
+  # not alias them, or donating the train state would donate one buffer twice (a program's
+  # outputs are distinct buffers: XLA copies a value returned twice).
+  return TrainState(params, opt_state, jnp.zeros((n,), jnp.int32), model_state)
 
 
 def one_worker_data(s: Setup):

@@ -6,16 +6,19 @@ the tests and the scripts step runs through it.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
+import functools
 import math
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from nbsgd_jax import consensus as consensus_lib
+from nbsgd_jax import forms as forms_lib
 from nbsgd_jax import metrics as metrics_lib
 from nbsgd_jax.run import evaluation as evaluation_lib
 from nbsgd_jax.run import setup as setup_lib
@@ -25,6 +28,47 @@ from nbsgd_jax.run.evaluation import TrainingDiverged
 from nbsgd_jax.run.records import Records
 from nbsgd_jax.run.stopwatch import Stopwatch
 from nbsgd_jax.transforms.base import is_summed
+from nbsgd_jax.axis import AXIS
+
+
+class Budget(NamedTuple):
+  """A run's evaluations and end in device steps, from its budget in gradient computations
+  per worker (``config.budget_unit = "grads_per_worker"``: ``num_steps``, ``eval_every``
+  and ``checkpoint_every`` in that unit; ``docs/design.md``, "Budgets in gradients per
+  worker").
+
+  Attributes:
+    points: the budget points, gradient computations per worker, increasing: every multiple
+      of ``eval_every`` below the budget, then the budget.
+    steps: the device steps from step 0 that reach each, as the run's clock says
+      (:meth:`nbsgd_jax.host.Host.steps_for`: lockstep, the points themselves).
+  """
+
+  points: tuple
+  steps: tuple
+
+  @classmethod
+  def of(cls, cfg, host) -> Optional["Budget"]:
+    """The budget of a run with ``cfg.budget_unit = "grads_per_worker"`` and host parts
+    ``host``; None in device steps (``num_steps`` device steps, an evaluation every
+    ``eval_every``)."""
+    total, every = cfg.num_steps, cfg.eval_every
+    if cfg.budget_unit != "grads_per_worker" or not total:
+      return None
+    points = tuple(range(every, total, every)) + (total,)
+    return cls(points, tuple(int(t) for t in host.steps_for(points)))
+
+  def next_step(self, done: int) -> int:
+    """The device step of the first evaluation after step ``done`` (the last step when none
+    is left)."""
+    i = bisect.bisect_right(self.steps, done)
+    return self.steps[min(i, len(self.steps) - 1)]
+
+  def point_at(self, step: int) -> Optional[int]:
+    """The budget point that device step ``step`` reaches last, or None when it is not one's
+    step."""
+    i = bisect.bisect_right(self.steps, step)
+    return self.points[i - 1] if i and self.steps[i - 1] == step else None
 
 
 class Run:
@@ -33,8 +77,8 @@ class Run:
 
   Attributes:
     s, host, records: the run's set-up, :class:`~nbsgd_jax.host.Host` and records.
-    stopped: why the run stopped before its ``num_steps`` (``"sim_time"``, ``"train_loss"``,
-      ``"diverged"``), None while it runs.
+    stopped: why the run stopped before its last step (:attr:`num_steps`: ``"sim_time"``,
+      ``"train_loss"``, ``"diverged"``), None while it runs.
     done: the steps it has taken (frozen when it stopped).
     rec: its last evaluation record.
   """
@@ -57,18 +101,30 @@ class Run:
   def watch(self) -> Stopwatch:
     return self.stepper.watch
 
+  @functools.cached_property
+  def budget(self) -> Optional[Budget]:
+    """Its :class:`Budget` (``config.budget_unit = "grads_per_worker"``), else None."""
+    return Budget.of(self.s.cfg, self.host)
+
+  @property
+  def num_steps(self) -> int:
+    """The device steps the run takes: ``config.num_steps``, or with a budget the steps that
+    reach it."""
+    return self.s.cfg.num_steps if self.budget is None else self.budget.steps[-1]
+
   @property
   def active(self) -> bool:
     """Whether the run still trains (not stopped, steps left)."""
-    return self.stopped is None and self.done < self.s.cfg.num_steps
+    return self.stopped is None and self.done < self.num_steps
 
   # ---------------------------------------------------------------- off-clock measurements
 
-  def models(self):
+  def models(self, own: bool = False):
     """The stacked models an evaluation reads (``Recipe.evaluated``, by default the workers'
-    parameters), whole on every device (evaluation reads whole models)."""
+    parameters; ``own``: the workers' parameters always), whole on every device (evaluation
+    reads whole models)."""
     p, read = self.state.params, self.s.recipe.evaluated
-    if read is not None:
+    if read is not None and not own:
       p = read(self.state.opt_state, p)
     return p if self.s.backend.mesh is None else self.s.backend.replicate(p)
 
@@ -127,6 +183,9 @@ class Run:
     if not finite.all():
       raise TrainingDiverged(step, np.flatnonzero(~finite).tolist(), "model")
     ev = self.s.task.evaluate(params, self.model_states(), self.s.task.eval_data)
+    own = params if self.s.recipe.evaluated is None else self.models(own=True)
+    if own is not params:  # Xi of the workers' own models, not of the replicas evaluated
+      ev["consensus_distance"] = float(metrics_lib.consensus_distance(own))
     bad = [k for k in ("train_loss", "test_loss") if not math.isfinite(ev.get(k, 0.0))]
     if bad:  # finite workers whose average overflows the loss
       raise TrainingDiverged(step, [], bad[0])
@@ -134,15 +193,29 @@ class Run:
            **ev, **self.host.record()}
     if self.s.cfg.consensus.per_layer:
       rec["consensus_distance_layers"] = {
-          k: float(v) for k, v in metrics_lib.consensus_distance_per_layer(params).items()}
+          k: float(v) for k, v in metrics_lib.consensus_distance_per_layer(own).items()}
     self.records.evaluation(rec)
     self.rec = rec
     return rec
 
   def next_evaluation(self) -> int:
-    """The step of the run's next evaluation (its ``eval_every`` cadence, its last step)."""
+    """The step of the run's next evaluation (its ``eval_every`` cadence, its last step;
+    with a budget, the step that reaches its next budget point)."""
     cfg = self.s.cfg
+    if self.budget is not None:
+      return self.budget.next_step(self.done)
     return min((self.done // cfg.eval_every + 1) * cfg.eval_every, cfg.num_steps)
+
+  def checkpoint_due(self, step: int, every: int) -> bool:
+    """Whether an evaluation at device step ``step`` is on the cadence of a checkpoint every
+    ``every`` steps (with a budget: gradient computations per worker, as ``eval_every``);
+    ``every`` = 0: never."""
+    if not every:
+      return False
+    if self.budget is None:
+      return step % every == 0
+    point = self.budget.point_at(step)
+    return point is not None and point % every == 0
 
 
 AUTO_DISPATCH_MAX = 16  # the largest k that config.steps_per_dispatch = 0 (auto) picks
@@ -152,23 +225,41 @@ def dispatch_size(setups: list, hooked: bool = False) -> int:
   """k, the steps per dispatch of the runs ``setups`` (one structure): their
   ``config.steps_per_dispatch``, or for 0 (auto) the largest divisor of every run's
   ``eval_every`` up to :data:`AUTO_DISPATCH_MAX`, and 1 where blocks would change what the
-  run does or compiles: hooks (they run before each dispatch), ``cluster.clock="wall"``
-  (each step timed on the host) and periodic recipes (each pattern of local and
-  synchronising steps in a block is a program of its own: at most one per tau for k = 1).
+  run does or compiles, or would be slower: hooks (they run before each dispatch),
+  ``cluster.clock="wall"`` (each step timed on the host), periodic recipes (each pattern of
+  local and synchronising steps in a block is a program of its own: at most one per tau for
+  k = 1) and a step that runs slower in a loop on this platform
+  (:func:`nbsgd_jax.forms.blocks_pay`: a convolution on a CPU).
 
   Why: each dispatch costs the host ~0.5 ms of Python (the program call, the context, the
-  reports read back) and each step ~0.1 ms (its inputs). With the MLP at n = 8 on a 2-core
-  CPU (3 ms steps) k = 1 spends 0.7 ms of host time a step, k = 10 0.13 ms and k = 50
-  0.09 ms (``docs/simulated_workers.md``); a step's results do not depend on k
-  (``tests/test_dispatch.py``).
+  reports read back) and each step ~0.1 ms (its inputs); a step's results do not depend on
+  k (``tests/test_dispatch.py``). Measured side by side, ``docs/steps_per_dispatch.md``.
   """
   cfg = setups[0].cfg
   if cfg.steps_per_dispatch:
     return int(cfg.steps_per_dispatch)
   if hooked or cfg.cluster.clock == "wall" or setups[0].recipe.periodic:
     return 1
+  s = setups[0]
+  if not step_lib.PROGRAMS.get(s.structure, "blocks_pay", lambda: forms_lib.blocks_pay(
+      jax.default_backend(), loss_jaxpr(s))):
+    return 1
   every = math.gcd(*(s.cfg.eval_every for s in setups))
   return max(k for k in range(1, AUTO_DISPATCH_MAX + 1) if every % k == 0)
+
+
+def loss_jaxpr(s: setup_lib.Setup):
+  """The ``ClosedJaxpr`` of one worker's training loss at step 0, its batch drawn as the
+  step draws it (traced on shapes only: nothing is compiled or run)."""
+  params, model_state = jax.eval_shape(s.task.init)
+  data = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + x.shape[1:], x.dtype),
+                      s.worker_data)
+
+  def loss(p, ms, d):
+    return s.task.loss_fn(p, ms, s.task.batch(d, jnp.int32(0), AXIS))[0]
+
+  return jax.make_jaxpr(jax.vmap(loss, in_axes=(None, None, 0), axis_name=AXIS))(
+      params, model_state, data)
 
 
 class Stepper:
@@ -423,4 +514,4 @@ def _same_arrays(trees: list) -> bool:
       for a, b in zip(first, jax.tree.leaves(t))) for t in trees[1:])
 
 
-__all__ = ["AUTO_DISPATCH_MAX", "Run", "Stepper", "dispatch_size"]
+__all__ = ["AUTO_DISPATCH_MAX", "Budget", "Run", "Stepper", "dispatch_size"]

@@ -142,9 +142,12 @@ class Task(NamedTuple):
   Attributes:
     name: ``"classification"``, ``"least_squares"`` or ``"logistic"``.
     worker_data: the stacked worker data (leaves ``[n, ...]``), placed for the backend.
-    init: ``() -> (params, model_state)`` of one worker (identical on every worker);
-      ``model_state`` is what the model carries besides its parameters (BatchNorm's running
-      statistics; ``{}`` or ``()`` when none): kept per worker, never communicated.
+    init: ``(seed=None) -> (params, model_state)`` of one worker (identical on every
+      worker; ``seed``: an int32 scalar, traceable, None: ``config.seed``); ``model_state`` is
+      what the model carries besides its parameters (BatchNorm's running statistics; ``{}``
+      or ``()`` when none): kept per worker, never communicated. Pure: jitted whole at
+      start-up (:func:`nbsgd_jax.run.setup.init_state`), so it builds its input sample
+      inside.
     loss_fn: ``(params, model_state, batch) -> (loss, model_state)``: the float32 training
       loss of a batch and the model state after it.
     batch: ``(data, step, axis_name, seed=None) -> batch``: this worker's batch at ``step``
@@ -231,8 +234,8 @@ def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData,
   eval_fn = memo("eval", lambda: ev.make_eval_fn(apply, decentralized and
                                                  cfg.eval_worker_accuracy))
   loss_fn_avg = memo("train_loss", lambda: ev.make_train_loss_fn(apply))
-  sample = eval_input(jnp.zeros((1,) + dataset.train_images.shape[1:],
-                                dataset.train_images.dtype))
+  sample_shape = (1,) + dataset.train_images.shape[1:]
+  sample_dtype = dataset.train_images.dtype
 
   def loss_fn(params, model_state, batch):
     x, y = batch
@@ -246,7 +249,9 @@ def classification_task(cfg, dataset: data_lib.Dataset, worker_data: WorkerData,
 
   return Task(
       "classification", worker_data,
-      init=lambda: models_lib.init(model, jax.random.key(cfg.seed), sample),
+      init=lambda seed=None: models_lib.init(
+          model, jax.random.key(cfg.seed if seed is None else seed),
+          eval_input(jnp.zeros(sample_shape, sample_dtype))),
       loss_fn=loss_fn, batch=batch, eval_data=eval_data,
       evaluate=lambda params, ms, d: {k: float(v) for k, v in eval_fn(params, ms, *d).items()},
       train_loss=lambda params, ms, d: float(loss_fn_avg(params, ms, d[1])),
@@ -335,8 +340,9 @@ def language_model_task(cfg, dataset, worker_tokens: jax.Array, model, backend,
 
   return Task(
       "language_model", worker_tokens,
-      init=lambda: models_lib.init(model, jax.random.key(cfg.seed), jnp.zeros((1, t),
-                                                                              jnp.int32)),
+      init=lambda seed=None: models_lib.init(
+          model, jax.random.key(cfg.seed if seed is None else seed),
+          jnp.zeros((1, t), jnp.int32)),
       loss_fn=loss_fn,
       batch=lambda data, step, axis, seed=None: text_batch(
           data, cfg.seed if seed is None else seed, cfg.batch_size, t, step, axis),
@@ -377,7 +383,8 @@ def synthetic_task(cfg, problem, backend) -> Task:
             "consensus_distance": float(backend.fetch(metrics_lib.consensus_distance(params)))}
 
   return Task(
-      problem.name, worker_data, init=lambda: (problems_lib.init_params(problem), ()),
+      problem.name, worker_data,
+      init=lambda seed=None: (problems_lib.init_params(problem), ()),
       loss_fn=transforms.stateless(loss_fn), batch=batch, eval_data=eval_data,
       evaluate=evaluate, train_loss=lambda params, ms, d: objective(params),
       point_loss=lambda p, ms, d: loss_fn(p, d), facts={"f_star": problem.f_star})
