@@ -162,8 +162,8 @@ def _training_defaults() -> ml_collections.ConfigDict:
                                  # steps between evaluations whose host inputs are known in
                                  # advance; hooks run before each dispatch; clock=wall: 1);
                                  # 0: auto, the largest divisor of eval_every up to 16, and 1
-                                 # with hooks, clock=wall, a periodic recipe or a convolution
-                                 # on a CPU (run/stepper.py, forms.blocks_pay)
+                                 # with hooks, clock=wall, a periodic recipe or on a CPU
+                                 # (run/stepper.py, forms.blocks_pay)
   c.double_buffer = True         # a spare set of parameter buffers: each step writes the new
                                  # parameters there (no fresh [n, d] buffer and copy when the
                                  # models are mixed); False: one set, less memory

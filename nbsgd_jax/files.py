@@ -3,8 +3,31 @@ the lock that keeps one process per directory."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Callable
+
+
+def read_records(path: str) -> tuple[list, int]:
+  """The evaluation records of a ``metrics.jsonl`` at ``path``: ``(records, skipped)``,
+  the JSON objects with an int ``step`` in file order, and the count of other non-blank
+  lines (a torn last line). A missing file reads as no record."""
+  try:
+    with open(path) as f:
+      lines = f.read().splitlines()
+  except FileNotFoundError:
+    return [], 0
+  records, skipped = [], 0
+  for line in filter(str.strip, lines):
+    try:
+      rec = json.loads(line)
+    except ValueError:
+      rec = None
+    if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+      records.append(rec)
+    else:
+      skipped += 1
+  return records, skipped
 
 
 def atomic_write(path: str, text: str) -> None:

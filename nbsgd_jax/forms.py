@@ -19,13 +19,15 @@ every form computes the same function (tests: ``tests/test_forms.py``,
   block's BatchNorm, inside each transposing copy that XLA:CPU makes for a weight
   gradient; ``"fused"`` (XLA's own choice) elsewhere.
 
-* steps per dispatch (``config.steps_per_dispatch = 0``, :func:`blocks_pay`): blocks of k
-  steps (a ``lax.scan``) wherever the step has no convolution, one step per dispatch on a
-  CPU when it has one. XLA:CPU runs a convolution inside a loop's body on a slower path than
-  the same convolution at the top of a program: the main job's CNN took 150 ms a step in
-  blocks of 2, 4 or 16 against 45 ms at k = 1, a bare two-layer convolution's gradient 13x
-  slower in a 4-step scan (unrolled: as fast), while dense layers run as fast in a loop
-  (``benchmarks/steps_per_dispatch.py``, ``docs/steps_per_dispatch.md``).
+* steps per dispatch (``config.steps_per_dispatch = 0``, :func:`blocks_pay`): one step per
+  dispatch on a CPU, blocks of k steps (a ``lax.scan``) elsewhere. XLA:CPU runs a
+  convolution inside a loop's body on a slower path than at the top of a program (the main
+  job's CNN: 145 ms a step in blocks of 4 against 47 ms at k = 1; ResNet-20: 10.8x; a bare
+  two-layer convolution's gradient 13x slower in a 4-step scan, unrolled as fast), and the
+  MLP, whose step is dense layers, measured no faster in blocks (8.8 ms at k = 16 against
+  8.6 ms at k = 1), side by side: ``benchmarks/steps_per_dispatch.py``,
+  ``docs/steps_per_dispatch.md``. On a GPU a dispatch has a fixed launch and synchronisation
+  cost that blocks save (not measured here).
 
 Not a form: XLA:CPU's own (Eigen) convolution kernels instead of YNNPACK's (the compiler
 option ``xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``) made the
@@ -84,32 +86,11 @@ def resolve(cfg: Any, platform: str, local_workers: int) -> Forms:
   return Forms(conv, cfg.pool_impl, residuals)
 
 
-SLOW_IN_LOOPS = {"cpu": ("conv_general_dilated",)}  # primitives slower inside a loop's body
-
-
-def blocks_pay(platform: str, step_jaxpr) -> bool:
-  """Whether blocks of steps in one program (a ``lax.scan``) are as fast per step as one
-  step per program on ``platform``: False when the step (``step_jaxpr``, a ``ClosedJaxpr``
-  of its loss, e.g. ``jax.make_jaxpr``'s) holds a primitive of :data:`SLOW_IN_LOOPS` there
-  (module docstring, "steps per dispatch"; sub-programs included)."""
-  slow = SLOW_IN_LOOPS.get(platform, ())
-  return not any(name in slow for name in primitive_names(step_jaxpr))
-
-
-def primitive_names(jaxpr) -> set:
-  """The names of every primitive of ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``) and of
-  the programs its equations hold (``pjit``, ``scan``, ``cond``, custom derivatives)."""
-  names, todo = set(), [jaxpr]
-  while todo:
-    j = todo.pop()
-    j = getattr(j, "jaxpr", j)
-    for eqn in j.eqns:
-      names.add(eqn.primitive.name)
-      for v in eqn.params.values():
-        for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-          if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
-            todo.append(sub)
-  return names
+def blocks_pay(platform: str) -> bool:
+  """Whether blocks of steps in one program (a ``lax.scan``) are the default on
+  ``platform`` (``jax.default_backend()``): not on a CPU (module docstring, "steps per
+  dispatch")."""
+  return platform != "cpu"
 
 
 def device_workers(backend) -> int:

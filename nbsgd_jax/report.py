@@ -139,25 +139,7 @@ def load_run(path: str) -> Run:
   if not isinstance(config, dict):
     raise NotARunError("unreadable config.json (not a JSON object)")
 
-  records, skipped = [], 0
-  try:
-    with open(os.path.join(path, "metrics.jsonl")) as f:
-      lines = f.read().splitlines()
-  except FileNotFoundError:
-    lines = []
-  for line in lines:
-    if not line.strip():
-      continue
-    try:
-      rec = json.loads(line)
-    except ValueError:
-      skipped += 1
-      continue
-    if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
-      skipped += 1
-      continue
-    records.append(rec)
-
+  records, skipped = files_lib.read_records(os.path.join(path, "metrics.jsonl"))
   summary = None
   try:
     with open(os.path.join(path, "summary.json")) as f:
@@ -223,12 +205,12 @@ def _row(run: Run, label: str, settings: dict, target: float | None) -> dict:
   row = {"run": run.name, "dir": run.path, "label": label, "settings": settings,
          "algorithm": cfg.get("algorithm"), "algorithm_as_run": run.as_run,
          "named": sorted(run.named), "num_workers": cfg.get("num_workers"),
-         "num_steps": cfg.get("num_steps"),
+         "num_steps": cfg.get("num_steps"), "budget_unit": cfg.get("budget_unit", "steps"),
          "finished": run.finished, "evaluations": len(run.records),
          "skipped_lines": run.skipped_lines, "target_loss": target}
   if not run.records:
-    row.update(status=NO_EVAL, step=None, final_test_accuracy=None, final_train_loss=None,
-               sim_time=None, wall_time=None, bytes_sent=None, mb_sent=None,
+    row.update(status=NO_EVAL, step=None, grads_per_worker=None, final_test_accuracy=None,
+               final_train_loss=None, sim_time=None, wall_time=None, bytes_sent=None, mb_sent=None,
                samples_per_second=None, target_step=None, target_sim_time=None,
                target_wall_time=None, target_bytes_sent=None, target_mb_sent=None,
                **{key: None for key, _, _ in ASYNC_COLUMNS})
@@ -242,7 +224,7 @@ def _row(run: Run, label: str, settings: dict, target: float | None) -> dict:
   hit_bytes = _num(hit.get("bytes_sent")) if hit else None
   row.update(
       status="finished" if run.finished else "in progress",
-      step=step,
+      step=step, grads_per_worker=_num(last.get("grads_per_worker")),
       final_test_accuracy=_num(last.get("test_accuracy")),
       final_train_loss=_num(last.get("train_loss")),
       sim_time=_num(last.get("sim_time")),
@@ -389,6 +371,9 @@ def _table(rows: list, target: float | None) -> list[str]:
       steps = f"0 / {row['num_steps']} ({NO_EVAL})"
     else:
       steps = f"{row['step']} / {row['num_steps']}"
+      if row["budget_unit"] == "grads_per_worker" and row["grads_per_worker"] is not None:
+        steps = (f"{row['grads_per_worker']:.0f} / {row['num_steps']} gradients per worker "
+                 f"({row['step']} steps)")
       if not row["finished"]:
         steps += " (in progress)"
     reached = row["status"] != NO_EVAL and row["target_step"] is not None

@@ -154,19 +154,7 @@ def read_run(path: str) -> tuple[list, Optional[dict], Optional[str]]:
   skipped), ``summary``: ``summary.json`` or None, ``why``: None for a finished run."""
   if not os.path.isdir(path):
     return [], None, "no directory"
-  records = []
-  try:
-    with open(os.path.join(path, "metrics.jsonl")) as f:
-      lines = f.read().splitlines()
-  except FileNotFoundError:
-    lines = []
-  for line in lines:
-    try:
-      rec = json.loads(line)
-    except ValueError:
-      continue
-    if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-      records.append(rec)
+  records, _ = files_lib.read_records(os.path.join(path, "metrics.jsonl"))
   try:
     with open(os.path.join(path, "summary.json")) as f:
       summary = json.load(f)

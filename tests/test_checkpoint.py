@@ -86,7 +86,7 @@ def test_crash_and_resume_equals_uninterrupted(tmp_path, case):
   if os.path.exists(tmp_path / "full" / "steps.jsonl"):
     assert (_records(tmp_path / "run" / "steps.jsonl")
             == _records(tmp_path / "full" / "steps.jsonl"))
-  drop = ("history", "wall_time", "samples_per_second")
+  drop = ("history", "wall_time", "samples_per_second", "run_seconds")
   assert ({k: v for k, v in resumed.items() if k not in drop}
           == {k: v for k, v in full.items() if k not in drop})
 

@@ -102,7 +102,14 @@ def test_the_main_jobs_figures_are_the_committed_run():
       text = " ".join(f.read().split()).replace("**", "")
     assert acc in text, doc
   with open(os.path.join(ROOT, "docs", "results.md")) as f:
-    assert f"train loss {s['train_loss']:.4f}" in " ".join(f.read().split())
+    results = " ".join(f.read().split())
+  assert f"train loss {s['train_loss']:.4f}" in results
+  # the time quoted is the record's: train()'s seconds (run_seconds), set-up and compilation in
+  seconds = f"{s['run_seconds']:.0f} s of `train()`"
+  with open(os.path.join(ROOT, "README.md")) as f:
+    assert seconds in " ".join(f.read().split())
+  assert f"**{s['run_seconds']:.0f} s** of `train()`" in results
+  assert f"{s['wall_time']:.1f} s are training steps" in results
 
 
 def _committed(*parts):
@@ -216,11 +223,12 @@ def _config_file(name, overrides):
 
 
 def _guide_runs():
-  """The guide's quick-start runs: ``{workdir name: {key: value}}`` of its commands
-  (``--workdir=runs/NAME --config.KEY=VALUE ...``)."""
+  """The guide's quick-start runs: ``{workdir name: {key: value}}`` of the commands of its
+  "First run" and "Two more runs" (``--workdir=runs/NAME --config.KEY=VALUE ...``)."""
   import ast
   import re
   text = _committed("guide.md").replace("\\\n", " ")
+  text = text[text.index("## First run"):text.index("## Compare them")]
   runs = {}
   for line in text.splitlines():
     m = re.match(r"python -m nbsgd_jax\.main --config=experiments/configs/quickstart\.py "
@@ -256,21 +264,19 @@ def test_the_headline_runs_were_recorded_with_todays_configs():
 
 def test_the_guides_figures_are_its_committed_runs(tmp_path):
   """The guide's report table and the README's times to the target are the report of the
-  committed quick-start runs (docs/guide/runs)."""
+  committed quick-start runs (docs/guide/runs), as `python -m nbsgd_jax.report` makes it."""
   from nbsgd_jax import report
   names = ["dpsgd", "allreduce", "dpsgd_nonblocking"]
-  report.build_report([os.path.join(ROOT, "docs", "guide", "runs", n) for n in names],
-                      str(tmp_path))
-  made = (tmp_path / "report.md").read_text()
+  rows = report.build_report([os.path.join(ROOT, "docs", "guide", "runs", n) for n in names],
+                             str(tmp_path))["rows"]
   guide = " ".join(_committed("guide.md").split())
   with open(os.path.join(ROOT, "README.md")) as f:
     readme = " ".join(f.read().split())
-  for name in names:
-    with open(os.path.join(ROOT, "docs", "guide", "runs", name, "summary.json")) as f:
-      s = json.load(f)
-    row = f"| {name} | {s['test_accuracy']:.4f} | {s['train_loss']:.4f} | {s['sim_time']:.4g} |"
+  quoted = readme[readme.index("Three 10-second runs"):][:600]
+  for name, r in zip(names, rows):
+    assert r["run"] == name and r["status"] == "finished", r
+    row = (f"| {name} | {r['final_test_accuracy']:.4f} | {r['final_train_loss']:.4f} | "
+           f"{r['sim_time']:.4g} | {r['mb_sent']:.1f} | {r['target_sim_time']:.4g} |")
     assert row in guide, row
-  targets = [line for line in made.splitlines() if line.startswith("|")]
-  assert targets, made
-  for quoted in re.findall(r"(\d+\.\d) s", readme[readme.index("Three 10-second runs"):][:400]):
-    assert quoted in made or any(quoted in line for line in targets), quoted
+    assert f"{r['target_sim_time']:.1f} s" in quoted, (name, r["target_sim_time"], quoted)
+  assert f"target training loss {rows[0]['target_loss']:.4f}" in guide

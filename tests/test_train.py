@@ -167,6 +167,8 @@ def test_train_writes_metrics_and_counts_bytes(tmp_path):
   # ring with n = 4: two neighbours, float32 model: 2 * 4 bytes * params per step
   assert lines[-1]["bytes_sent"] == pytest.approx(6 * 2 * 4 * summary["model_params"])
   assert json.loads((tmp_path / "summary.json").read_text())["step"] == 6
+  # the whole train() (set-up, compilation, evaluations) and, inside it, the steps
+  assert summary["run_seconds"] > summary["wall_time"] > 0
   assert json.loads((tmp_path / "config.json").read_text())["algorithm"] == "dpsgd"
   quiet = train.train(small_cfg(algorithm="dpsgd", num_steps=3, eval_every=3,
                                 eval_worker_accuracy=False))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from typing import Optional, Sequence
 
 import jax
@@ -72,7 +73,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
   ``stopped``: ``"sim_time"`` / ``"train_loss"`` where ``cfg.stop_sim_time`` /
   ``cfg.stop_train_loss`` ended training at an evaluation before ``num_steps``, else None).
   ``wall_time`` counts the training steps (compilation included), not evaluation, hooks or
-  host measurements. A config that differs from an earlier run of this process only in its
+  host measurements; ``summary.json``'s ``run_seconds`` the whole ``train()`` of this process
+  (set-up, compilation, steps, evaluations, checkpoints). A config that differs from an earlier run of this process only in its
   hyperparameters compiles nothing (:data:`nbsgd_jax.run.step.PROGRAMS`); a grid of runs is
   :func:`nbsgd_jax.run.sweep.sweep`.
 
@@ -160,6 +162,7 @@ def per_step_records(cfg) -> bool:
 
 
 def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
+  start = time.perf_counter()
   s, host = prepare(cfg, model, data)
   main_process = jax.process_index() == 0
   if workdir:
@@ -192,7 +195,9 @@ def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
   loop(stepper, bar, ckpt and save, cfg.checkpoint_every, [tuple(hooks)])
   if run.error is not None:
     raise run.error
-  return summarize(cfg, s, run, run.rec, run.done, run.stopped)
+  # run_seconds: this process's whole train(), set-up and compilation included
+  return summarize(cfg, s, run, run.rec, run.done, run.stopped,
+                   {"run_seconds": time.perf_counter() - start})
 
 
 def progress_bar(total: int, initial: int, desc: str, enabled: bool):

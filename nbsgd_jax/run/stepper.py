@@ -28,7 +28,6 @@ from nbsgd_jax.run.evaluation import TrainingDiverged
 from nbsgd_jax.run.records import Records
 from nbsgd_jax.run.stopwatch import Stopwatch
 from nbsgd_jax.transforms.base import is_summed
-from nbsgd_jax.axis import AXIS
 
 
 class Budget(NamedTuple):
@@ -221,45 +220,27 @@ class Run:
 AUTO_DISPATCH_MAX = 16  # the largest k that config.steps_per_dispatch = 0 (auto) picks
 
 
-def dispatch_size(setups: list, hooked: bool = False) -> int:
+def dispatch_size(setups: list, hooked: bool = False, platform: Optional[str] = None) -> int:
   """k, the steps per dispatch of the runs ``setups`` (one structure): their
   ``config.steps_per_dispatch``, or for 0 (auto) the largest divisor of every run's
   ``eval_every`` up to :data:`AUTO_DISPATCH_MAX`, and 1 where blocks would change what the
   run does or compiles, or would be slower: hooks (they run before each dispatch),
   ``cluster.clock="wall"`` (each step timed on the host), periodic recipes (each pattern of
   local and synchronising steps in a block is a program of its own: at most one per tau for
-  k = 1) and a step that runs slower in a loop on this platform
-  (:func:`nbsgd_jax.forms.blocks_pay`: a convolution on a CPU).
+  k = 1) and a CPU (``platform``, default ``jax.default_backend()``:
+  :func:`nbsgd_jax.forms.blocks_pay`, measured in ``docs/steps_per_dispatch.md``).
 
-  Why: each dispatch costs the host ~0.5 ms of Python (the program call, the context, the
-  reports read back) and each step ~0.1 ms (its inputs); a step's results do not depend on
-  k (``tests/test_dispatch.py``). Measured side by side, ``docs/steps_per_dispatch.md``.
+  A step's results do not depend on k (``tests/test_dispatch.py``).
   """
   cfg = setups[0].cfg
   if cfg.steps_per_dispatch:
     return int(cfg.steps_per_dispatch)
   if hooked or cfg.cluster.clock == "wall" or setups[0].recipe.periodic:
     return 1
-  s = setups[0]
-  if not step_lib.PROGRAMS.get(s.structure, "blocks_pay", lambda: forms_lib.blocks_pay(
-      jax.default_backend(), loss_jaxpr(s))):
+  if not forms_lib.blocks_pay(platform or jax.default_backend()):
     return 1
   every = math.gcd(*(s.cfg.eval_every for s in setups))
   return max(k for k in range(1, AUTO_DISPATCH_MAX + 1) if every % k == 0)
-
-
-def loss_jaxpr(s: setup_lib.Setup):
-  """The ``ClosedJaxpr`` of one worker's training loss at step 0, its batch drawn as the
-  step draws it (traced on shapes only: nothing is compiled or run)."""
-  params, model_state = jax.eval_shape(s.task.init)
-  data = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + x.shape[1:], x.dtype),
-                      s.worker_data)
-
-  def loss(p, ms, d):
-    return s.task.loss_fn(p, ms, s.task.batch(d, jnp.int32(0), AXIS))[0]
-
-  return jax.make_jaxpr(jax.vmap(loss, in_axes=(None, None, 0), axis_name=AXIS))(
-      params, model_state, data)
 
 
 class Stepper:
