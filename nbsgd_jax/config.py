@@ -142,7 +142,7 @@ def _training_defaults() -> ml_collections.ConfigDict:
                                  # embeddings; not biases or norm scales: nanoGPT's rule)
   c.grad_clip = 0.0              # clip each worker's gradient to this global L2 norm before
                                  # its optimizer (0: off; nanoGPT: 1.0)
-  c.num_steps = 1000             # the run's length (in budget_unit)
+  c.num_steps = 1000             # steps: the run's length (gradients per worker with budget_unit)
   c.budget_unit = "steps"        # unit of num_steps, eval_every, checkpoint_every, schedule:
                                  # steps | grads_per_worker (the same for every algorithm)
   c.eval_every = 100             # steps between evaluations (a final one is always made)

@@ -98,7 +98,9 @@ def test_sigkill_and_resume_from_the_command_line(tmp_path, algorithm):
   overrides = ["--config.model=mlp", "--config.num_workers=4", "--config.batch_size=8",
                "--config.num_steps=40", "--config.eval_every=5", "--config.checkpoint_every=10",
                "--config.eval_train_examples=64", "--config.progress=False",
-               f"--config.algorithm={algorithm}", "--config.cluster.scenario=lognormal"]
+               f"--config.algorithm={algorithm}", "--config.cluster.scenario=lognormal",
+               # device steps (the main job counts gradients per worker: tests/test_budget.py)
+               "--config.budget_unit=steps"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
   def cmd(wd):
@@ -283,6 +285,6 @@ def test_ctrl_c_stops_with_one_line_and_whole_records(tmp_path):
   assert proc.returncode == 130, err[-2000:]
   assert "Traceback" not in err
   assert [l for l in err.splitlines() if l.startswith("error:")] == [
-      f"error: interrupted; {wd} holds the records so far; the same command starts it again "
-      "(config.checkpoint_every=0: no checkpoints)"]
+      f"error: interrupted; {wd} holds the records so far; the same command resumes from the "
+      "last checkpoint"]  # the quick start checkpoints every 5th evaluation
   assert len(_records(wd / "metrics.jsonl")) >= 2

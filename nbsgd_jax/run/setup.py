@@ -406,7 +406,7 @@ def check_model_fit(s: Setup) -> list[str]:
 
 
 def init_state(s: Setup) -> TrainState:
-  """Identical initial models on every worker (seeded by the run's ``hparams["seed"]``), each
+  """Identical initial models on every worker (seeded by ``config.seed``, an input), each
   with its own transform state, built by ONE compiled program (the model's init, the
   broadcast to ``[n, ...]`` and the transforms' ``init`` under ``vmap``), kept in
   :data:`~nbsgd_jax.run.step.PROGRAMS` by the run's structure: another seed compiles nothing.
@@ -418,7 +418,9 @@ def init_state(s: Setup) -> TrainState:
   """
   make = lambda: jax.jit(lambda seed: _initial_state(s, seed))
   program = make() if s.cfg.init_from else step_lib.PROGRAMS.get(s.structure, "init", make)
-  return s.backend.place(program(s.hparams["seed"]))
+  # the seed from numpy, as the eager init was: the state leaves the program on the default
+  # device, uncommitted, and the backend places it (a replicated input would shard it)
+  return s.backend.place(program(np.int32(s.cfg.seed)))
 
 
 def _initial_state(s: Setup, seed: jax.Array) -> TrainState:
