@@ -22,6 +22,8 @@ from nbsgd_jax import hparams as hparams_lib
 from nbsgd_jax import train
 from nbsgd_jax.run.stepper import Budget
 
+from tests.test_checkpoint import Crash
+
 STRAGGLERS = {"cluster.scenario": "lognormal", "cluster.spread": 0.3,
               "cluster.delay": "bernoulli_exponential", "cluster.delay_prob": 0.1,
               "cluster.delay_mean": 0.05}
@@ -128,9 +130,6 @@ def test_an_event_clock_budget_checkpoints_on_its_cadence_and_resumes(tmp_path):
   full = train.train(cfg(), str(tmp_path / "full"), hooks=(hook,))
   _check_budget(cfg(), full, final)
   at = [r["step"] for r in full["history"]]  # the steps of points 0, 2, 4, 6, 8
-
-  class Crash(Exception):
-    pass
 
   def crash(step, state, setup):
     del state, setup
