@@ -58,11 +58,19 @@ def stochastic_gradient_push(inner, gossip, overlap: bool = False,
 
   ``overlap=True`` (Overlap-SGP, the reference's ``overlap=True``, ``synch_freq`` = s): a
   round is sent at the start of a step, before its gradient (the worker keeps ``W[i, i]`` of
-  ``(x, w)`` and sends the rest), and its messages are added after ``s + 1`` gradient steps
-  (s = 0: at the end of the same step, the gossip overlapping the computation); a worker
-  sends a new round only when the last one landed, so every ``s + 1`` steps, round r over
-  ``W_r``. This is the reference's non-blocking query in the limit of slow communication: a
-  round lands when the worker must wait for it, after s steps without waiting.
+  ``(x, w)`` and sends the rest), and its messages are added when the worker must wait for
+  them; a worker sends a new round only when the last one landed. This is the reference's
+  forward pre-hook (``gossip/distributed.py`` ``__make_forward_pre_hook``, lines 574-584 at
+  e682064) in the limit of slow communication, where a non-blocking query never finds the
+  round arrived: at each iteration it queries, blocking once ``num_updates >= synch_freq``,
+  sets ``num_updates`` to 0 when a round landed and adds 1 otherwise, then sends if no round
+  is in flight. Iteration 0 finds no round in flight and still adds 1, so the first round lands
+  after ``max(s, 1)`` gradient steps and every later one after ``s + 1``: with ``o = 1`` for
+  ``s >= 1`` (0 for s = 0), step k sends round ``(k + o) // (s + 1)`` when ``k = 0`` or
+  ``(k + o) % (s + 1) = 0``, over ``W_r``, and a round lands at the end of step k when ``(k + o)
+  % (s + 1) = s`` (s = 0: every step, at its end, the gossip overlapping the computation).
+  The host's clock waits for each round ``s`` steps after it is sent (``deferred(s)``): for
+  the first round with ``s >= 1`` that is one step after the device adds it.
 
   Args:
     inner: the local optimizer (gradient in, change of the numerator out).
@@ -93,8 +101,9 @@ def stochastic_gradient_push(inner, gossip, overlap: bool = False,
       (x, w), comm = gossip.mix((_add(x, u), w), ctx)
       inbox = state.inbox
     else:
-      send, land = ctx.step % tau == 0, ctx.step % tau == tau - 1
-      round_ctx = ctx._replace(step=ctx.step // tau)  # round r = k // (s + 1) over W_r
+      k = ctx.step + (1 if tau > 1 else 0)  # the pre-hook's count is one ahead (docstring)
+      send, land = (k % tau == 0) | (ctx.step == 0), k % tau == tau - 1
+      round_ctx = ctx._replace(step=k // tau)  # round r over W_r
       keep = jnp.asarray(diag)[gossip.phase(round_ctx), gossip.index()]
       mixed, comm = gossip.mix((x, w), round_ctx)
       recv = jax.tree.map(lambda m, a: m - keep.astype(a.dtype) * a, mixed, (x, w))
