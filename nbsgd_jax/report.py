@@ -56,9 +56,13 @@ X_AXES = (("sim_time", "simulated time (s)", 1.0),
           ("step", "step", 1.0))
 # The event clock's record keys (nbsgd_jax.host.events: EventTimes.record, ServerEventTimes
 # .record): (key, column of report.md, format); a column is shown when some run has its key.
+# Staleness: tau is the paper's (every worker's updates between a gradient's read and its
+# application; asynchronous DiLoCo: server updates between pull and push), own steps the
+# changes to the worker's own model in between (AD-PSGD, SwarmSGD).
 ASYNC_COLUMNS = (("events", "events", ".0f"), ("pushes", "pushes", ".0f"),
-                 ("staleness_steps", "staleness mean", ".3g"),
-                 ("staleness_steps_max", "staleness max", ".0f"))
+                 ("staleness_tau", "staleness tau mean", ".3g"),
+                 ("staleness_tau_max", "staleness tau max", ".0f"),
+                 ("staleness_own_steps", "own-model staleness mean", ".3g"))
 EVENT_CLOCK_DOC = "docs/algorithms.md, \"The event clock\""
 CONSENSUS_FIGURE = "consensus_distance.png"
 NO_EVAL = "no evaluation yet"
@@ -482,8 +486,8 @@ def build_report(run_dirs: Sequence[str], out: str, target_loss: float | None = 
     wall_time), ``target_loss``, ``target_step``, ``target_sim_time`` (s),
     ``target_wall_time`` (s), ``target_bytes_sent`` (bytes), ``target_mb_sent``: None when
     the target is not reached or there is no evaluation; the event clock's ``events``,
-    ``pushes``, ``staleness_steps`` and ``staleness_steps_max`` at the last evaluation, None
-    for a run without them), ``skipped`` (``(dir, reason)``
+    ``pushes``, ``staleness_tau``, ``staleness_tau_max`` and ``staleness_own_steps`` at the
+    last evaluation, None for a run without them), ``skipped`` (``(dir, reason)``
     pairs), ``target_loss``, ``report`` (path of ``report.md``) and ``figures`` (paths of
     the PNGs written).
 

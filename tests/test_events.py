@@ -8,6 +8,7 @@ the stale gradient) over quadratics, with 8 workers of 3 speeds.
 """
 
 import heapq
+import json
 
 import numpy as np
 import pytest
@@ -193,3 +194,106 @@ def test_equal_speeds_on_a_ring_batch_disjoint_pairs():
     assert [e.worker for e in clock.next_batch()] == expect
     sizes.append(len(expect))
   assert max(sizes) >= 2
+
+
+
+# The paper's staleness tau (Lian et al. 2018, ICML, "Asynchronous Decentralized Parallel SGD",
+# Sec. 3 and Algorithm 1: x_hat_k = x_{k - tau_k}, k counting one update per event of any
+# worker), counted here straight from its definition: for each event, the events of every
+# worker strictly between the worker's read (its previous event, time 0 at first) and the
+# event, in the order of (time, worker), over ALL events, applied or not.
+
+
+def sequential_events(n, seconds, wait, until):
+  """Every event ``(time, worker, own step)`` before time ``until``, in sequential order: a
+  heap of finish times (ties by worker); worker i's computation k takes ``seconds(i, k)`` s,
+  and after its event k it waits ``wait(i, k)`` s (its message) before computing again."""
+  heap = [(seconds(i, 0), i, 0) for i in range(n)]
+  heapq.heapify(heap)
+  out = []
+  while heap[0][0] < until:
+    t, i, k = heapq.heappop(heap)
+    out.append((t, i, k))
+    heapq.heappush(heap, (t + wait(i, k) + seconds(i, k + 1), i, k + 1))
+  return out
+
+
+def tau_by_count(order, applied):
+  """``([tau], [s from the read])`` of the events ``applied`` (``(worker, step)``): the events
+  of ``order`` strictly between each one's read and itself, counted one by one."""
+  when = {(i, k): t for t, i, k in order}
+  taus, ages = [], []
+  for i, k in applied:
+    t, read = when[(i, k)], when.get((i, k - 1), 0.0)
+    taus.append(sum((read, i) < (u, j) < (t, i) for u, j, _ in order))
+    ages.append(t - read)
+  return taus, ages
+
+
+@pytest.mark.parametrize("reach", [False, True], ids=["drawn ahead", "reach"])
+@pytest.mark.parametrize("name", list(TOYS))
+def test_tau_equals_a_count_of_the_events_in_between(name, reach):
+  """After every batch, the clock's tau (events, sum and max over the events applied so far)
+  is the count over the sequential order, although the batches are not in time order (an
+  event left out of a batch comes later than ones taken); each event's ``read`` is its
+  worker's previous event's time."""
+  toy = TOYS[name]
+  clock, applied, keys = toy.clock(reach), [], []
+  for _ in range(25):
+    batch = clock.next_batch()
+    applied += [(e.worker, e.step) for e in batch]
+    keys += [(e.time, e.worker) for e in batch]
+    order = sequential_events(toy.n, lambda i, k: toy.duration(k)[i], toy.comm,
+                              max(keys)[0] + 1e-9)
+    taus, ages = tau_by_count(order, applied)
+    assert clock.tau() == (len(applied), sum(taus), max(taus))
+  when = {(i, k): t for t, i, k in order}
+  for e in batch:
+    assert e.read == when.get((e.worker, e.step - 1), 0.0)
+  if name != "star of 7":  # (the star's events all touch its centre: one a batch)
+    assert keys != sorted(keys)  # applied out of time order: a counter would be wrong
+  assert np.mean(taus) > 1  # every worker's events count, not the own model's changes
+
+
+def test_a_checkpoint_continues_the_tau_count():
+  a = TOY.clock()
+  for _ in range(7):
+    a.next_batch()
+  b = TOY.clock()
+  b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+  assert a.tau() == b.tau()
+  for _ in range(7):
+    assert a.next_batch() == b.next_batch()
+  assert a.tau() == b.tau() and a.tau()[0] > 0
+
+
+@pytest.mark.parametrize("algorithm, over, every", [
+    ("ad_psgd", {}, 1), ("swarm_sgd", {"swarm_sgd.local_steps": 3}, 3)])
+def test_a_ring_run_records_the_paper_s_tau(algorithm, over, every):
+  """An 8-worker ring run (``tests/test_asynchronous.py``'s least-squares set-up, 3 speeds)
+  records ``staleness_tau`` (mean, max) equal to the count over a plain event loop that
+  replays its cluster: worker i computes for ``batch * time_per_example * slowdown_i`` s; its
+  event k exchanges with a neighbour (the peer ``draw_index(seed, i, k, 2)`` of its two, which
+  does not move the times; every event for AD-PSGD, every ``local_steps``-th for SwarmSGD) and
+  then sends one model (``latency + 4 d / bandwidth``) before computing again.
+  ``staleness_s`` is the mean time from the read (the previous event) to the event; the
+  own-model count is no larger than tau."""
+  from nbsgd_jax import train
+  from tests.test_asynchronous import BW, DIM, LAT, M, SLOW, TPE, _cfg
+  stepper = train.Stepper.of(train.setup(_cfg(algorithm=algorithm, **over)))
+  stepper.steps(30)
+  part = stepper.runs[0].host.part("clock")
+  done, n = part.clock.steps, len(SLOW)
+  applied = [(i, k) for i in range(n) for k in range(int(done[i]))]
+  pairs = lambda i, k: (k + 1) % every == 0
+  order = sequential_events(n, lambda i, k: M * TPE * SLOW[i],
+                            lambda i, k: LAT + 4 * DIM / BW if pairs(i, k) else 0.0,
+                            part.clock.now + 1e-9)
+  taus, ages = tau_by_count(order, applied)
+  rec = part.record()
+  assert rec["events"] == len(applied) > 30
+  assert rec["staleness_tau"] == pytest.approx(np.mean(taus), rel=1e-12)
+  assert rec["staleness_tau_max"] == max(taus)
+  assert rec["staleness_s"] == pytest.approx(np.mean(ages), rel=1e-9)
+  assert rec["staleness_own_steps"] < rec["staleness_tau"] > n / 2
+  assert rec["staleness_own_steps_max"] <= rec["staleness_tau_max"]

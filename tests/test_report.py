@@ -230,20 +230,23 @@ def test_the_event_clock_s_facts_are_columns_and_a_note(runs, ad_psgd_run, tmp_p
   assert (summary["algorithm"], summary["algorithm_as_run"]) == ("ad_psgd",
                                                                  "ad_psgd (event clock)")
   last = read_records(ad_psgd_run)[-1]
-  events, mean, top = last["events"], last["staleness_steps"], last["staleness_steps_max"]
-  assert events > NUM_STEPS and mean > 0  # 4 workers on a ring: up to 2 events a step
+  events, mean, top = last["events"], last["staleness_tau"], last["staleness_tau_max"]
+  own = last["staleness_own_steps"]
+  assert events > NUM_STEPS and mean > own > 0  # 4 workers on a ring: up to 2 events a step
   rows = by_run(report.build_report([ad_psgd_run, runs["dpsgd"]], str(tmp_path / "o")))
   ad = rows["ad_psgd"]
-  assert (ad["events"], ad["staleness_steps"], ad["staleness_steps_max"]) == (events, mean, top)
+  assert (ad["events"], ad["staleness_tau"], ad["staleness_tau_max"],
+          ad["staleness_own_steps"]) == (events, mean, top, own)
   assert ad["pushes"] is None and rows["dpsgd"]["events"] is None
   assert ad["settings"] == {"algorithm": "ad_psgd"}  # not diloco.*, not num_minibatches
   md = (tmp_path / "o" / "report.md").read_text()
   cells = lambda start: [c.strip() for c in next(
       l for l in md.splitlines() if l.startswith(start)).strip("|").split("|")]
   head = cells("| run |")
-  assert head[-3:] == ["events", "staleness mean", "staleness max"] and "pushes" not in head
-  assert cells("| ad_psgd |")[-3:] == [f"{events}", f"{mean:.3g}", f"{top}"]
-  assert cells("| dpsgd |")[-3:] == ["-", "-", "-"]
+  assert head[-4:] == ["events", "staleness tau mean", "staleness tau max",
+                       "own-model staleness mean"] and "pushes" not in head
+  assert cells("| ad_psgd |")[-4:] == [f"{events}", f"{mean:.3g}", f"{top}", f"{own:.3g}"]
+  assert cells("| dpsgd |")[-4:] == ["-", "-", "-", "-"]
   assert cells("| ad_psgd |")[1] == "ad_psgd (event clock)"
   per = events / NUM_STEPS
   assert (f"- ad_psgd: its {NUM_STEPS} steps applied {events} events ({per:.3g} a step: "

@@ -20,9 +20,22 @@ earlier event not in it, no two events of a batch share a worker, and applying t
 once equals applying its events one by one in time order
 (``tests/test_events.py`` holds it to a plain sequential event loop).
 
-**Staleness** of an event's gradient: in steps, the changes to the worker's model (events of
-others that touched it) between its read and its own event; in seconds, the time from its read
-to its event (the gradient's age when applied).
+**Staleness** of an event's gradient, whose worker read its model at its previous event (or
+at time 0), three ways:
+
+* ``tau`` (:meth:`EventClock.tau`): the events of *every* worker strictly between the read and
+  the event in the sequential order. It is AD-PSGD's tau_k (Lian et al. 2018, ICML,
+  "Asynchronous Decentralized Parallel SGD", Sec. 3 and Algorithm 1: the update of global
+  iteration k uses x_hat_k = x_{k - tau_k}, k counting one update per event of any worker):
+  a worker read x_{m + 1}, the models right after its previous event m, and its event is
+  iteration k, so tau_k = k - m - 1. With n workers of equal speed it is about n - 1.
+* own steps (``Event.staleness``): the changes to the worker's *own* model (events of others
+  that touched it) between its read and its event; at most tau.
+* seconds (``Event.time - Event.read``): the gradient's age when applied, from the read.
+
+Batches are not in global time order (an event left out of a batch may be earlier than one
+taken), so tau is not a counter in application order; :meth:`EventClock.tau` says how it is
+counted.
 
 The design follows the issue "Asynchronous decentralized training on the simulated clock"
 (``docs/design.md``); the algorithms that use it (AD-PSGD, Lian et al. 2018, Algorithm 1;
@@ -52,9 +65,10 @@ class Event(NamedTuple):
     worker: the worker i.
     step: the worker's own step k (computations it finished before this one).
     touched: the workers it touches, ``worker`` first (``touch(i, k)``).
-    start: s when the computation started (its read of the model).
-    staleness: changes to the worker's model by other workers' events between its read and
-      this event.
+    start: s when the computation started (its previous event plus that event's message).
+    staleness: the own-model count: changes to the worker's model by other workers' events
+      between its read and this event (module docstring).
+    read: s, when the worker read the model it computed on: its previous event, 0 at first.
   """
 
   time: float
@@ -63,6 +77,7 @@ class Event(NamedTuple):
   touched: tuple
   start: float
   staleness: int
+  read: float = 0.0
 
 
 class EventClock:
@@ -107,7 +122,12 @@ class EventClock:
     self.finish = np.array([self._seconds(i, 0) for i in range(n)])  # s, when it ends
     self.version = np.zeros(n + self.resources, np.int64)  # changes to each model so far
     self.read = np.zeros(n, np.int64)  # its version when its computation started
+    self.last = np.zeros(n)  # s, each worker's last event (its read), 0 at first
     self.now = 0.0  # s, the time of the last event applied
+    self._open: list = []  # heap of (time, worker): events applied, their tau not yet final
+    self.order = 0  # events whose tau is final: they are the sequential order's first ones
+    self.last_index = np.full(n, -1, np.int64)  # each worker's last final event's index
+    self.tau_events, self.tau_sum, self.tau_max = 0, 0, 0  # over the final events
 
   def _seconds(self, i: int, k: int) -> float:
     if k not in self._rows:
@@ -147,7 +167,51 @@ class EventClock:
         touched = self._touched(i, k)
       covered.update(touched)
       heapq.heappush(heap, (t + float(self._comm(i, k)) + self._seconds(i, k + 1), i, k + 1))
+    self._finalise()
     return batch
+
+  def _finalise(self) -> None:
+    """Numbers, in the sequential order, the applied events before the earliest pending one
+    (no event still to come can precede them), and counts their tau (:meth:`tau`)."""
+    j = int(np.argmin(self.finish))
+    front, opened = (float(self.finish[j]), j), self._open
+    while opened and opened[0] < front:
+      i = heapq.heappop(opened)[1]
+      tau = self.order - int(self.last_index[i]) - 1
+      self.last_index[i], self.order = self.order, self.order + 1
+      self.tau_events, self.tau_sum = self.tau_events + 1, self.tau_sum + tau
+      self.tau_max = max(self.tau_max, tau)
+
+  def tau(self) -> tuple:
+    """``(events, sum, max)`` of tau over every event applied so far (module docstring).
+
+    Counted by finalising, not at application: after each batch, every applied event before
+    the earliest pending event (time, ties by worker) is final, since each worker's later
+    events come after its pending one; final events are numbered in the sequential order
+    (0, 1, ...), and an event numbered g whose worker's previous event is numbered g' (-1 for
+    the read at time 0) has tau = g - g' - 1. That is O(log n) an event (a heap push and pop),
+    where counting at application the events of every other worker inside the event's window
+    would cost O(n) an event (the host scheduler's speed is benchmarked,
+    ``benchmarks/events.py``). The applied events after that frontier (a few per worker) are
+    numbered here, on a copy, with the events not yet applied that precede them drawn ahead
+    (times and ``comm`` are functions of ``(i, k)``); this is done on each call (a record).
+    """
+    if not self._open:
+      return self.tau_events, self.tau_sum, self.tau_max
+    end, keys = max(self._open), [(t, i, True) for t, i in self._open]
+    for j in range(self.n):  # the pending events of each worker before the last applied one
+      t, k = float(self.finish[j]), int(self.steps[j])
+      while (t, j) < end:
+        keys.append((t, j, False))
+        t, k = t + float(self._comm(j, k)) + self._seconds(j, k + 1), k + 1
+    order, last = self.order, dict(enumerate(self.last_index.tolist()))
+    events, total, top = self.tau_events, self.tau_sum, self.tau_max
+    for _, i, applied in sorted(keys):
+      if applied:
+        tau = order - last[i] - 1
+        events, total, top = events + 1, total + tau, max(top, tau)
+      last[i], order = order, order + 1
+    return events, total, top
 
   def _next_touched(self, i: int, k: int) -> tuple:
     """:meth:`_touched`, kept for each worker's pending event (met again in later batches)."""
@@ -165,7 +229,9 @@ class EventClock:
     """Worker i's event at ``t``: the versions and its next computation."""
     k = int(self.steps[i])
     event = Event(t, i, k, touched, float(self.start[i]),
-                  int(self.version[i] - self.read[i]))
+                  int(self.version[i] - self.read[i]), float(self.last[i]))
+    heapq.heappush(self._open, (t, i))
+    self.last[i] = t
     self.version[list(touched)] += 1
     self.read[i] = self.version[i]
     self.steps[i] = k + 1
@@ -179,7 +245,10 @@ class EventClock:
     ``finish``)."""
     return {"steps": self.steps.tolist(), "start": self.start.tolist(),
             "finish": self.finish.tolist(), "version": self.version.tolist(),
-            "read": self.read.tolist(), "now": self.now}
+            "read": self.read.tolist(), "now": self.now, "last": self.last.tolist(),
+            "open": [list(e) for e in self._open], "order": self.order,
+            "last_index": self.last_index.tolist(),
+            "tau": [self.tau_events, self.tau_sum, self.tau_max]}
 
   def load_state_dict(self, d: dict) -> None:
     """Continue from :meth:`state_dict`'s output."""
@@ -189,6 +258,12 @@ class EventClock:
     self.version = np.asarray(d["version"], np.int64)
     self.read = np.asarray(d["read"], np.int64)
     self.now = float(d["now"])
+    if "tau" in d:  # checkpoints from before the paper's tau count none (nor the read time)
+      self.last = np.asarray(d["last"], np.float64)
+      self._open = [(float(t), int(i)) for t, i in d["open"]]
+      heapq.heapify(self._open)
+      self.order, self.last_index = int(d["order"]), np.asarray(d["last_index"], np.int64)
+      self.tau_events, self.tau_sum, self.tau_max = (int(v) for v in d["tau"])
 
 
 def batch_inputs(batch: list, n: int) -> dict:
@@ -282,10 +357,13 @@ class EventTimes(HostPart):
 
   Inputs: ``per_worker`` ``start``, ``fire``, ``peer`` (:mod:`nbsgd_jax.transforms.
   asynchronous`). Record: ``sim_time`` (s, the last event's time), ``events`` (applied so far),
-  ``grads_per_worker`` (the workers' mean gradient computations applied so far),
-  ``staleness_steps`` / ``staleness_s`` (the mean over the applied events of the changes to a
-  worker's model between its read and its event, and of the gradient's age in seconds),
-  ``staleness_steps_max``.
+  ``grads_per_worker`` (the workers' mean gradient computations applied so far), and over
+  the applied events (module docstring; a worker reads its model at its previous event):
+  ``staleness_tau`` / ``staleness_tau_max`` (mean and max of the paper's tau: every worker's
+  events between the read and the event, AD-PSGD's tau_k of Lian et al. 2018, Sec. 3;
+  :meth:`EventClock.tau`), ``staleness_own_steps`` / ``staleness_own_steps_max`` (the changes
+  to the worker's own model in between) and ``staleness_s`` (the mean age in s of the
+  gradient when applied, from the read).
 
   Args:
     cluster: the :class:`~nbsgd_jax.host.cluster.Cluster`.
@@ -320,9 +398,9 @@ class EventTimes(HostPart):
     inputs.per_worker.update(start=self.started, fire=masks["fire"], peer=masks["peer"])
     self.started = masks["fire"]
     self.events += len(batch)
-    for e in batch:
+    for e in batch:  # stale_steps, stale_max: the own-model count
       self.stale_steps += e.staleness
-      self.stale_s += e.time - e.start
+      self.stale_s += e.time - e.read
       self.stale_max = max(self.stale_max, e.staleness)
 
   def computed(self, steps: np.ndarray) -> np.ndarray:
@@ -358,8 +436,13 @@ class EventTimes(HostPart):
     per = max(self.events, 1)
     return {"sim_time": self.clock.now, "events": self.events,
             "grads_per_worker": float(self.computed(self.clock.steps).mean()),
-            "staleness_steps": self.stale_steps / per, "staleness_s": self.stale_s / per,
-            "staleness_steps_max": self.stale_max}
+            **self._staleness(per)}
+
+  def _staleness(self, per: int) -> dict:
+    events, total, top = self.clock.tau()
+    return {"staleness_tau": total / max(events, 1), "staleness_tau_max": top,
+            "staleness_own_steps": self.stale_steps / per,
+            "staleness_own_steps_max": self.stale_max, "staleness_s": self.stale_s / per}
 
   def state_dict(self):
     return {"clock": self.clock.state_dict(), "started": self.started.tolist(),
@@ -384,8 +467,13 @@ class ServerEventTimes(EventTimes):
   A pull computes no gradient; each inner step computes one (:meth:`computed`).
 
   Inputs: ``per_worker`` ``fire``, ``pull``, ``push``, ``staleness`` (at a push: the server
-  updates since the worker's pull). Record: as :class:`EventTimes`, with ``staleness_steps``
-  / ``_max`` / ``staleness_s`` over the pushes (server updates, and seconds since the pull).
+  updates since the worker's pull). Record: as :class:`EventTimes`, ``pushes`` for
+  ``events``, and over the pushes: ``staleness_tau`` / ``staleness_tau_max`` (mean and max of
+  the server updates between the worker's pull and its push: a pseudo-gradient's staleness as
+  Liu et al. 2024, "Asynchronous Local-SGD Training for Language Modeling", arXiv 2401.09135,
+  count it, and as google-deepmind/asyncdiloco's toy notebook's ``get_sync_weight`` takes it)
+  and ``staleness_s`` (s from the pull's read of the server model to the push); no own-model
+  count (no other worker changes a worker's model).
 
   Args:
     cluster, message_bytes, step_overhead: as :class:`EventTimes`.
@@ -446,6 +534,11 @@ class ServerEventTimes(EventTimes):
     rec = super().record()
     rec["pushes"] = rec.pop("events")
     return rec
+
+  def _staleness(self, per: int) -> dict:
+    """Over the pushes (stale_steps, stale_max: server updates since the pull)."""
+    return {"staleness_tau": self.stale_steps / per, "staleness_tau_max": self.stale_max,
+            "staleness_s": self.stale_s / per}
 
   def state_dict(self):
     return {**super().state_dict(), "pushes": self.pushes, "pulled": self.pulled.tolist(),
