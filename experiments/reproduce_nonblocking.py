@@ -37,7 +37,17 @@ The study (docs/nonblocking.md has the set-up, the rule and the numbers):
 * ``--asynchronous``: the four cells without the heavy one, All-Reduce and D-PSGD, and beside
   D-PSGD's non-blocking variant AD-PSGD and SwarmSGD (H = 2) on the event clock and
   Overlap-SGP on the one-peer exponential graph (``ASYNCHRONOUS``), each with its own rate per
-  cell; rows add the bytes sent per worker to the target and the staleness.
+  cell; rows add the bytes sent per worker to the target and the staleness of the run's
+  applied gradients (its last record: the mean over every event it applied;
+  :mod:`nbsgd_jax.host.events`): tau, the paper's (every worker's events between a
+  gradient's read and its application, Lian et al. 2018), with its largest value; the
+  own-model count (the changes to the worker's own model in between); and seconds from the
+  read.
+* ``--replay_staleness`` (with ``--out`` of an ``--asynchronous`` study): the staleness of
+  its event-clock rows recomputed without training, by replaying each run's event clock (the
+  events depend on the cluster and the seeds alone, not on the model) to the evaluation at
+  which it stopped (the first whose simulated time reaches its time to target), then
+  ``results.json`` and ``results.md`` written again (:func:`replay_staleness`).
 * Full study only: the update order of the gossip algorithms (``atc``, the default, against
   ``parallel``) in the heterogeneous reference cell, and a row in the paper's likely setting
   (MATCHA's 8-node graph 0, 8 workers, the CNN).
@@ -162,7 +172,7 @@ def _result(s: dict) -> dict:
   """What the cache keeps of a run's summary."""
   if s.get("stopped") == "diverged":
     return {"history": [], "minibatch_fraction": float("nan"), "diverged": True}
-  keys = ("step", "sim_time", "train_loss", "bytes_sent", "staleness_steps", "staleness_s")
+  keys = ("step", "sim_time", "train_loss", "bytes_sent") + STALENESS
   return {"history": [{k: h[k] for k in keys if k in h} for h in s["history"]],
           "minibatch_fraction": s["history"][-1].get("minibatch_fraction", 1.0),
           "steps": s["steps"], "stopped": s["stopped"], "diverged": False}
@@ -375,6 +385,65 @@ def at_target(history: list, target: float, key: str):
   return float(np.interp(t, times, [h[key] for h in history]))
 
 
+# the event clock's staleness records (nbsgd_jax.host.events.EventTimes.record)
+STALENESS = ("staleness_tau", "staleness_tau_max", "staleness_own_steps", "staleness_s")
+
+
+def staleness_of(history: list, key: str):
+  """A run's staleness ``key`` at its last record: the mean (or, ``_max``, the largest) over
+  every event it applied; None if not recorded. (Rows recorded before the paper's tau took the
+  mean over the evaluation records instead, the step-0 record's 0 included.)"""
+  vals = [h[key] for h in history if h.get(key) is not None]
+  return float(vals[-1]) if vals else None
+
+
+def replay_staleness(a, res: dict) -> dict:
+  """``res`` (an ``--asynchronous`` study's results) with its event-clock rows' staleness
+  (:data:`STALENESS`) recomputed by replaying each run's event clock, training nothing: the
+  run's config (:func:`make_config`; the events depend on the cluster and the seeds alone),
+  its clock stepped batch by batch with a record at every evaluation, to the first evaluation
+  whose simulated time reaches the seed's time to target, where the run stopped. A seed that
+  did not reach the target gets None. The replay's check: its own-model count, averaged over
+  the evaluation records as rows recorded before the rename averaged it, must equal their
+  ``staleness_steps`` (ValueError otherwise)."""
+  for r in res["scenarios"]["main"]["cells"]:
+    keys, events = ASYNCHRONOUS.get(r["variant"], ({}, False))
+    if not events:
+      continue
+    per_seed, check = {key: [] for key in STALENESS}, []
+    for seed, end in zip(r["seeds"], r["time"]["per_seed"]):
+      history = None if end is None else _replay(
+          make_config(a, r["algorithm"], r["lr"], seed, r["cell"], events=True, **keys), end)
+      for key in STALENESS:
+        per_seed[key].append(None if history is None else staleness_of(history, key))
+      check.append(None if history is None else mean_of(history, "staleness_own_steps"))
+    old = r.pop("staleness_steps", None)
+    if old is not None and not np.allclose(
+        [np.nan if v is None else v for v in old["per_seed"]],
+        [np.nan if v is None else v for v in check], rtol=1e-9, equal_nan=True):
+      raise ValueError(f"{r['cell']}, {r['variant']}: the replayed own-model staleness "
+                       f"{check} is not the recorded {old['per_seed']}")
+    r.update({key: _stats(v) for key, v in per_seed.items()}, staleness_replayed=True)
+    print(f"  {r['cell']:30s} {r['variant']:18s} tau {_fmt(r['staleness_tau'], 2, '')}, "
+          f"own {_fmt(r['staleness_own_steps'], 2, '')}", flush=True)
+  return res
+
+
+def _replay(cfg, end_time: float) -> list:
+  """The clock's records of ``cfg``'s run at step 0 and every ``eval_every`` steps, to the
+  first whose ``sim_time`` reaches ``end_time``."""
+  import types  # noqa: PLC0415
+  from nbsgd_jax import train  # noqa: PLC0415
+  clock = train.Stepper.of(train.setup(cfg)).runs[0].host.part("clock")
+  history, step = [clock.record()], 0
+  while history[-1]["sim_time"] < end_time and step < cfg.num_steps:
+    clock.inputs(step, types.SimpleNamespace(per_worker={}), None)
+    step += 1
+    if step % cfg.eval_every == 0:
+      history.append(clock.record())
+  return history
+
+
 def mean_of(history: list, key: str):
   """The mean of ``key`` over a run's evaluations (None if not recorded)."""
   vals = [h[key] for h in history if h.get(key) is not None]
@@ -390,7 +459,8 @@ def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
     rates = _rates(a, algo, cell, lr_b, budget, targets)
     for name, kw, _ in _variants(a, algo, cell):
       lr = rates[name]
-      speedups, fracs, tb, tn, mb, stale, stale_s, curves = [], [], [], [], [], [], [], None
+      speedups, fracs, tb, tn, mb, curves = [], [], [], [], [], None
+      stale = {key: [] for key in STALENESS}
       dead = [seed for seed in a.seeds if untrained(blocking[seed]["history"],
                                                     targets[algo, seed])]
       for seed in a.seeds:
@@ -407,8 +477,8 @@ def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
         fracs.append(r["minibatch_fraction"])
         bytes_at = None if target is None else at_target(r["history"], target, "bytes_sent")
         mb.append(None if bytes_at is None else bytes_at / 1e6 / a.workers)
-        stale.append(mean_of(r["history"], "staleness_steps"))
-        stale_s.append(mean_of(r["history"], "staleness_s"))
+        for key in STALENESS:
+          stale[key].append(staleness_of(r["history"], key))
       rows.append({"cell": cell, "algorithm": algo, "variant": name,
                    "slowdown_sigma": CELLS[cell][0], "delay_prob": CELLS[cell][1],
                    "delay_mean_T_b": CELLS[cell][2], "lr_blocking": lr_b[algo],
@@ -416,7 +486,7 @@ def study_cell(a, cell: str, lr_b: dict, targets: dict) -> list:
                    "blocking_untrained": dead,
                    "speedup": _stats(speedups), "time_blocking": _stats(tb),
                    "time": _stats(tn), "mb_per_worker_to_target": _stats(mb),
-                   "staleness_steps": _stats(stale), "staleness_s": _stats(stale_s),
+                   **{key: _stats(v) for key, v in stale.items()},
                    "minibatch_fraction": float(np.nanmean(fracs)),
                    "target_seed0": targets[algo, a.seeds[0]], "curves_seed0": curves})
       sp = rows[-1]["speedup"]
@@ -483,14 +553,22 @@ def _fmt(s: dict, digits=2, unit="x") -> str:
   return f"{s['mean']:.{digits}f}{spread}{unit}{extra}"
 
 
+def _tau(r: dict, na: dict) -> str:
+  """The tau cell: mean +- std over the seeds, and the largest over them."""
+  tau, top = r.get("staleness_tau", na), r.get("staleness_tau_max", na)
+  if tau["mean"] is None:
+    return "-"
+  return _fmt(tau, 2, "") + f" ({max(v for v in top['per_seed'] if v is not None):.0f})"
+
+
 def markdown(res: dict) -> str:
   lines = []
   for name, sc in res["scenarios"].items():
     lines += [f"### {name}", "", sc["setting"], "",
               "| cell | algorithm | variant | speed-up (mean +- std, ddof = 1) | mini-batches used | "
-              "blocking time to target (s) | MB sent per worker to target | staleness, steps "
-              "| staleness, ms | lr (blocking / this) |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+              "blocking time to target (s) | MB sent per worker to target | staleness tau "
+              "(max) | own-model staleness | staleness from the read, ms | lr (blocking / this) |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in sc["cells"]:
       na = {"mean": None, "std": None, "per_seed": [], "reached": 0}
       stale_ms = dict(r.get("staleness_s", na))
@@ -500,7 +578,8 @@ def markdown(res: dict) -> str:
       lines.append(f"| {r['cell']} | {r['algorithm']} | {r['variant']} | {_fmt(r['speedup'])} "
                    f"| {r['minibatch_fraction']:.0%} | {_fmt(r['time_blocking'], 2, '')} | "
                    f"{_fmt(r.get('mb_per_worker_to_target', na), 1, '')} | "
-                   f"{_fmt(r.get('staleness_steps', na), 2, '').replace('not reached', '-')} | "
+                   f"{_tau(r, na)} | "
+                   f"{_fmt(r.get('staleness_own_steps', na), 2, '').replace('not reached', '-')} | "
                    f"{_fmt(stale_ms, 1, '').replace('not reached', '-')} | "
                    f"{r['lr_blocking']:g} / {r['lr']:g} |")
     dead = [f"{r['cell']}, {r['algorithm']}: seed {', '.join(map(str, r['blocking_untrained']))}"
@@ -638,7 +717,21 @@ def main():
   ap.add_argument("--from_results", action="store_true",
                   help="write results.md and the plots again from OUT/results.json (the "
                        "statistics recomputed from the per-seed values), training nothing")
+  ap.add_argument("--replay_staleness", action="store_true",
+                  help="recompute an --asynchronous study's staleness from OUT/results.json by "
+                       "replaying each run's event clock, training nothing")
   a = ap.parse_args()
+  if a.replay_staleness:
+    start = time.time()
+    with open(os.path.join(a.out, "results.json")) as f:
+      results = restat(json.load(f))
+    sa = argparse.Namespace(**scenario_args(argparse.Namespace(**dict(
+        vars(a), asynchronous=True)), False)["main"])
+    results = replay_staleness(sa, results)
+    results["cells"] = results["scenarios"]["main"]["cells"]
+    common.write_results(a.out, results, markdown(results))
+    print(f"wrote {a.out}/results.json and results.md again ({time.time() - start:.0f} s)")
+    return
   if a.from_results:
     with open(os.path.join(a.out, "results.json")) as f:
       results = restat(json.load(f))

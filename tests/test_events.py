@@ -7,6 +7,7 @@ model; at its event it averages with a random neighbour, (x_i + x_j) / 2 for bot
 the stale gradient) over quadratics, with 8 workers of 3 speeds.
 """
 
+import argparse
 import heapq
 import json
 
@@ -297,3 +298,29 @@ def test_a_ring_run_records_the_paper_s_tau(algorithm, over, every):
   assert rec["staleness_s"] == pytest.approx(np.mean(ages), rel=1e-9)
   assert rec["staleness_own_steps"] < rec["staleness_tau"] > n / 2
   assert rec["staleness_own_steps_max"] <= rec["staleness_tau_max"]
+
+
+def test_the_straggler_grid_s_staleness_is_its_replay():
+  """docs/nonblocking/asynchronous/results.json's tau for AD-PSGD in the reference cell (seed
+  0) is what ``reproduce_nonblocking.py --replay_staleness`` replays from the run's event
+  clock, and its mean is n - 1 less an end effect (a worker's reads cut its time into
+  windows: its gradients' taus add up to the other workers' updates)."""
+  import importlib.util
+  import os
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location(
+      "reproduce_nonblocking", os.path.join(root, "experiments", "reproduce_nonblocking.py"))
+  nb = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(nb)
+  with open(os.path.join(root, "docs", "nonblocking", "asynchronous", "results.json")) as f:
+    rows = json.load(f)["scenarios"]["main"]["cells"]
+  r = next(r for r in rows if r["cell"] == nb.REFERENCE_CELL and r["variant"] == "AD-PSGD")
+  a = argparse.Namespace(workers=16, model="mlp", topology="ring", steps=200, eval_every=20,
+                         event_step_factor=20.0, nb_step_factor=5.0)
+  keys = nb.ASYNCHRONOUS["AD-PSGD"][0]
+  history = nb._replay(nb.make_config(a, r["algorithm"], r["lr"], r["seeds"][0], r["cell"],
+                                      events=True, **keys), r["time"]["per_seed"][0])
+  for key in nb.STALENESS:
+    assert nb.staleness_of(history, key) == pytest.approx(r[key]["per_seed"][0], rel=1e-12)
+  assert a.workers - 1.1 < r["staleness_tau"]["per_seed"][0] < a.workers - 1
+  assert r["staleness_tau_max"]["per_seed"][0] > 2 * a.workers  # slow workers, stragglers
