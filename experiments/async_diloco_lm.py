@@ -58,7 +58,8 @@ import reproduce_diloco  # noqa: E402  (experiments/reproduce_diloco.py: the LM'
 from nbsgd_jax import config as config_lib  # noqa: E402
 
 SECONDS_PER_STEP = (0.58, 0.75, 1.51, 3.33)  # the asyncdiloco notebook's workers
-KEEP = ("step", "sim_time", "test_loss", "bytes_sent", "staleness_steps", "staleness_s",
+KEEP = ("step", "sim_time", "test_loss", "bytes_sent", "staleness_tau", "staleness_steps",
+        "staleness_s",
         "pushes")
 METHODS = {
     "diloco": {"algorithm": "diloco"},
@@ -163,7 +164,7 @@ def study(a, res: dict) -> None:
         "loss_at_diloco_updates": _stat([
             at_pushes(h[s], updates) if m != "diloco" else target[s] for s in a.seeds]),
         "mb_per_worker": _stat([at_time(h[s], ends[s], "bytes_sent") / 1e6 for s in a.seeds]),
-        "staleness_steps": _stat([np.mean([x.get("staleness_steps", 0.0) for x in h[s]])
+        "staleness_steps": _stat([np.mean([_tau(x) for x in h[s]])
                                   for s in a.seeds]),
         "staleness_s": _stat([np.mean([x.get("staleness_s", 0.0) for x in h[s]])
                               for s in a.seeds]),
@@ -179,6 +180,12 @@ def _fmt(s: dict, digits: int = 3, unit: str = "") -> str:
   part = "" if s["reached"] == len(s["per_seed"]) else f" ({s['reached']}/{len(s['per_seed'])})"
   return f"{s['mean']:.{digits}f}{spread}{unit}{part}"
 
+
+
+def _tau(record: dict) -> float:
+  """A push's staleness in server updates since its pull: ``staleness_tau`` (records before
+  the paper's tau called it ``staleness_steps``)."""
+  return record.get("staleness_tau", record.get("staleness_steps", 0.0))
 
 def markdown(res: dict) -> str:
   s = res["settings"]
