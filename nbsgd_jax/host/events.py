@@ -258,7 +258,8 @@ class EventClock:
     self.version = np.asarray(d["version"], np.int64)
     self.read = np.asarray(d["read"], np.int64)
     self.now = float(d["now"])
-    if "tau" in d:  # checkpoints from before the paper's tau count none (nor the read time)
+    if "tau" in d:  # else a checkpoint from before the paper's tau: the count restarts here
+      # (each worker's first tau after it counts only the events since), reads at 0
       self.last = np.asarray(d["last"], np.float64)
       self._open = [(float(t), int(i)) for t, i in d["open"]]
       heapq.heapify(self._open)
