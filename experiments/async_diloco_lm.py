@@ -32,8 +32,11 @@ chosen on ``--tune_seed`` (not reported) by the final validation loss. Reported 
 (``--seeds``): the validation loss at DiLoCo's final simulated time, the simulated time to
 DiLoCo's final loss (linear interpolation between evaluations), the validation loss once the
 server has applied as many pseudo-gradients as DiLoCo (n per round: the cost of staleness per
-update, the paper's comparison), bytes sent per worker, and the staleness of the pushes
-(server updates between a worker's pull and its push).
+update, the paper's comparison), bytes sent per worker, the staleness of the pushes
+(server updates between a worker's pull and its push) and the run's wall time (``train_s``:
+its last evaluation's ``wall_time``, i.e. its own training steps with compilation, not the
+training call's time shared out over its runs; on a GPU, where ``sweep_runs="auto"`` stacks a
+structure's runs into one program, the runs of a group share that program's time).
 Resumable: every run is cached under ``OUT/runs`` by its config; ``OUT/results.json`` and
 ``OUT/results.md`` are rewritten after every stage.
 """
@@ -59,8 +62,7 @@ from nbsgd_jax import config as config_lib  # noqa: E402
 
 SECONDS_PER_STEP = (0.58, 0.75, 1.51, 3.33)  # the asyncdiloco notebook's workers
 KEEP = ("step", "sim_time", "test_loss", "bytes_sent", "staleness_tau", "staleness_steps",
-        "staleness_s",
-        "pushes")
+        "staleness_s", "pushes", "wall_time")
 METHODS = {
     "diloco": {"algorithm": "diloco"},
     "async_diloco": {"algorithm": "async_diloco", "async_diloco.reset_inner": False},
@@ -168,7 +170,7 @@ def study(a, res: dict) -> None:
                                   for s in a.seeds]),
         "staleness_s": _stat([np.mean([x.get("staleness_s", 0.0) for x in h[s]])
                               for s in a.seeds]),
-        "wall_s": _stat([seeds[s]["seconds"] for s in a.seeds]),
+        "train_s": _stat([seeds[s]["history"][-1].get("wall_time") for s in a.seeds]),
         "curves": {str(s): h[s] for s in a.seeds}}
   res["rows"] = rows
 
@@ -181,11 +183,11 @@ def _fmt(s: dict, digits: int = 3, unit: str = "") -> str:
   return f"{s['mean']:.{digits}f}{spread}{unit}{part}"
 
 
-
 def _tau(record: dict) -> float:
   """A push's staleness in server updates since its pull: ``staleness_tau`` (records before
   the paper's tau called it ``staleness_steps``)."""
   return record.get("staleness_tau", record.get("staleness_steps", 0.0))
+
 
 def markdown(res: dict) -> str:
   s = res["settings"]
@@ -209,8 +211,25 @@ def markdown(res: dict) -> str:
                  f"{_fmt(r['loss_at_diloco_updates'], 4)} | "
                  f"{_fmt(r['mb_per_worker'], 1)} | {_fmt(r['staleness_steps'], 2)} | "
                  f"{_fmt(r['staleness_s'], 1)} |")
-  lines += ["", f"Wall time of this invocation: {res['seconds']:.0f} s.", ""]
+  lines += ["", wall_times(res), "",
+            f"Wall time of this invocation: {res['seconds']:.0f} s (runs read back from its "
+            "run cache are not trained again).", ""]
   return "\n".join(lines)
+
+
+def wall_times(res: dict) -> str:
+  """Each run's wall time (its last evaluation's ``wall_time``: that run's training steps,
+  compilation included, not its evaluations), or that the record does not hold it."""
+  rows = res["rows"].values()
+  if not all("train_s" in r for r in rows):  # records written before the runs kept it
+    return ("Wall time per run: not in this record (its `wall_s` is one training call's "
+            "time divided by the runs it trained, the same figure for every seed).")
+  seeds = res["settings"]["seeds"]
+  per = "; ".join(f"{m} " + " / ".join("-" if v is None else f"{v:.0f}"
+                                        for v in r["train_s"]["per_seed"])
+                  for m, r in res["rows"].items())
+  return (f"Wall time per run, seeds {' / '.join(map(str, seeds))} (s of training steps, "
+          f"compilation included): {per}.")
 
 
 def plot(res: dict, path: str) -> None:

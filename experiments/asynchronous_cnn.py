@@ -22,10 +22,15 @@ Runs, each with the same cluster seed as its training seed:
 
 Each run writes ``OUT/runs/<name>_s<seed>/`` (``config.json``, ``metrics.jsonl``,
 ``summary.json``); ``OUT/results.json`` and ``OUT/table.md`` hold, per algorithm, the mean and
-spread over seeds (ddof = 1) of: the simulated seconds to 97 % test accuracy (first evaluation at or
-above), the final test accuracy, the final simulated time, the gradients computed per worker
-and the mean staleness of an applied gradient (steps and seconds). Runs already finished are
-read back (the study resumes). ``--time_factor 2 --algorithms async_diloco``: asynchronous
+spread over seeds (ddof = 1) of: the simulated seconds to 97 % test accuracy (linear
+interpolation between the evaluations around the first at or above it,
+``experiments/common.py::time_to``, as the other studies read their times to target), the
+final test accuracy, the final simulated time, the gradients computed per worker and the mean
+staleness of an applied gradient (changes to the worker's own model, the paper's tau
+``staleness_tau`` where the run records it, and seconds); ``results.json`` also holds each
+run's evaluations (``runs[name][i]["history"]``: step, simulated time, test accuracy), so a
+figure can be recomputed from the record. Runs already finished are read back (the study
+resumes). ``--time_factor 2 --algorithms async_diloco``: asynchronous
 DiLoCo again with twice D-PSGD's time (``OUT/table_t2.md``).
 """
 
@@ -40,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
-import common  # noqa: E402,F401  (puts the repository on sys.path)
+import common  # noqa: E402  (puts the repository on sys.path; time_to)
 import reproduce_nonblocking as nb  # noqa: E402
 from nbsgd_jax import async_recipes  # noqa: E402
 from nbsgd_jax import config as config_lib  # noqa: E402
@@ -86,7 +91,6 @@ def run(a, name: str, seed: int, stop: float = 0.0) -> dict:
   if not os.path.exists(os.path.join(wd, "summary.json")):
     train.train(make_config(a, name, seed, stop), wd)
   h = history(wd)
-  reached = [r["sim_time"] for r in h if r.get("test_accuracy", 0) >= TARGET]
   last = h[-1]
   cfg = make_config(a, name, seed, stop)
   if not stop:
@@ -95,10 +99,20 @@ def run(a, name: str, seed: int, stop: float = 0.0) -> dict:
     steps = last["pushes"] * cfg.diloco.inner_steps / 8
   else:
     steps = last["events"] / 8
-  return {"time_to_target": reached[0] if reached else None,
+  own = last.get("staleness_own_steps", last.get("staleness_steps", 0.0))
+  return {"time_to_target": time_to_accuracy(h, TARGET),
           "test_accuracy": last["test_accuracy"], "sim_time": last["sim_time"],
-          "steps_per_worker": steps, "staleness_steps": last.get("staleness_steps", 0.0),
-          "staleness_s": last.get("staleness_s", 0.0)}
+          "steps_per_worker": steps, "staleness_steps": own,
+          "staleness_tau": last.get("staleness_tau", None if stop else 0.0),
+          "staleness_s": last.get("staleness_s", 0.0),
+          "history": [{k: r[k] for k in ("step", "sim_time", "test_accuracy")} for r in h]}
+
+
+def time_to_accuracy(history: list, target: float):
+  """Simulated seconds until ``test_accuracy >= target``: ``common.time_to`` (linear between
+  the evaluations around the first that reaches it) on the negated accuracy; None if never."""
+  neg = [{"sim_time": r["sim_time"], "error": -r["test_accuracy"]} for r in history]
+  return common.time_to(neg, -target, "error")
 
 
 def spread(values: list) -> dict:
@@ -131,27 +145,42 @@ def main():
         on_events = async_recipes.is_asynchronous(RUNS[name][0])  # until D-PSGD's time
         stop = base["sim_time"] * a.time_factor if on_events else 0.0
         facts[name].append(run(a, name, seed, stop))
-      print(f"seed {seed} {name:22s} {facts[name][-1]}", flush=True)
-  results = {"args": vars(a), "target": TARGET, "runs": facts,
-             "summary": {name: {k: spread([f[k] for f in fs]) for k in fs[0]}
+      shown = {k: v for k, v in facts[name][-1].items() if k != "history"}
+      print(f"seed {seed} {name:22s} {shown}", flush=True)
+  results = {"args": vars(a), "target": TARGET, "time_to_target": "interpolated", "runs": facts,
+             "summary": {name: {k: spread([f[k] for f in fs]) for k in fs[0] if k != "history"}
                          for name, fs in facts.items()}}
   tail = "" if a.time_factor == 1 else f"_t{a.time_factor:g}"
   files.atomic_write(os.path.join(a.out, f"results{tail}.json"), json.dumps(results, indent=1))
-  lines = [f"Seeds {a.seeds}; mean (std, ddof = 1) over seeds; 'to 97 %': simulated seconds to "
-           "the first evaluation at >= 97 % test accuracy (runs that reached it / runs); "
-           f"event-clock runs stop at {a.time_factor:g} x D-PSGD's simulated time.\n",
+  files.atomic_write(os.path.join(a.out, f"table{tail}.md"), markdown(results))
+  print(markdown(results))
+
+
+def markdown(results: dict) -> str:
+  """``table.md`` of a ``results.json`` (records written before the times were interpolated,
+  without ``"time_to_target"``, read them at the first evaluation at or above the target)."""
+  a = results["args"]
+  tau = "staleness_tau" in next(iter(results["summary"].values()))  # recorded since issue 54
+  own, tau_head, tau_rule = ("own-model ", "staleness, tau | ", "---|") if tau else ("", "", "")
+  rule = ("97 % test accuracy, linear between the evaluations around the first at >= 97 %"
+          if results.get("time_to_target") == "interpolated" else
+          "the first evaluation at >= 97 % test accuracy")
+  lines = [f"Seeds {a['seeds']}; mean (std, ddof = 1) over seeds; 'to 97 %': simulated seconds "
+           f"to {rule} (runs that reached it / runs); event-clock runs stop at "
+           f"{a['time_factor']:g} x D-PSGD's simulated time.\n",
            "| algorithm | s to 97 % | test accuracy | sim time, s | steps per worker | "
-           "staleness, steps | staleness, s |", "|---|---|---|---|---|---|---|"]
-  fmt = lambda d, p: ("-" if d["mean"] is None else f"{d['mean']:.{p}f}" if d["std"] is None
+           f"staleness, {own}steps | {tau_head}staleness, s |", "|---|---|---|---|---|---|---|"
+           + tau_rule]
+  fmt = lambda d, p: ("-" if d["mean"] is None else f"{d['mean']:.{p}f}" if d["std"] is None  # noqa
                       else f"{d['mean']:.{p}f} ({d['std']:.{p}f})")
   for name, sm in results["summary"].items():
     t = sm["time_to_target"]
     lines.append(f"| {name} | {fmt(t, 1)} [{t['reached']}/{t['runs']}] | "
                  f"{fmt(sm['test_accuracy'], 4)} | {fmt(sm['sim_time'], 1)} | "
                  f"{fmt(sm['steps_per_worker'], 0)} | {fmt(sm['staleness_steps'], 2)} | "
-                 f"{fmt(sm['staleness_s'], 3)} |")
-  files.atomic_write(os.path.join(a.out, f"table{tail}.md"), "\n".join(lines) + "\n")
-  print("\n".join(lines))
+                 + (f"{fmt(sm['staleness_tau'], 2)} | " if tau else "")
+                 + f"{fmt(sm['staleness_s'], 3)} |")
+  return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
