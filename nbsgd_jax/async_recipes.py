@@ -103,10 +103,14 @@ def async_diloco_defaults() -> ml_collections.ConfigDict:
   s.activation = 0.0            # c: momentum applied between updates (delayed Nesterov)
   s.staleness_weight = "none"   # none | constant: sqrt(n)/n | polynomial: sqrt(n)/n /
                                 # sqrt(1 + staleness) (the asyncdiloco notebook)
-  s.dynamic_local_updates = False  # H_i = max(H t_min / t_i, min_inner_steps): slower
-                                   # workers run fewer inner steps
-  s.min_inner_steps = 5         # the floor of dynamic local updates (the notebook's 5)
-  s.reset_inner = True          # a pull starts a fresh inner optimizer (the notebook's)
+  s.dynamic_local_updates = False  # DyLU: H_i = max(floor(H t_min / t_i), min(min_inner_steps,
+                                   # H)): slower workers run fewer inner steps
+  s.min_inner_steps = 5         # DyLU's floor: 5 is the asyncdiloco notebook's
+                                # (sample_train_task); 1: the paper's formula, which has none
+  s.reset_inner = True          # a read starts a fresh inner optimizer (the notebook's)
+  s.pull = "arrival"            # when a worker reads the server model: arrival (at the end of
+                                # its pull's transfer) | instant (when it asks, right after its
+                                # push, with the pushes of that time: the notebook's)
   return s
 
 
@@ -119,6 +123,7 @@ def check_async_diloco_config(cfg, errs: list) -> None:
   checks.boolean(cfg, errs, a + "dynamic_local_updates")
   checks.integer(cfg, errs, a + "min_inner_steps", 1)
   checks.boolean(cfg, errs, a + "reset_inner")
+  checks.choice(cfg, errs, a + "pull", events_lib.PULLS)
 
 
 def check_async_diloco(cfg, errs: list) -> None:
@@ -187,7 +192,7 @@ AD_PSGD = recipes.Section(ad_psgd_defaults, check_ad_psgd_config,
                           "AD-PSGD (Lian et al. 2018)", host=("pairing", "seed"))
 ASYNC_DILOCO = recipes.Section(async_diloco_defaults, check_async_diloco_config,
                                "asynchronous DiLoCo (Liu, Douillard et al. 2024)",
-                               host=("dynamic_local_updates", "min_inner_steps"))
+                               host=("dynamic_local_updates", "min_inner_steps", "pull"))
 SGP = recipes.Section(sgp_defaults, check_sgp_config, "SGP (Assran et al. 2019)")
 SWARM_SGD = recipes.Section(swarm_sgd_defaults, check_swarm_sgd_config,
                             "SwarmSGD (Nadiradze et al. 2021)", host=("local_steps", "seed"))
@@ -231,9 +236,14 @@ def swarm_sgd(b: recipes.Builder) -> recipes.Recipe:
 
 
 def inner_steps(cfg, cluster) -> np.ndarray:
-  """Each worker's H_i: ``diloco.inner_steps``, or with dynamic local updates
-  ``max(int(H t_min / t_i), min(min_inner_steps, H))`` for a worker whose step takes t_i
-  (the asyncdiloco notebook's ``sample_train_task(scale_steps=True)``)."""
+  """Each worker's H_i: ``diloco.inner_steps``, or with dynamic local updates (DyLU)
+  ``max(int(H t_min / t_i), min(min_inner_steps, H))`` for a worker whose step takes t_i.
+  ``int(H t_min / t_i)`` is the paper's (Liu, Douillard et al. 2024, arXiv 2401.09135,
+  dynamic local updates: local steps in proportion to the worker's speed, the fastest's H);
+  the floor is google-deepmind/asyncdiloco's toy notebook's (commit e783a30,
+  ``sample_train_task(scale_steps=True)``: ``max(int(train_steps * c), 5)``), capped at H
+  here (the notebook's 5 exceeds an H below 5); ``min_inner_steps = 1`` is the paper's
+  formula alone (H_i >= 1 always)."""
   h, a = cfg.diloco.inner_steps, cfg.async_diloco
   if not a.dynamic_local_updates:
     return np.full(cluster.n, h, np.int64)
@@ -247,7 +257,8 @@ def inner_steps(cfg, cluster) -> np.ndarray:
                   check=check_async_diloco)
 def async_diloco(b: recipes.Builder) -> recipes.Recipe:
   """Asynchronous DiLoCo (Liu, Douillard et al. 2024) on the event clock (module
-  docstring)."""
+  docstring); an evaluation reads the server's model, as DiLoCo's reads its outer model
+  (:func:`~nbsgd_jax.transforms.asynchronous.outer_models`)."""
   cfg, server = b.cfg, ParameterServer(b.n, b.axis_name)
   a = cfg.async_diloco
   buffer = a.buffer or b.n
@@ -255,9 +266,10 @@ def async_diloco(b: recipes.Builder) -> recipes.Recipe:
                                                a.activation, a.staleness_weight, a.reset_inner),
                  "diloco.outer_lr", "diloco.outer_momentum")
   clock = lambda cluster, comms, params: events_lib.ServerEventTimes(
-      cluster, server.message_bytes(params), inner_steps(cfg, cluster), cfg.cluster.step_overhead)
+      cluster, server.message_bytes(params), inner_steps(cfg, cluster), cfg.cluster.step_overhead,
+      a.pull)
   return recipes.Recipe(t, decentralized=True, primary=server, clock=clock,
-                        evaluated=A.server_models)
+                        evaluated=A.outer_models)
 
 
 @recipes.register("sgp", no_compression=recipes.GOSSIP_REASON, sections={"sgp": SGP},

@@ -42,7 +42,7 @@ from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax.host import matcha as matcha_lib
 from nbsgd_jax.host import periods as local_sgd_lib
 from nbsgd_jax.transforms import decentralized as D
-from nbsgd_jax.transforms import powersgd  # noqa: F401  (registers the "powersgd" reducer)
+from nbsgd_jax.transforms import asynchronous, powersgd  # noqa: F401  (powersgd: its reducer)
 from nbsgd_jax.transforms.consensus import consensus_control, log_consensus_distance
 from nbsgd_jax.transforms.decentralized import check_d2_mixing
 
@@ -534,12 +534,12 @@ def _outer(cfg, lr, momentum) -> optax.GradientTransformation:
 @register("diloco", sections={"diloco": DILOCO}, check=_check_diloco_period)
 def diloco(b: Builder) -> Recipe:
   """DiLoCo (Douillard et al. 2023): H inner steps, then an outer optimizer step on the
-  averaged pseudo-gradient."""
+  averaged pseudo-gradient; an evaluation reads the outer model (``docs/algorithms.md``)."""
   comm = b.allreduce()
   reducer, opt = b.delta_reducer(comm), b.optimizer("local")
   t = b.injected(lambda lr, m: T.periodic(opt, T.outer_step(reducer, _outer(b.cfg, lr, m))),
                  "diloco.outer_lr", "diloco.outer_momentum")
-  return Recipe(t, decentralized=True, primary=comm,
+  return Recipe(t, decentralized=True, primary=comm, evaluated=asynchronous.outer_models,
                 planner=b.fixed_periods(b.cfg.diloco.inner_steps))
 
 

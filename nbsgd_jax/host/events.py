@@ -457,6 +457,9 @@ class EventTimes(HostPart):
     self.stale_s, self.stale_max = float(d["stale_s"]), int(d["stale_max"])
 
 
+PULLS = ("arrival", "instant")  # when an asynchronous DiLoCo worker reads the server's model
+
+
 class ServerEventTimes(EventTimes):
   """The event clock of asynchronous DiLoCo (:func:`nbsgd_jax.transforms.asynchronous.
   server_rounds`): worker i repeats a cycle of ``inner_steps[i] + 1`` events: a pull of the
@@ -467,8 +470,21 @@ class ServerEventTimes(EventTimes):
 
   A pull computes no gradient; each inner step computes one (:meth:`computed`).
 
-  Inputs: ``per_worker`` ``fire``, ``pull``, ``push``, ``staleness`` (at a push: the server
-  updates since the worker's pull). Record: as :class:`EventTimes`, ``pushes`` for
+  When a worker reads the server's model (``pull``, the config's ``async_diloco.pull``):
+
+  * ``"arrival"``: at the end of its pull's transfer (the pull event), so the model it reads
+    includes every push applied before then, pushes that arrived after its own included;
+  * ``"instant"``: when it asks, right after its own push: the server's model at that time,
+    after every push of the same time (simultaneous events processed together, as
+    google-deepmind/asyncdiloco's toy notebook, commit e783a30, ``AsyncExperiment.run``,
+    synchronises every worker that finished at that time before ``train()`` restarts them);
+    its transfer still takes its time before the worker computes (the two messages). With
+    messages of zero seconds a pull of the same time may come before a later worker's push
+    (the clock's ties go by worker): that worker's read misses the push.
+
+  Inputs: ``per_worker`` ``fire``, ``pull``, ``push``, ``read`` (the worker reads the
+  server's model after this step's push, if any), ``staleness`` (at a push: the server
+  updates since the worker's read). Record: as :class:`EventTimes`, ``pushes`` for
   ``events``, and over the pushes: ``staleness_tau`` / ``staleness_tau_max`` (mean and max of
   the server updates between the worker's pull and its push: a pseudo-gradient's staleness as
   Liu et al. 2024, "Asynchronous Local-SGD Training for Language Modeling", arXiv 2401.09135,
@@ -479,9 +495,17 @@ class ServerEventTimes(EventTimes):
   Args:
     cluster, message_bytes, step_overhead: as :class:`EventTimes`.
     inner_steps: int ``[n]``, H_i >= 1 (dynamic local updates: fewer for slower workers).
+    pull: one of :data:`PULLS`, when a worker reads (above).
+
+  Raises:
+    ValueError: an unknown ``pull`` (named).
   """
 
-  def __init__(self, cluster, message_bytes: float, inner_steps, step_overhead: float = 0.0):
+  def __init__(self, cluster, message_bytes: float, inner_steps, step_overhead: float = 0.0,
+               pull: str = "arrival"):
+    if pull not in PULLS:
+      raise ValueError(f"async_diloco.pull={pull!r} is not allowed: use one of {list(PULLS)}")
+    self.pull, self.asked = pull, np.full(cluster.n, -1.0)  # s, a waiting worker's push
     self.cycle = np.asarray(inner_steps, np.int64) + 1
     server = cluster.n
     touch = lambda i, k: (i, server) if k % self.cycle[i] in (0, self.cycle[i] - 1) else (i,)
@@ -509,11 +533,14 @@ class ServerEventTimes(EventTimes):
     n = self.cluster.n
     batch = self.clock.next_batch()
     pull, push, stale = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int32)
+    read, now = np.zeros(n, bool), self.clock.now  # the batch's one server event's time
     for e in batch:
       kind = e.step % self.cycle[e.worker]
       if kind == 0:
-        pull[e.worker] = True
-        self.pulled[e.worker], self.pulled_at[e.worker] = self.pushes, e.time
+        pull[e.worker], read[e.worker], now = True, self.pull == "arrival", e.time
+      if kind == self.cycle[e.worker] - 1 and self.pull == "instant":
+        self.asked[e.worker], now = e.time, e.time
+        read |= self.asked == e.time  # every worker waiting since this time reads
       if kind == self.cycle[e.worker] - 1:
         push[e.worker], stale[e.worker] = True, self.pushes - self.pulled[e.worker]
         self.pushes += 1
@@ -521,8 +548,10 @@ class ServerEventTimes(EventTimes):
         self.stale_steps += int(stale[e.worker])
         self.stale_s += e.time - self.pulled_at[e.worker]
         self.stale_max = max(self.stale_max, int(stale[e.worker]))
+    self.asked[pull] = -1.0  # none (a push's time is > 0)
+    self.pulled[read], self.pulled_at[read] = self.pushes, now  # the version and time read
     inputs.per_worker.update(fire=batch_inputs(batch, n)["fire"], pull=pull, push=push,
-                             staleness=stale)
+                             read=read, staleness=stale)
 
   def rounds(self, step, inputs, report) -> list:
     """Each push and pull moves one model."""
@@ -543,13 +572,14 @@ class ServerEventTimes(EventTimes):
 
   def state_dict(self):
     return {**super().state_dict(), "pushes": self.pushes, "pulled": self.pulled.tolist(),
-            "pulled_at": self.pulled_at.tolist()}
+            "pulled_at": self.pulled_at.tolist(), "asked": self.asked.tolist()}
 
   def load_state_dict(self, d):
     super().load_state_dict(d)
     self.pushes, self.pulled = int(d["pushes"]), np.asarray(d["pulled"], np.int64)
     self.pulled_at = np.asarray(d["pulled_at"], np.float64)
+    self.asked = np.asarray(d.get("asked", self.asked), np.float64)
 
 
-__all__ = ["Event", "EventClock", "EventTimes", "ServerEventTimes", "batch_inputs", "draw_index",
-           "random_peer"]
+__all__ = ["Event", "EventClock", "EventTimes", "PULLS", "ServerEventTimes", "batch_inputs",
+           "draw_index", "random_peer"]

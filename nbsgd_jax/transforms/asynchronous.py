@@ -15,8 +15,9 @@ the host by :class:`nbsgd_jax.host.events.EventTimes`):
 
 :func:`pairwise_events` is AD-PSGD's and SwarmSGD's device half; :func:`server_rounds`
 asynchronous DiLoCo's, whose events are pulls, inner steps and pushes (masks ``pull``,
-``push`` and the host's ``staleness``); no other worker changes a worker's model there, so its
-gradient is the current parameters' and nothing is held in flight.
+``push``, ``read`` and the host's ``staleness``); no other worker's event changes a worker's
+model while it computes, so its gradient is the current parameters' and nothing is held in
+flight.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
                                        replace_params, tree_where)
+from nbsgd_jax.transforms.wrappers import OuterState
 
 
 class InFlightState(NamedTuple):
@@ -108,7 +110,7 @@ class ServerState(NamedTuple):
   """A worker's state in asynchronous DiLoCo (:func:`server_rounds`).
 
   Attributes:
-    anchor: the server model the worker pulled last (its round's start).
+    anchor: the server model the worker read last (its round's start).
     inner: the inner optimizer's state.
     server: the server's model (a replica, the same on every worker).
     momentum: the outer momentum m.
@@ -146,19 +148,24 @@ def staleness_weight(rule: str, staleness, n: int):
   return base / jnp.sqrt(1.0 + staleness.astype(jnp.float32))
 
 
-def server_models(opt_state, params):
-  """The server's model replicas ``[n, ...]`` held in a stacked state that contains a
-  :class:`ServerState` (``Recipe.evaluated`` of asynchronous DiLoCo).
+def outer_models(opt_state, params):
+  """The outer model's replicas ``[n, ...]`` (the same on every worker) held in a stacked
+  state: asynchronous DiLoCo's server model (:class:`ServerState` ``.server``) or DiLoCo's
+  x_outer (:class:`~nbsgd_jax.transforms.wrappers.OuterState` ``.anchor``, the model its last
+  outer step made, which every worker restarted from). ``Recipe.evaluated`` of both, so that
+  their records evaluate the same kind of model (``docs/algorithms.md``, ``async_diloco``).
 
   Raises:
-    ValueError: the state holds no or several :class:`ServerState`.
+    ValueError: the state holds no or several of them.
   """
   del params
-  found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda z: isinstance(z, ServerState))
-           if isinstance(x, ServerState)]
+  kinds = (ServerState, OuterState)
+  found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda z: isinstance(z, kinds))
+           if isinstance(x, kinds)]
   if len(found) != 1:
-    raise ValueError(f"the optimizer state holds {len(found)} ServerState, not one")
-  return found[0].server
+    raise ValueError(f"the optimizer state holds {len(found)} ServerState or OuterState, "
+                     "not one")
+  return found[0].server if isinstance(found[0], ServerState) else found[0].anchor
 
 
 def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
@@ -170,10 +177,14 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
   ``DelayedNesterovOptimizer``, commit 4b5bf73; the t-th push g, buffer N, activation c):
   ``D += g``; every N-th push ``m <- beta m + D / N``, ``x <- x - lr ((1 - cN + c) beta m +
   g / N)``, ``D <- 0``; between, ``x <- x - lr (c beta m + g / N)``. N = 1, c = 0 is Nesterov
-  SGD on each push; N = n with equal speeds is DiLoCo's outer step on the mean.
+  SGD on each push; N = n with equal speeds is DiLoCo's outer step on the mean (the n
+  displacements add up to it, ``tests/test_async_diloco.py``).
 
-  Reads ``ctx.per_worker``: ``fire`` (the worker's event), ``pull``, ``push`` (its kind) and
-  ``staleness`` (server updates since its pull, for the weight).
+  Reads ``ctx.per_worker``: ``fire`` (the worker's event), ``pull``, ``push`` (its kind),
+  ``read`` (the worker reads the server's model as it is after this step's push, if any: its
+  model and anchor become it, and with ``reset_inner`` its inner optimizer restarts; the host
+  says when, :class:`~nbsgd_jax.host.events.ServerEventTimes` ``pull``) and ``staleness``
+  (server updates since its read, for the weight).
 
   Args:
     inner: the inner optimizer.
@@ -207,6 +218,7 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
     ev = ctx.per_worker
     pull, push = ev["fire"] & ev["pull"], ev["fire"] & ev["push"]
     step = ev["fire"] & ~ev["pull"]
+    read = ev["read"]
     u, new_inner, report = inner.update(grads, state.inner, params, ctx)
     x = tree_where(step, jax.tree.map(lambda p, d: p + d, params, u), params)
     inner_state = tree_where(step, new_inner, state.inner)
@@ -214,10 +226,10 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
     delta = jax.tree.map(lambda a, b: w * (a - b), state.anchor, x)
     g, any_push, comm = server.push(delta, push, pull, ctx)
     srv, m, pushed, pushes = outer(state, g, any_push)
-    x = tree_where(pull, srv, x)
-    anchor = tree_where(pull, srv, state.anchor)
+    x = tree_where(read, srv, x)
+    anchor = tree_where(read, srv, state.anchor)
     if reset_inner:
-      inner_state = tree_where(pull, inner.init(srv), inner_state)
+      inner_state = tree_where(read, inner.init(srv), inner_state)
     state = ServerState(anchor, inner_state, srv, m, pushed, pushes)
     return replace_params(params, x), state, merge_reports(comm, report)
 
@@ -225,4 +237,4 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
 
 
 __all__ = ["InFlightState", "ORDERS", "ServerState", "WEIGHTS", "pairwise_events",
-           "server_models", "server_rounds", "staleness_weight"]
+           "outer_models", "server_rounds", "staleness_weight"]
