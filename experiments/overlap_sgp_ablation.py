@@ -8,8 +8,8 @@ In the straggler grid's homogeneous cell (``experiments/reproduce_nonblocking.py
 delays) Overlap-SGP reaches blocking D-PSGD's target 1.20x sooner. Overlap-SGP differs from
 D-PSGD on the ring in three ways at once: the graph (the time-varying one-peer exponential
 graph of Assran et al. 2019, one in-neighbour a step, against the ring's two), the messages
-(one model sent a step against two) and the overlap (a worker goes on without waiting for its
-message, which lands one step late). Four runs per seed separate them, each blocking on the
+(one model sent a step against two) and the overlap (a worker computes while its round is in
+flight, so the model it receives is its neighbour's from before that step's gradient). Four runs per seed separate them, each blocking on the
 lockstep clock at the grid's blocking rate (``--lr``, 0.4: the rate every one of them got in
 that cell), ``--steps`` steps:
 
