@@ -30,11 +30,13 @@ import numpy as np
 from nbsgd_jax import checks, recipes
 from nbsgd_jax.communications.pairwise import PairwiseAverage
 from nbsgd_jax.communications.server import ParameterServer
+from nbsgd_jax.host import async_orders
 from nbsgd_jax.host import events as events_lib
 from nbsgd_jax.transforms import asynchronous as A
 from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
 
 PAIRINGS = ("random", "bipartite")
+AD_PSGD_ORDERS = ("paper", "released")
 NO_COMPRESSION = ("the asynchronous recipes average models: a compressed average needs "
                   "CHOCO-SGD's public copies (SwarmSGD's quantized averaging is not built)")
 
@@ -46,12 +48,17 @@ def ad_psgd_defaults() -> ml_collections.ConfigDict:
                         # et al. 2018, Alg. 1) | bipartite: the graph's two sides are active /
                         # passive, only active workers initiate (the reference's roles)
   s.seed = 0            # seed of the peer draws (per worker and event)
+  s.order = "paper"     # paper: at an event average, then apply the stale gradient (Lian et
+                        # al. 2018, Alg. 1) | released: the reference code's gossip loop,
+                        # gradient first and back-to-back averages, one per message time
+                        # (facebookresearch/stochastic_gradient_push gossip/ad_psgd.py)
   return s
 
 
 def check_ad_psgd_config(cfg, errs: list) -> None:
-  """ad_psgd.pairing, ad_psgd.seed."""
+  """ad_psgd.pairing, ad_psgd.seed, ad_psgd.order."""
   checks.choice(cfg, errs, "ad_psgd.pairing", PAIRINGS)
+  checks.choice(cfg, errs, "ad_psgd.order", AD_PSGD_ORDERS)
   checks.integer(cfg, errs, "ad_psgd.seed", 0)
 
 
@@ -60,12 +67,17 @@ def swarm_sgd_defaults() -> ml_collections.ConfigDict:
   s = ml_collections.ConfigDict()
   s.local_steps = 2  # H: a worker's local SGD steps between two averages it starts
   s.seed = 0         # seed of the peer draws (per worker and event)
+  s.averaging = "symmetric"  # symmetric: both take the average (Nadiradze et al. 2021,
+                             # Alg. 1) | one_sided: the initiator averages with the partner's
+                             # copy published after its last local step, the partner unchanged
+                             # (ICLR-PopSGD/PopSGD worker.py)
   return s
 
 
 def check_swarm_sgd_config(cfg, errs: list) -> None:
-  """swarm_sgd.local_steps, swarm_sgd.seed."""
+  """swarm_sgd.local_steps, swarm_sgd.seed, swarm_sgd.averaging."""
   checks.integer(cfg, errs, "swarm_sgd.local_steps", 1, note="H")
+  checks.choice(cfg, errs, "swarm_sgd.averaging", A.AVERAGING)
   checks.integer(cfg, errs, "swarm_sgd.seed", 0)
 
 
@@ -179,13 +191,15 @@ def two_colouring(n: int, edges) -> np.ndarray | None:
   return side.astype(bool)
 
 
-def _event_clock(cfg, pairwise: PairwiseAverage, seed: int, active=None, every: int = 1):
-  """``Recipe.clock``: :class:`~nbsgd_jax.host.events.EventTimes` with a random pairing
+def _event_clock(cfg, pairwise: PairwiseAverage, seed: int, active=None, every: int = 1,
+                 times=events_lib.EventTimes):
+  """``Recipe.clock``: ``times`` (:class:`~nbsgd_jax.host.events.EventTimes` or a subclass,
+  :mod:`nbsgd_jax.host.async_orders`) with a random pairing
   (:func:`~nbsgd_jax.host.events.random_peer`)."""
   touch = events_lib.random_peer(pairwise.neighbours, seed, active, every)
   reach = lambda i: (i,) + (pairwise.neighbours(i) if active is None or active[i] else ())
-  return lambda cluster, comms, params: events_lib.EventTimes(
-      cluster, touch, pairwise.message_bytes(params), cfg.cluster.step_overhead, reach)
+  return lambda cluster, comms, params: times(
+      cluster, touch, pairwise.message_bytes(params), cfg.cluster.step_overhead, reach=reach)
 
 
 AD_PSGD = recipes.Section(ad_psgd_defaults, check_ad_psgd_config,
@@ -201,7 +215,9 @@ SWARM_SGD = recipes.Section(swarm_sgd_defaults, check_swarm_sgd_config,
 @recipes.register("ad_psgd", no_compression=NO_COMPRESSION, sections={"ad_psgd": AD_PSGD},
                   check=check_asynchronous)
 def ad_psgd(b: recipes.Builder) -> recipes.Recipe:
-  """AD-PSGD (Lian et al. 2018, Algorithm 1) on the event clock over the topology's graph.
+  """AD-PSGD (Lian et al. 2018, Algorithm 1) on the event clock over the topology's graph;
+  ``ad_psgd.order='released'``: the reference code's gossip loop, gradient first
+  (:class:`~nbsgd_jax.host.async_orders.GossipLoopTimes`).
 
   Raises:
     ValueError: ``ad_psgd.pairing='bipartite'`` on a graph that is not bipartite (named).
@@ -216,6 +232,12 @@ def ad_psgd(b: recipes.Builder) -> recipes.Recipe:
                        f"config.topology={cfg.topology!r} and num_workers={b.n}: the graph "
                        "has an odd cycle (not bipartite); use pairing='random' or a bipartite "
                        "graph (a ring of even n, a torus of even sides)")
+  if cfg.ad_psgd.order == "released":  # gradient first, on the gossip loop's cadence
+    return recipes.Recipe(A.pairwise_events(b.optimizer(), pairwise, "gradient_first",
+                                            gradient="apply"),
+                          decentralized=True, primary=pairwise,
+                          clock=_event_clock(cfg, pairwise, cfg.ad_psgd.seed, active,
+                                             times=async_orders.GossipLoopTimes))
   return recipes.Recipe(A.pairwise_events(b.optimizer(), pairwise, "average_first"),
                         decentralized=True, primary=pairwise,
                         clock=_event_clock(cfg, pairwise, cfg.ad_psgd.seed, active))
@@ -227,12 +249,17 @@ def swarm_sgd(b: recipes.Builder) -> recipes.Recipe:
   """SwarmSGD (Nadiradze et al. 2021) on the event clock: each event is one local SGD step of
   a worker; after every H-th (``swarm_sgd.local_steps``) it averages with a neighbour drawn
   uniformly, ``x_i, x_j <- (x_i + x_j) / 2`` (the peer keeps computing: its in-flight step
-  lands on the average)."""
+  lands on the average); ``swarm_sgd.averaging='one_sided'``: ``x_i <- (x_i + p_j) / 2`` with
+  the copy p_j the peer published after its last local step, the peer unchanged (the released
+  PopSGD code; :class:`~nbsgd_jax.host.async_orders.OneSidedTimes`)."""
   pairwise = PairwiseAverage(b.n, b.topology.edges, b.axis_name)
   sw = b.cfg.swarm_sgd
-  return recipes.Recipe(A.pairwise_events(b.optimizer(), pairwise, "gradient_first"),
+  times = async_orders.OneSidedTimes if sw.averaging == "one_sided" else events_lib.EventTimes
+  return recipes.Recipe(A.pairwise_events(b.optimizer(), pairwise, "gradient_first",
+                                          sw.averaging),
                         decentralized=True, primary=pairwise,
-                        clock=_event_clock(b.cfg, pairwise, sw.seed, every=sw.local_steps))
+                        clock=_event_clock(b.cfg, pairwise, sw.seed, every=sw.local_steps,
+                                           times=times))
 
 
 def inner_steps(cfg, cluster) -> np.ndarray:
@@ -283,6 +310,6 @@ def sgp(b: recipes.Builder) -> recipes.Recipe:
   return recipes.Recipe(t, decentralized=True, primary=t.communications[-1])
 
 
-__all__ = ["AD_PSGD", "ASYNC_DILOCO", "PAIRINGS", "SGP", "SWARM_SGD", "ad_psgd", "async_diloco",
-           "check_asynchronous", "inner_steps", "is_asynchronous", "sgp", "swarm_sgd",
-           "two_colouring"]
+__all__ = ["AD_PSGD", "AD_PSGD_ORDERS", "ASYNC_DILOCO", "PAIRINGS", "SGP", "SWARM_SGD", "ad_psgd",
+           "async_diloco", "check_asynchronous", "inner_steps", "is_asynchronous", "sgp",
+           "swarm_sgd", "two_colouring"]

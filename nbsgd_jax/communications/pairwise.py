@@ -8,6 +8,8 @@ cannot address an arbitrary peer cheaply, so the graph's edges are split once in
 (:func:`nbsgd_jax.matchings.matching_decomposition`, at most max degree + 1) and each matching
 is one ``ppermute``: worker i keeps the model received in matching m where its peer is its
 partner in m. A step costs one model copy per matching (a ring: 2 or 3), never ``[n, n]``.
+:meth:`PairwiseAverage.read` is the one-sided form (SwarmSGD as ICLR-PopSGD/PopSGD releases
+it): the initiator averages with its peer's published copy, the peer unchanged.
 """
 
 from __future__ import annotations
@@ -88,6 +90,36 @@ class PairwiseAverage(Communication):
       out = jax.tree.map(lambda o, a, r, use=use: jnp.where(use, (a + r) / 2, o), out, tree,
                          recv)
     sent = jnp.where(paired, jnp.float32(tree_bytes(tree)), jnp.float32(0.0))
+    return out, self.report(self.charge(sent, ctx))
+
+  def read(self, tree, published, peer, reads, ctx):
+    """One-sided: ``((tree + published_peer) / 2 where reads and peer != i, else tree;
+    report)``, the peer unchanged (ICLR-PopSGD/PopSGD ``worker.py``, commit 4f0c6f0: the
+    initiator ``win.Get`` s its partner's published copy and averages it into its own model).
+
+    Args:
+      tree: this worker's model.
+      published: this worker's published copy (what a worker that draws it reads).
+      peer: int32 scalar, this worker's peer (itself: no exchange).
+      reads: bool scalar, this worker initiates (reads its peer's copy); a worker with a peer
+        that does not read is the one read from.
+      ctx: the step's context.
+
+    Returns:
+      The tree and the report: the published copy's bytes sent by a worker read from, else 0
+      (one message per pair, from the partner to the initiator).
+    """
+    i = self.index()
+    out = tree
+    paired = jnp.asarray(False)
+    for k, perm in enumerate(self.perms):
+      pairs = [(a, perm[a]) for a in range(self.n)]
+      recv = collectives.permute(published, self.axis_name, pairs)
+      mine = (peer == jnp.asarray(self._partner[k])[i]) & (peer != i)
+      paired = paired | mine
+      out = jax.tree.map(lambda o, a, r, use=mine & reads: jnp.where(use, (a + r) / 2, o), out,
+                         tree, recv)
+    sent = jnp.where(paired & ~reads, jnp.float32(tree_bytes(published)), jnp.float32(0.0))
     return out, self.report(self.charge(sent, ctx))
 
 

@@ -46,10 +46,26 @@ class InFlightState(NamedTuple):
   inner: Any
 
 
+class PublishedState(NamedTuple):
+  """:class:`InFlightState` with the copy a worker publishes (one-sided averaging).
+
+  Attributes:
+    grads, inner: as :class:`InFlightState`.
+    published: the worker's model after its last local step, before its own average (x_0
+      before its first): what a worker that draws it reads.
+  """
+
+  grads: Any
+  inner: Any
+  published: Any
+
+
 ORDERS = ("average_first", "gradient_first")
+AVERAGING = ("symmetric", "one_sided")
 
 
-def pairwise_events(inner, pairwise, order: str = "average_first") -> WorkerTransform:
+def pairwise_events(inner, pairwise, order: str = "average_first",
+                    averaging: str = "symmetric", gradient: str = "fire") -> WorkerTransform:
   """A batch of events that each apply a worker's in-flight gradient and may average it with
   a peer (module docstring): the device half of AD-PSGD and SwarmSGD.
 
@@ -60,36 +76,56 @@ def pairwise_events(inner, pairwise, order: str = "average_first") -> WorkerTran
   gossip process applies it, facebookresearch/stochastic_gradient_push ``gossip/ad_psgd.py``,
   commit ac9af237e195c812ebad08fc4697e3de1fa96ff8). ``"gradient_first"`` (SwarmSGD, Nadiradze
   et al., NeurIPS 2021, Sec. 3: local SGD steps, and after the last of them an average with a
-  neighbour drawn uniformly): the local step first, then the average. A worker touched by a
+  neighbour drawn uniformly; the released AD-PSGD's gossip loop, the same repository at
+  e682064, ``_gossip_target``): the local step first, then the average. A worker touched by a
   peer's event averages without stepping. The worker's next read is its model after the
   event.
+
+  ``averaging="symmetric"`` (both papers): both workers of a pair take the average.
+  ``"one_sided"`` (SwarmSGD as ICLR-PopSGD/PopSGD releases it, ``worker.py``, commit 4f0c6f0):
+  a worker publishes its model after each local step, before its average; the initiator sets
+  ``x_i <- (x_i + p_j) / 2`` with the peer's published copy ``p_j`` and the peer is unchanged
+  (only with ``"gradient_first"``).
 
   Args:
     inner: the local optimizer (a worker transform or an optax transformation): gradient in,
       parameter change out.
     pairwise: a :class:`~nbsgd_jax.communications.pairwise.PairwiseAverage`.
     order: one of :data:`ORDERS`.
+    averaging: one of :data:`AVERAGING`.
+    gradient: the per-worker mask of the events that apply the in-flight gradient:
+      ``"fire"``, every event of the worker's own; ``"apply"`` (the released AD-PSGD's gossip
+      loop, :class:`nbsgd_jax.host.async_orders.GossipLoopTimes`), some of them.
 
   Returns:
-    A :class:`~nbsgd_jax.transforms.WorkerTransform` with state :class:`InFlightState`; it
-    reads ``ctx.per_worker`` ``start``, ``fire`` and ``peer`` (KeyError without them: the
-    recipe's event clock writes them).
+    A :class:`~nbsgd_jax.transforms.WorkerTransform` with state :class:`InFlightState`
+    (:class:`PublishedState` one-sided); it reads ``ctx.per_worker`` ``start``, ``fire``,
+    ``peer`` and ``gradient`` (KeyError without them: the recipe's event clock writes them).
 
   Raises:
-    ValueError: an unknown ``order``.
+    ValueError: an unknown ``order`` or ``averaging``, or one-sided averaging first.
   """
   if order not in ORDERS:
     raise ValueError(f"order={order!r} is not allowed: use one of {list(ORDERS)}")
+  if averaging not in AVERAGING:
+    raise ValueError(f"averaging={averaging!r} is not allowed: use one of {list(AVERAGING)}")
+  one_sided = averaging == "one_sided"
+  if one_sided and order != "gradient_first":
+    raise ValueError("averaging='one_sided' is not allowed with order='average_first': a "
+                     "worker publishes its model after its local step")
   inner = as_worker_transform(inner)
 
   def init(params):
-    return InFlightState(jax.tree.map(jnp.zeros_like, params), inner.init(params))
+    zero = jax.tree.map(jnp.zeros_like, params)
+    if one_sided:
+      return PublishedState(zero, inner.init(params), params)
+    return InFlightState(zero, inner.init(params))
 
   def local_step(held, state, params, ctx):
     step, new_inner, report = inner.update(held, state.inner, params, ctx)
-    fire = ctx.per_worker["fire"]
-    moved = tree_where(fire, jax.tree.map(lambda p, u: p + u, params, step), params)
-    return moved, tree_where(fire, new_inner, state.inner), report
+    due = ctx.per_worker[gradient]
+    moved = tree_where(due, jax.tree.map(lambda p, u: p + u, params, step), params)
+    return moved, tree_where(due, new_inner, state.inner), report
 
   def update(grads, state, params, ctx):
     events = ctx.per_worker
@@ -99,6 +135,11 @@ def pairwise_events(inner, pairwise, order: str = "average_first") -> WorkerTran
       x, new_inner, inner_report = local_step(held, state, x, ctx)
     else:
       x, new_inner, inner_report = local_step(held, state, params, ctx)
+      if one_sided:
+        published = tree_where(events[gradient], x, state.published)
+        x, report = pairwise.read(x, published, events["peer"], events["fire"], ctx)
+        state = PublishedState(held, new_inner, published)
+        return replace_params(params, x), state, merge_reports(report, inner_report)
       x, report = pairwise.average(x, events["peer"], ctx)
     state = InFlightState(held, new_inner)
     return replace_params(params, x), state, merge_reports(report, inner_report)
@@ -236,5 +277,5 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
   return WorkerTransform(init, update, (server,) + inner.communications)
 
 
-__all__ = ["InFlightState", "ORDERS", "ServerState", "WEIGHTS", "pairwise_events",
-           "outer_models", "server_rounds", "staleness_weight"]
+__all__ = ["AVERAGING", "InFlightState", "ORDERS", "PublishedState", "ServerState", "WEIGHTS",
+           "outer_models", "pairwise_events", "server_rounds", "staleness_weight"]
