@@ -333,3 +333,36 @@ def test_instant_pull_resumes_between_tied_pushes(tmp_path):
   read = lambda d: [{k: v for k, v in json.loads(line).items() if k != "wall_time"}
                     for line in open(tmp_path / d / "metrics.jsonl")]
   assert read("run") == read("full") and len(read("full")) == 4
+
+
+def test_diloco_s_worker_test_accuracy_mid_round_is_the_workers_own():
+  """Mid-round DiLoCo evaluates x_outer (``test_accuracy``), but ``worker_test_accuracy``
+  stays the mean over workers of each worker's own model's accuracy on the worker test sample
+  (:func:`nbsgd_jax.run.task.eval_examples`), computed here in numpy from the parameters:
+  logistic regression, ``argmax(x W_i + b_i)``."""
+  from nbsgd_jax import data as data_lib
+  from nbsgd_jax.run import task as task_lib
+  from tests.test_train import small_cfg
+  rng = np.random.default_rng(0)
+  w_true = rng.normal(size=(20, 5))
+  x, tx = rng.normal(size=(800, 20)), rng.normal(size=(400, 20))
+  noisy = lambda f: np.argmax(f @ w_true + 2.0 * rng.normal(size=(len(f), 5)), 1)
+  data = data_lib.ArrayDataset(x.astype(np.float32), noisy(x), tx.astype(np.float32),
+                               noisy(tx), num_classes=5, name="toy")
+  cfg = small_cfg(dataset="arrays", model="logreg", algorithm="diloco", num_steps=100,
+                  learning_rate=0.5, **{"diloco.inner_steps": 8})
+  stepper = train.Stepper.of(train.setup(cfg, data=data))
+  stepper.steps(12)  # an outer step, then 4 inner steps
+  run = stepper.runs[0]
+  rec = run.evaluate(run.done, None)
+  _, mine = task_lib.eval_examples(len(tx), cfg, cfg.num_workers)
+  (layer,) = jax.tree.leaves(stepper.state.params, is_leaf=lambda z: "kernel" in z)
+  kern, bias = np.asarray(layer["kernel"], np.float64), np.asarray(layer["bias"], np.float64)
+  hits = lambda k, b: np.mean(np.argmax(tx[mine] @ k + b, 1) == data.y_test[mine])
+  own = np.mean([hits(kern[i], bias[i]) for i in range(cfg.num_workers)])
+  outer = np.asarray(run.models()["params"]["Dense_0"]["kernel"][0], np.float64)
+  outer_b = np.asarray(run.models()["params"]["Dense_0"]["bias"][0], np.float64)
+  assert abs(hits(outer, outer_b) - own) > 0.01  # the two models differ on this sample
+  np.testing.assert_allclose(rec["worker_test_accuracy"], own, atol=1e-6)
+  np.testing.assert_allclose(rec["test_accuracy"], np.mean(
+      np.argmax(tx @ outer + outer_b, 1) == data.y_test), atol=1e-6)

@@ -185,6 +185,9 @@ class Run:
     own = params if self.s.recipe.evaluated is None else self.models(own=True)
     if own is not params:  # Xi of the workers' own models, not of the replicas evaluated
       ev["consensus_distance"] = float(metrics_lib.consensus_distance(own))
+      if "worker_test_accuracy" in ev:  # the workers' own models' too, not the replicas'
+        ev["worker_test_accuracy"] = self.s.task.evaluate(
+            own, self.model_states(), self.s.task.eval_data)["worker_test_accuracy"]
     bad = [k for k in ("train_loss", "test_loss") if not math.isfinite(ev.get(k, 0.0))]
     if bad:  # finite workers whose average overflows the loss
       raise TrainingDiverged(step, [], bad[0])
