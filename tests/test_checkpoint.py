@@ -91,10 +91,50 @@ def test_crash_and_resume_equals_uninterrupted(tmp_path, case):
           == {k: v for k, v in full.items() if k not in drop})
 
 
+# The command line (nbsgd_jax.main) with a training hook: at step argv[3] it waits for the
+# file argv[2] (a committed checkpoint), writes the marker argv[1] and blocks until killed.
+_BLOCKING_CLI = textwrap.dedent("""
+    import os, sys, time
+    from absl import app
+    from nbsgd_jax import main, train
+    marker, ready, at = sys.argv.pop(1), sys.argv.pop(1), int(sys.argv.pop(1))
+    run = train.train
+
+    def block(step, state, setup):
+      if step == at:
+        while not os.path.exists(ready):
+          time.sleep(0.01)
+        open(marker, "w").close()
+        while True:
+          time.sleep(60)
+
+    train.train = lambda cfg, workdir, **kw: run(cfg, workdir, hooks=(block,), **kw)
+    app.run(main.main, flags_parser=main._parse_flags)
+""")
+
+
+def _wait_for(path, proc, timeout=600):
+  """Waits for ``path`` to exist while ``proc`` runs; fails with its stderr if it exits."""
+  import time
+  end = time.monotonic() + timeout
+  while not path.exists():
+    if proc.poll() is not None:
+      pytest.fail(f"exited {proc.returncode} before {path.name}: "
+                  f"{proc.stderr.read()[-2000:]}")
+    if time.monotonic() > end:
+      proc.kill()
+      pytest.fail(f"no {path.name} after {timeout} s")
+    time.sleep(0.05)
+
+
 @pytest.mark.parametrize("algorithm", ["dpsgd", "ad_psgd"])
 def test_sigkill_and_resume_from_the_command_line(tmp_path, algorithm):
   """A real SIGKILL of the CLI mid-run, then the same command again (AD-PSGD: with the event
-  clock's events and the in-flight gradients)."""
+  clock's events and the in-flight gradients): a user who kills a run gets, from the same
+  command, the records of a run never killed. Event-based: the killed process is the CLI with
+  a training hook (_BLOCKING_CLI) that, at step 25, waits for step 20's committed checkpoint,
+  writes a marker and blocks; the test kills it after the marker, so the kill always lands
+  mid-run (steps 21-25 done and recorded past the checkpoint), however fast the machine."""
   overrides = ["--config.model=mlp", "--config.num_workers=4", "--config.batch_size=8",
                "--config.num_steps=40", "--config.eval_every=5", "--config.checkpoint_every=10",
                "--config.eval_train_examples=64", "--config.progress=False",
@@ -110,14 +150,12 @@ def test_sigkill_and_resume_from_the_command_line(tmp_path, algorithm):
   # the uninterrupted reference, in-process (same config as the CLI builds)
   ref = _records(_cli_reference(tmp_path / "full", overrides) / "metrics.jsonl")
   wd = tmp_path / "run"
-  proc = subprocess.Popen(cmd(wd), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+  ckpt, marker = wd / "checkpoints" / "20" / "commit_success.txt", tmp_path / "blocked"
+  blocking = [sys.executable, "-c", _BLOCKING_CLI, str(marker), str(ckpt), "25", *cmd(wd)[3:]]
+  proc = subprocess.Popen(blocking, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE)
-  ckpt = wd / "checkpoints" / "20" / "commit_success.txt"
-  import time
-  deadline = time.time() + 120
-  while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-    time.sleep(0.05)
-  assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+  _wait_for(marker, proc)
+  assert ckpt.exists() and len(_records(wd / "metrics.jsonl")) == 6  # steps 0, 5, .., 25
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   assert proc.returncode == -signal.SIGKILL
@@ -268,7 +306,9 @@ def test_a_finished_run_is_not_trained_again(tmp_path):
 
 def test_ctrl_c_stops_with_one_line_and_whole_records(tmp_path):
   """SIGINT (Ctrl-C) mid-run: exit 130, one ``error:`` line and no traceback; the records
-  written so far parse."""
+  written so far parse (a user's Ctrl-C leaves readable records and says how to resume).
+  Event-based: SIGINT is sent once two whole records are written (a run of 100000 steps is
+  still running then by construction), never on a deadline."""
   import time
   wd = tmp_path / "run"
   proc = subprocess.Popen(
@@ -276,9 +316,12 @@ def test_ctrl_c_stops_with_one_line_and_whole_records(tmp_path):
        f"--workdir={wd}", "--config.num_steps=100000", "--config.eval_every=5",
        "--config.progress=False"], cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  deadline = time.time() + 120
-  while proc.poll() is None and time.time() < deadline and not (
-      (wd / "metrics.jsonl").exists() and len(_records(wd / "metrics.jsonl")) >= 2):
+  metrics, hang = wd / "metrics.jsonl", time.monotonic() + 600  # a guard against a hang only
+  while not (metrics.exists() and metrics.read_text().count("\n") >= 2):  # two whole lines
+    assert proc.poll() is None, proc.stderr.read()[-2000:]
+    if time.monotonic() > hang:
+      proc.kill()
+      pytest.fail("no two records in 600 s")
     time.sleep(0.05)
   proc.send_signal(signal.SIGINT)
   _, err = proc.communicate(timeout=120)

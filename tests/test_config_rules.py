@@ -135,10 +135,6 @@ SPLIT = ("config.batch_size=30 is not allowed with config.nonblocking.num_miniba
          "batch must split into M equal mini-batches (batch_size divisible by num_minibatches)")
 
 
-def test_batch_not_divisible_by_m_is_fine_without_nonblocking():
-  config_lib.validate(cfg_with(batch_size=30, nonblocking__num_minibatches=4))
-
-
 def test_batch_not_divisible_by_m_is_refused_with_nonblocking():
   cfg = cfg_with(batch_size=30, nonblocking__num_minibatches=4, nonblocking__enabled=True)
   assert errors_of(cfg) == [SPLIT]
@@ -193,15 +189,3 @@ def test_combination_errors_come_from_the_recipe_registry(monkeypatch):
 ])
 def test_registry_refuses_undefined_combinations(overrides, line):
   assert errors_of(cfg_with(**overrides)) == [line]
-
-
-@pytest.mark.parametrize("overrides", [
-    {"algorithm": "allreduce_ring", "compression__name": "top_k"},
-    {"algorithm": "allreduce", "compression__name": "top_k", "nonblocking__enabled": True},
-    {"algorithm": "diloco", "nonblocking__enabled": True},
-    {"algorithm": "local_sgd", "cluster__failures": "1:0:2"},
-    {"algorithm": "allreduce", "compression__name": "top_k", "cluster__failures": "1:0:2"},
-    {"algorithm": "diloco", "compression__name": "top_k"},
-])
-def test_registry_accepts_defined_combinations(overrides):
-  config_lib.validate(cfg_with(**overrides))

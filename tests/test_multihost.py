@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -98,16 +97,28 @@ def test_two_processes_match_single_process_mesh_and_resume(tmp_path):
   assert (workdir / "summary.json").exists()
 
 
-def test_launcher_stops_everyone_when_one_process_fails():
-  # process 1 fails at once; process 0 would sleep a minute: the launcher must not wait
-  prog = [sys.executable, "-c",
-          "import os, sys, time\n"
-          "if os.environ['JAX_PROCESS_ID'] == '1': sys.exit(7)\n"
-          "print('waiting', flush=True); time.sleep(60)"]
-  start = time.monotonic()
-  status = launch.launch(2, 1, [], program=prog, timeout=50)
+def test_launcher_stops_everyone_when_one_process_fails(tmp_path):
+  """A user whose process 1 fails gets its status back and no process left behind, without
+  waiting for the others. Event-based: process 0 writes its pid and then never ends on its
+  own; process 1 fails once that pid is written (a barrier). A launcher that waited for
+  process 0 would return 124 at its timeout, not 7; process 0 must be gone afterwards."""
+  pid_file = tmp_path / "p0.pid"
+  prog = [sys.executable, "-c", textwrap.dedent(f"""
+      import os, sys, time
+      pid_file = {str(pid_file)!r}
+      if os.environ['JAX_PROCESS_ID'] == '1':
+        while not os.path.exists(pid_file):
+          time.sleep(0.01)
+        sys.exit(7)
+      with open(pid_file + '.tmp', 'w') as f:
+        f.write(str(os.getpid()))
+      os.replace(pid_file + '.tmp', pid_file)
+      time.sleep(3600)
+      """)]
+  status = launch.launch(2, 1, [], program=prog, timeout=300)
   assert status == 7
-  assert time.monotonic() - start < 20
+  with pytest.raises(ProcessLookupError):  # stopped and reaped by the launcher
+    os.kill(int(pid_file.read_text()), 0)
 
 
 def test_launcher_environment_and_arguments():

@@ -267,19 +267,23 @@ def _comms(n):
 
 @pytest.mark.parametrize("with_failures", [False, True])
 def test_a_steps_clock_work_is_linear_in_n(with_failures):
-  """At n = 1024 an [n, n] bool matrix is 1 MiB (float64: 8 MiB); the clock's peak memory must
-  stay far below it and grow like n (it is O(n d): a few [n] vectors and the [n, d] neighbour
-  lists), from n = 512 to 1024."""
+  """A user simulating thousands of workers needs a clock that holds no [n, n] matrix. At
+  n = 1024 an [n, n] bool matrix is 1 MiB (float64: 8 MiB); the clock's peak memory (tracemalloc
+  counts Python's and numpy's allocations: deterministic, no timing) must stay below it and
+  grow like n (it is O(n d): a few [n] vectors and the [n, d] neighbour lists). Measured:
+  200 KB at n = 1024 (260 KB with failures), 3.7-3.8 x the peak at n = 256; the bounds sit
+  between linear and quadratic with a wide margin: under n^2 bytes, and under 8 x for 4 x the
+  workers (linear: <= 4, quadratic: 16)."""
   peaks = {}
-  for n in (512, 1024):
+  for n in (256, 1024):
     alive = None
     if with_failures:
       alive = np.ones(n, bool)
-      alive[[3, 500]] = False
+      alive[[3, 200]] = False
     comms = _comms(n)
     peaks[n], clock = _clock_peak(comms, n, 3, alive)
-  assert peaks[1024] < 1024 * 1024 // 4, peaks
-  assert peaks[1024] < 2.5 * peaks[512], peaks
+  assert peaks[1024] < 1024 * 1024, peaks  # one [n, n] bool matrix
+  assert peaks[1024] < 8 * peaks[256], peaks
   # the same clocks as with dense adjacencies and the dense failure rule (the previous code)
   up = np.ones(n, bool) if alive is None else alive
   clocks = np.zeros(n)
