@@ -24,13 +24,21 @@ def _run(args, **env):
                         env=e, timeout=300)
 
 
-def test_own_training_loop_runs_dpsgd_under_shard_map():
-  r = _run([os.path.join(EXAMPLES, "own_training_loop.py"), "--workers", "4", "--steps", "5"])
+def test_own_training_loop_learns_with_dpsgd_under_shard_map():
+  """The example a user copies learns and counts its bytes right: 30 steps of D-PSGD on 4
+  workers bring the averaged CNN's MNIST-10k test accuracy above 0.5 (chance 0.1; measured
+  0.74), and tx.bytes_sent is the closed form 30 steps x 2 ring neighbours x the CNN's
+  101,274 float32 parameters (conv 5x5x1x8 + 8; dense 14x14x8 -> 64: 100,416; 64 -> 10:
+  650; counted by hand) = 24.31 MB."""
+  r = _run([os.path.join(EXAMPLES, "own_training_loop.py"), "--workers", "4", "--steps", "30"])
   assert r.returncode == 0, r.stderr[-2000:]
   line = r.stdout.strip().splitlines()[-1]
-  assert line.startswith("workers 4  steps 5") and "test accuracy" in line
-  # 5 steps x 2 ring neighbours x the CNN's float32 bytes
-  assert float(line.split("MB sent per worker")[1]) > 0
+  assert line.startswith("workers 4  steps 30"), line
+  assert float(line.split("test accuracy")[1].split()[0]) > 0.5, line
+  params = (5 * 5 * 1 * 8 + 8) + (14 * 14 * 8 * 64 + 64) + (64 * 10 + 10)
+  assert params == 101_274
+  mb = float(line.split("MB sent per worker")[1])
+  assert mb == round(30 * 2 * 4 * params / 1e6, 2) == 24.31, line
 
 
 def test_own_model_by_name_through_the_cli(tmp_path):
@@ -75,15 +83,29 @@ class _Tokens(nn.Module):
     return nn.Dense(self.vocab)(nn.Embed(self.vocab, 8)(tokens))
 
 
+def _chain(start, length, successor=(2, 4, 1, 0, 3)):
+  """Tokens of a 5-cycle: each token's successor is ``successor[token]``."""
+  out = [start]
+  for _ in range(length - 1):
+    out.append(successor[out[-1]])
+  return np.array(out)
+
+
 def test_own_token_model_and_token_stream():
-  rng = np.random.default_rng(0)
-  toks = data.TokenDataset(rng.integers(0, 5, 3000), rng.integers(0, 5, 500), vocab_size=5)
+  """A user's own token model learns the user's own token stream: in a stream where each
+  token decides the next (a 5-cycle), the bigram model (embedding -> logits) must predict the
+  held-out stream after 20 steps of local SGD: test accuracy 1 and a test loss far below
+  ln 5 = 1.61, the loss of a uniform guess (measured 5e-6). Random tokens, as before, could
+  not show that anything was learned."""
+  toks = data.TokenDataset(_chain(0, 3000), _chain(3, 500), vocab_size=5)
   cfg = config.default_config()
-  cfg.update(dict(model="module", dataset="arrays", num_workers=2, num_steps=4, eval_every=4,
-                  batch_size=4, algorithm="local_sgd", progress=False))
+  cfg.update(dict(model="module", dataset="arrays", num_workers=2, num_steps=20,
+                  eval_every=20, batch_size=4, algorithm="local_sgd", learning_rate=0.5,
+                  progress=False))
   cfg.lm.context = 16
   s = train.train(cfg, None, model=_Tokens(5), data=toks)
-  assert s["vocab_size"] == 5 and np.isfinite(s["test_loss"])
+  assert s["vocab_size"] == 5
+  assert s["test_accuracy"] == 1.0 and s["test_loss"] < 0.01, s
 
 
 @pytest.mark.parametrize("model,given,needle", [
