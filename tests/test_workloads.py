@@ -144,25 +144,23 @@ def test_batchnorm_simulate_equals_mesh_and_survives_a_resume(tmp_path):
   assert any(not np.array_equal(a, b) for a, b in zip(_stats(sim[4][1]), _stats(sim[2][1])))
 
 
-def test_every_algorithm_trains_on_cifar_shaped_data():
-  # A small MLP keeps the 11 compilations short; ResNet's model state goes through the
-  # gradient paths (full batch, counted mini-batches, periodic programs) here and above.
-  failed = {}
+def test_nonblocking_resnet_with_batchnorm_learns():
+  """Non-blocking SGD's counted mini-batches carry ResNet's BatchNorm state (a slow worker
+  counts fewer): the run must learn, not only run. 12 steps on 32 mock examples (8 per
+  worker, 2 steps an epoch): the mean loss of the last 4 steps is below 0.85 of the first
+  4's (measured 1.27 against 1.79; a run whose counted gradients or statistics were dropped
+  stays near the first). The MLP run of every algorithm this test once made repeated
+  test_composition::test_composition_cell (every algorithm, a finite loss and the bytes at
+  every step); the periodic programs with model state are test_batchnorm_simulate_equals_
+  mesh_and_survives_a_resume's."""
+  cfg = cifar_cfg(algorithm="allreduce", **{"nonblocking.enabled": True,
+                                            "nonblocking.num_minibatches": 2,
+                                            "cluster.scenario": "one_slow"})
   with tfds.testing.mock_data(num_examples=32):
-    for algorithm in config_lib.ALGORITHMS:
-      extra = ({"diloco.inner_steps": 2} if "diloco" in algorithm else
-               {"local_sgd.tau": 2} if algorithm == "local_sgd" else {})  # a period in the run
-      summary = train.train(cifar_cfg(algorithm=algorithm, model="mlp", mlp_hidden=(16,),
-                                      **extra))
-      if not (summary["steps"] == 2 and math.isfinite(summary["train_loss"])):
-        failed[algorithm] = summary
-    for overrides in ({"algorithm": "allreduce", "nonblocking.enabled": True,
-                       "nonblocking.num_minibatches": 2, "cluster.scenario": "one_slow"},
-                      {"algorithm": "diloco", "diloco.inner_steps": 2, "norm": "group"}):
-      summary = train.train(cifar_cfg(**overrides))
-      if not (summary["steps"] == 2 and math.isfinite(summary["train_loss"])):
-        failed[str(overrides)] = summary
-  assert not failed, failed
+    _, _, losses = run_steps(cfg, 12)
+  per_step = losses.reshape(12, -1).mean(axis=1)
+  assert np.all(np.isfinite(per_step))
+  assert per_step[-4:].mean() < 0.85 * per_step[:4].mean(), per_step
 
 
 def test_bfloat16_compute_keeps_float32_parameters():
@@ -192,13 +190,19 @@ def test_text_batches_are_windows_of_the_workers_shard():
 
 
 @pytest.mark.parametrize("algorithm", ["diloco", "streaming_diloco", "local_sgd"])
-def test_language_model_trains_a_few_steps(algorithm):
+def test_language_model_learns(algorithm, tmp_path):
+  """The character transformer learns through each periodic recipe (a user's LM run that
+  only runs is no run): 16 steps at lr 1e-2 on mock tiny_shakespeare, the training loss at
+  the last evaluation below 0.8 of the first's (diloco measured 2.85 -> 1.90, vocabulary 12,
+  ln 12 = 2.48) and the test loss below ln(vocabulary), the loss of a uniform guess."""
   extra = {"diloco.inner_steps": 2} if "diloco" in algorithm else {"local_sgd.tau": 2}
   with tfds.testing.mock_data(num_examples=3):
-    summary = train.train(lm_cfg(algorithm=algorithm, **extra))
-  assert summary["steps"] == 4
-  assert math.isfinite(summary["train_loss"]) and math.isfinite(summary["test_loss"])
-  assert 0.0 <= summary["test_accuracy"] <= 1.0
+    summary = train.train(lm_cfg(algorithm=algorithm, num_steps=16, eval_every=8,
+                                 learning_rate=1e-2, **extra), str(tmp_path))
+  recs = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in recs] == [0, 8, 16]
+  assert recs[-1]["train_loss"] < 0.8 * recs[0]["train_loss"], recs
+  assert summary["test_loss"] < math.log(summary["vocab_size"]), summary
 
 
 # ----------------------------------------------------------------------------- command line
@@ -223,6 +227,10 @@ def _cli_under_mock_data(tmp_path, config, num_examples, *overrides):
 
 
 def test_cifar_resnet20_config_trains_through_the_cli(tmp_path):
+  """The command a user copies from the config file trains the paper's ResNet-20 with
+  D-PSGD: the run's model has the 269,722 parameters counted by hand in test_resnet20_has_
+  the_papers_parameter_count (He et al. 2016: "0.27 M"), and each worker sent, in 2 steps on
+  a ring of 2 (one neighbour), 2 x 269,722 float32 parameters: 2,157,776 bytes."""
   r = _cli_under_mock_data(
       tmp_path, CIFAR, 32, "--config.num_workers=2", "--config.batch_size=4",
       "--config.num_steps=2", "--config.eval_every=2", "--config.warmup_steps=1",
@@ -230,10 +238,19 @@ def test_cifar_resnet20_config_trains_through_the_cli(tmp_path):
   assert r.returncode == 0, r.stderr[-3000:]
   with open(tmp_path / "run" / "summary.json") as f:
     summary = json.load(f)
-  assert summary["steps"] == 2 and math.isfinite(summary["test_loss"])
+  assert (summary["steps"], summary["model"], summary["algorithm"]) == (2, "resnet", "dpsgd")
+  assert summary["model_params"] == 269_722
+  assert summary["bytes_sent"] == 2 * 269_722 * 4 == 2_157_776
 
 
 def test_lm_config_trains_through_the_cli(tmp_path):
+  """The LM config's command with its overrides builds the model asked for and runs DiLoCo's
+  outer rounds: the transformer of d_model 16, one layer, context 8 over tiny_shakespeare's 66
+  characters has, counted by hand, token embedding 66 x 16 = 1,056, positions 8 x 16 = 128,
+  two layer norms 2 x 32, attention q, k, v 16 x 48 + 48 and output 16 x 16 + 16, MLP
+  16 x 64 + 64 and 64 x 16 + 16, a final norm 32 and the head 16 x 66 + 66: 5,618 parameters;
+  4 steps of 2 inner steps are 2 outer all-reduces of 2 (n - 1) / n = 1 model each (n = 2):
+  2 x 5,618 x 4 = 44,944 bytes."""
   r = _cli_under_mock_data(
       tmp_path, LM, 3, "--config.num_workers=2", "--config.batch_size=2",
       "--config.num_steps=4", "--config.eval_every=2", "--config.warmup_steps=1",
@@ -241,7 +258,11 @@ def test_lm_config_trains_through_the_cli(tmp_path):
       "--config.diloco.inner_steps=2", "--config.eval_train_examples=8")
   assert r.returncode == 0, r.stderr[-3000:]
   with open(tmp_path / "run" / "summary.json") as f:
-    assert json.load(f)["steps"] == 4
+    summary = json.load(f)
+  assert (summary["steps"], summary["vocab_size"], summary["rounds"]) == (4, 66, 2)
+  assert summary["model_params"] == 1056 + 128 + 2 * 32 + 16 * 48 + 48 + 16 * 16 + 16 + (
+      16 * 64 + 64) + (64 * 16 + 16) + 32 + 16 * 66 + 66 == 5618
+  assert summary["bytes_sent"] == 2 * 5618 * 4 == 44_944
 
 
 @pytest.mark.parametrize("config,command", [(CIFAR, "tfds build cifar10"),
