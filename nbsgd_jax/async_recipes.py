@@ -87,7 +87,8 @@ def sgp_defaults() -> ml_collections.ConfigDict:
   s.overlap = False  # Overlap-SGP: a round is sent before the step's gradient and lands
                      # after it (the reference's overlap=True)
   s.synch_freq = 0   # s: with overlap, steps a worker goes on before it waits for its round
-                     # in flight (a round every s + 1 steps; the reference's synch_freq)
+                     # in flight (the reference's synch_freq: the first round lands after s
+                     # steps, every later one after s + 1)
   return s
 
 

@@ -139,40 +139,53 @@ def test_bad_input_is_one_line_naming_the_key(over, named):
 def reference_sgp(x0, steps, overlap, synch_freq):
   """SGP as facebookresearch/stochastic_gradient_push ``gossip/distributed.py`` runs it
   (commit e682064; ``GossipDataParallel(push_sum=True, overlap, synch_freq)``), all workers
-  in lockstep, in numpy float64. Per iteration: the forward pre-hook (with ``overlap``: query
-  the round in flight, which lands when the worker must wait for it, ``num_updates >=
-  synch_freq``: the limit of slow communication; then, if no round is in flight, transfer:
-  keep half of the numerator and weight, send half to the peer), the gradient at the de-biased
-  ``z = x / w``, ``torch.optim.SGD``'s step on the numerator; without overlap, after the
-  step, one blocking push-sum round. Round r goes to ``i + 2^(r mod log2 n)`` (the package's
-  one-peer exponential graph; the reference's DynamicDirectedExponentialGraph also alternates
-  the backward peers ``i - 2^r``). Returns the de-biased models after ``steps`` iterations
-  (and a round due at the next query landed)."""
+  in lockstep, in numpy float64. Per iteration: with ``overlap``, the forward pre-hook
+  (``__make_forward_pre_hook``, lines 574-584): ``non_blocking = num_updates < synch_freq``;
+  ``_query_gossip_queue(non_blocking)`` (lines 336-387) returns False when no round is in
+  flight, and otherwise lands the round (adds the received residuals) only when it blocks: the
+  limit of slow communication, where a non-blocking query never finds the round arrived (it
+  then returns None); ``num_updates = 0`` after a landing, ``+= 1`` otherwise (iteration 0
+  included); then ``transfer_params`` (lines 389-435) sends a round only when none is in flight:
+  keep half of the numerator and weight, send half to the peer. Then the gradient at the
+  de-biased ``z = x / w`` and ``torch.optim.SGD``'s step on the numerator; without overlap,
+  after the step, one blocking push-sum round. Round r goes to ``i + 2^(r mod log2 n)`` (the
+  package's one-peer exponential graph; the reference's DynamicDirectedExponentialGraph also
+  alternates the backward peers ``i - 2^r``). Returns the de-biased models after ``steps``
+  iterations (and a round the next pre-hook would land, landed)."""
   prob = problems.least_squares(N, M, DIM, noise=1.0, heterogeneity=1.0, seed=0)
   a, b = prob.features.astype(np.float64), prob.targets.astype(np.float64)
   levels = (N - 1).bit_length()
   x = np.repeat(np.asarray(x0, np.float64)[None], N, 0)
   w, buf = np.ones(N), np.zeros_like(x)
-  flight, waited, r = None, 0, 0
+  flight, num_updates, r = None, 0, 0
 
-  def query():
-    nonlocal flight, waited, x, w
-    if flight is not None and waited >= synch_freq:
-      to, part_x, part_w = flight
-      np.add.at(x, to, part_x)
-      np.add.at(w, to, part_w)
-      flight, waited = None, 0
-    elif flight is not None:
-      waited += 1
+  def query(non_blocking):
+    nonlocal flight, x, w
+    if flight is None:
+      return False  # "not gossiping right now"
+    if non_blocking:
+      return None  # the flag is not set yet: slow communication
+    to, part_x, part_w = flight
+    np.add.at(x, to, part_x)
+    np.add.at(w, to, part_w)
+    flight = None
+    return True
+
+  def pre_hook():
+    nonlocal num_updates, flight, x, w, r
+    if query(num_updates < synch_freq):
+      num_updates = 0
+    else:
+      num_updates += 1
+    if flight is None:  # transfer_params: only when the last round was mixed
+      to = (np.arange(N) + 2 ** (r % levels)) % N
+      r += 1
+      x, w = x / 2, w / 2
+      flight = (to, x.copy(), w.copy())
 
   for k in range(steps):
     if overlap:
-      query()
-      if flight is None:
-        to = (np.arange(N) + 2 ** (r % levels)) % N
-        r += 1
-        x, w = x / 2, w / 2
-        flight = (to, x.copy(), w.copy())
+      pre_hook()
     z = x / w[:, None]
     g = np.stack([a[i].T @ (a[i] @ z[i] - b[i]) / M for i in range(N)])
     d = g + WD * x
@@ -181,22 +194,24 @@ def reference_sgp(x0, steps, overlap, synch_freq):
     if not overlap:
       src = (np.arange(N) - 2 ** (k % levels)) % N
       x, w = (x + x[src]) / 2, (w + w[src]) / 2
-  if overlap and flight is not None and waited >= synch_freq:
-    query()
+  if overlap and flight is not None and num_updates >= synch_freq:
+    query(False)
   return x / w[:, None]
 
 
-@pytest.mark.parametrize("overlap, synch_freq", [(False, 0), (True, 0), (True, 2)])
-def test_sgp_equals_the_reference_s_iterations(overlap, synch_freq):
-  """25 steps of ``sgp`` equal the numpy transcription of the reference's iterations to 1e-6
-  relative (SGP; Overlap-SGP landing each round at the end of its step, and every third step
-  with synch_freq = 2)."""
+@pytest.mark.parametrize("overlap, synch_freq", [(False, 0), (True, 0), (True, 1), (True, 2)])
+@pytest.mark.parametrize("steps", [1, 2, 3, 25])
+def test_sgp_equals_the_reference_s_iterations(overlap, synch_freq, steps):
+  """``steps`` steps of ``sgp`` equal the numpy transcription of the reference's iterations to
+  1e-6 relative: SGP; Overlap-SGP landing each round at the end of its step (synch_freq 0),
+  and with synch_freq s = 1, 2 the first round after s steps and every later one after s + 1
+  (the pre-hook counts iteration 0)."""
   s = train.setup(_cfg(algorithm="sgp", topology="one_peer_exponential", **{
       "sgp.overlap": overlap, "sgp.synch_freq": synch_freq}))
   stepper = train.Stepper.of(s)
   x0 = np.asarray(stepper.state.params["w"][0])
-  stepper.steps(25)
-  want = reference_sgp(x0, 25, overlap, synch_freq)
+  stepper.steps(steps)
+  want = reference_sgp(x0, steps, overlap, synch_freq)
   got = np.asarray(stepper.state.params["w"], np.float64)
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
