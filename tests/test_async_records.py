@@ -44,7 +44,8 @@ def test_cnn_time_to_97_is_interpolated_between_evaluations():
 
 @pytest.mark.parametrize("results,table", [("results.json", "table.md"),
                                            ("results_t2.json", "table_t2.md"),
-                                           ("seed0/results.json", "seed0/table.md")])
+                                           ("seed0/results.json", "seed0/table.md"),
+                                           ("dpsgd/results.json", "dpsgd/table.md")])
 def test_committed_cnn_tables_are_their_records(results, table):
   """table.md is rendered from results.json, and says how its times were read."""
   cnn = _script("asynchronous_cnn")
@@ -131,3 +132,14 @@ def test_nonblocking_md_quotes_the_interpolated_seed_0_rerun():
     assert run["time_to_target"] < first
     assert f"{label} {run['time_to_target']:.1f} / {first:.1f}" in page, name
   assert res["runs"]["async_diloco"][0]["time_to_target"] is None
+
+
+def test_nonblocking_md_quotes_d_psgd_again_on_three_seeds():
+  """D-PSGD's interpolated times on seeds 0, 1, 2 and their mean +- std, as the page quotes
+  them, are docs/asynchronous/dpsgd's record."""
+  res = json.loads(_read("asynchronous", "dpsgd", "results.json"))
+  times = [r["time_to_target"] for r in res["runs"]["dpsgd"]]
+  t = res["summary"]["dpsgd"]["time_to_target"]
+  page = _page()
+  assert " / ".join(f"{x:.1f}" for x in times[:2]) in page
+  assert f"{t['mean']:.1f} +- {t['std']:.1f} s against the table's" in page
