@@ -1,7 +1,7 @@
 """The released codes' update orders on one cell of the straggler grid (issue 54, item 3).
 
     python experiments/async_orders_cell.py --out docs/nonblocking/async_orders \
-        --seeds 0 1 2 --released_seeds 0 --released_sim_time 2.0
+        --seeds 0 1 2 --released_seeds 0 1 2 --released_sim_time 2.0
 
 The cell and every setting but the order are ``experiments/reproduce_nonblocking.py
 --asynchronous``'s (:func:`reproduce_nonblocking.make_config`: 16 workers, the MLP, the ring,
@@ -13,14 +13,15 @@ paper's order in this cell (read from its ``results.json``; not tuned again), wi
 * SwarmSGD (H = 2), ``swarm_sgd.averaging='one_sided'`` (the released PopSGD code) and
   ``'symmetric'`` (the paper, the study's), each to the target: the time to target and the
   speed-up over blocking D-PSGD, per seed;
-* AD-PSGD, ``ad_psgd.order='released'`` (the reference code's gossip loop: about 120 loop
-  iterations per gradient on this cell, so about 130 x the device steps of the paper's order
-  per simulated second) and ``'paper'``, each for ``--released_sim_time`` simulated seconds only: the
-  training loss at equal simulated times (the released order to the target would take about
-  an hour of this 2-core machine per seed).
+* AD-PSGD, ``ad_psgd.order='released'`` (the reference code's gossip loop: 80-120 loop
+  iterations per gradient on this cell, so 100-130 x the device steps of the paper's order
+  per simulated second) and ``'paper'``, each for ``--released_sim_time`` simulated seconds
+  only: the training loss at equal simulated times (the released order to the target would
+  take half an hour to 1.4 h of this 2-core machine per seed).
 
-Writes ``OUT/results.json`` and ``OUT/results.md``; ``--clock_only`` adds to them the AD-PSGD
-event clocks' records over the same simulated time (replayed, nothing trained).
+Writes ``OUT/results.json`` and ``OUT/results.md`` (a later call adds to them; ``real_seconds``
+sums the calls'), with the AD-PSGD event clocks' records over the same simulated time
+(replayed, nothing trained; ``--clock_only``: those alone).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True)
   ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
-  ap.add_argument("--released_seeds", type=int, nargs="*", default=[0])
+  ap.add_argument("--released_seeds", type=int, nargs="*", default=[0, 1, 2])
   ap.add_argument("--released_sim_time", type=float, default=2.0)
   ap.add_argument("--skip_swarm", action="store_true")
   ap.add_argument("--clock_only", action="store_true",
@@ -124,9 +125,11 @@ def main():
   with open(STUDY) as f:
     study = json.load(f)["scenarios"]["main"]  # cells, lr_blocking, targets
   a, res, start = _namespace(args.out), {"cell": CELL}, time.time()
-  if args.clock_only:
-    with open(os.path.join(args.out, "results.json")) as f:
+  done = os.path.join(args.out, "results.json")
+  if os.path.exists(done):  # a later call adds to it (e.g. more seeds)
+    with open(done) as f:
       res = json.load(f)
+  if args.clock_only:
     for seed in args.released_seeds:
       for order in ("released", "paper"):
         res[f"ad_psgd/{order}/seed{seed}"]["clock"] = clock_record(
@@ -149,7 +152,9 @@ def main():
                          args.released_sim_time, every)
       res[f"ad_psgd/{order}/seed{seed}"] = {"curve": curve, "seconds": time.time() - t}
       print(order, seed, curve[-1], f"{time.time() - t:.0f} s", flush=True)
-  res["real_seconds"] = time.time() - start
+      res[f"ad_psgd/{order}/seed{seed}"]["clock"] = clock_record(
+          a, study, order, seed, args.released_sim_time)
+  res["real_seconds"] = res.get("real_seconds", 0.0) + time.time() - start
   _write(args.out, res)
 
 
