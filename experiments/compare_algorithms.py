@@ -17,6 +17,11 @@ test accuracy and training loss, the plots the first seed. Every run is cached i
 (b) the heterogeneous least-squares task of ``experiments/configs/heterogeneous_lsq.py`` (exact local
 gradients, constant step) for the gossip algorithms: F - F* against bytes.
 
+``--merge``: the runs of ``--runs`` replace theirs in ``OUT/results.json`` (the others kept as
+recorded; the study's arguments must be the record's), then the plots and, where every entry
+has its seeds' summary, ``results.md`` are rewritten: e.g. DiLoCo alone after a change to what
+it evaluates, ``--runs diloco --no_lsq --merge`` with the record's other arguments.
+
 ``--quick``: the MLP, 8 workers, 200 steps, one gamma, seed 0. Outputs in ``OUT``:
 ``results.json``, ``results.md``, ``accuracy_vs_bytes.png``, ``accuracy_vs_time.png``, ``lsq_gap.png``.
 """
@@ -247,6 +252,39 @@ def markdown(res: dict, a) -> str:
   return "\n".join(lines) + "\n"
 
 
+SAME = ("workers", "model", "steps", "eval_every", "lr")  # what a merged run must share
+
+
+def merge(a, new: dict, seconds: float) -> None:
+  """``--merge``: ``new``'s MNIST runs replace theirs in ``a.out/results.json`` (an entry of
+  an older record with one seed, without a summary, keeps its keys: its history and seconds
+  are the new first seed's); the plots rewritten, and ``results.md`` where every entry has a
+  summary (an older record's table is left as it is).
+
+  Raises:
+    SystemExit: the record was made with other ``SAME`` arguments or other seeds.
+  """
+  with open(os.path.join(a.out, "results.json")) as f:
+    res = json.load(f)
+  was = res["args"]
+  seeds = was.get("seeds", [was.get("seed", 0)])
+  if any(was[k] != getattr(a, k) for k in SAME) or seeds != a.seeds:
+    raise SystemExit(f"{a.out}/results.json was made with "
+                     f"{ {k: was[k] for k in SAME} } and seeds {seeds}; give those")
+  for name, entry in new["mnist"].items():
+    old = res["mnist"][name]
+    if "summary" not in old:
+      entry = {**old, "history": entry["history"],
+               "seconds": entry["seeds"][str(a.seeds[0])]["seconds"]}
+    res["mnist"][name] = entry
+  res.setdefault("merged", {}).update({n: round(seconds, 1) for n in new["mnist"]})
+  plots(res, a.out)
+  if all("summary" in r for r in res["mnist"].values()):
+    common.write_results(a.out, res, markdown(res, argparse.Namespace(**was)))
+  else:
+    common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(res))
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", required=True)
@@ -265,6 +303,8 @@ def main():
   p.add_argument("--no_lsq", dest="lsq", action="store_false",
                  help="skip (b), the least-squares runs")
   p.add_argument("--gammas", type=float, nargs="+", default=[0.02, 0.05, 0.2, 0.5, 1.0])
+  p.add_argument("--merge", action="store_true",
+                 help="merge the --runs into OUT/results.json (the others kept)")
   a = p.parse_args()
   if a.quick:
     a.workers, a.model, a.steps, a.eval_every, a.gammas, a.seeds = 8, "mlp", 200, 50, [0.2], [0]
@@ -272,6 +312,9 @@ def main():
   a.runs_dir = a.runs_dir or os.path.join(a.out, "runs")
   t = time.time()
   res = compare(a)
+  if a.merge:
+    merge(a, res, time.time() - t)
+    return
   res["seconds"] = time.time() - t
   res["args"] = vars(a)
   plots(res, a.out)

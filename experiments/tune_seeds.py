@@ -187,7 +187,8 @@ def markdown(rows: list, a) -> str:
 
 def save(a, records: dict, runs: list) -> None:
   rows = table(records, runs, a.lrs, a.seeds, a.tune_seed)
-  results = {"args": {k: v for k, v in vars(a).items() if k != "report"}, "table": rows,
+  results = {"args": {k: v for k, v in vars(a).items() if k not in ("report", "retrain")},
+             "table": rows,
              "records": records}
   common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(results))
   common.write_atomic(os.path.join(a.out, "results.md"), markdown(rows, a))
@@ -255,6 +256,9 @@ def main():
   ap.add_argument("--extend", type=int, default=2,
                   help="rates tried beyond --lrs, x2 or /2, while the best is at an edge")
   ap.add_argument("--only", nargs="*", default=None, help="run names to train (default: all)")
+  ap.add_argument("--retrain", action="store_true",
+                  help="drop the records of the --only runs first, so they are trained anew "
+                       "(tuning included: after a change to what they record)")
   ap.add_argument("--report", action="store_true", help="rewrite results.md, no training")
   a = ap.parse_args()
   os.makedirs(a.out, exist_ok=True)
@@ -268,6 +272,10 @@ def main():
       raise SystemExit(f"{path} was tuned with {was}; give those (more seeds may follow) "
                        "or another --out")
     records = old["records"]
+  if a.retrain:
+    if not a.only:
+      raise SystemExit("--retrain needs --only (the runs to train anew)")
+    records = {k: v for k, v in records.items() if k.split(" | ")[0] not in a.only}
   if not a.report:
     run_study(a, records)
   save(a, records, list(study_runs(a.study)))

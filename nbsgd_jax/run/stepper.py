@@ -172,7 +172,9 @@ class Run:
     return float(np.mean(losses)) if losses else None
 
   def evaluate(self, step: int, batch_loss: Optional[float]) -> dict:
-    """The evaluation record after ``step`` steps (written to the records).
+    """The evaluation record after ``step`` steps (written to the records): the models
+    ``Recipe.evaluated`` reads (DiLoCo's outer model, the server's), but ``consensus_distance``
+    and ``worker_test_accuracy`` of the workers' own models (:meth:`models` ``own``).
 
     Raises:
       TrainingDiverged: a non-finite model or loss of the averaged model.
