@@ -22,7 +22,18 @@ from nbsgd_jax import train
 from nbsgd_jax.transforms.asynchronous import ServerState
 from nbsgd_jax.transforms.wrappers import OuterState
 
-from tests.test_asynchronous import DIM, LR, M, MOM, N, WD, TPE, _cfg
+from tests.helpers import least_squares_cfg
+
+N, M, DIM = 8, 16, 4
+LR, MOM, WD, TPE = 0.05, 0.9, 1e-3, 1e-3
+
+
+def _cfg(**kw):
+  """The asynchronous family's set-up (tests/helpers.py), 3 speeds, messages of 0.1 ms."""
+  return least_squares_cfg(n=N, m=M, dim=DIM, lr=LR, momentum=MOM, weight_decay=WD,
+                           slowdown=(1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 5.0, 5.0),
+                           time_per_example=TPE, latency=1e-4, bandwidth=1e6,
+                           **{"num_steps": 30, "eval_every": 30, **kw})
 
 H_ASYNC, OUTER_LR, OUTER_M, BUFFER, ACTIVATION = 6, 0.7, 0.9, 3, 0.2
 # 3 speeds whose round times (H_i steps) share no common multiple within the test: the order

@@ -2,23 +2,19 @@
 docs/asynchronous say no more than their records): the CNN study's interpolated time to 97 %,
 the LM study's wall time per run, the Overlap-SGP ablation, and the sentences that quote them."""
 
-import importlib.util
 import json
 import os
 import sys
 
 import pytest
 
+from tests.helpers import load_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 
-def _script(name):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments",
-                                                                   f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+_script = load_script
 
 
 def _read(*parts):

@@ -25,6 +25,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import problems
 from nbsgd_jax import train
 from nbsgd_jax.host.events import draw_index  # the seeded draw: an input, like a seed
+from tests.helpers import least_squares_cfg
 
 N, M, DIM = 8, 16, 4
 SLOW = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 5.0, 5.0)  # 3 speeds
@@ -32,15 +33,9 @@ LR, MOM, WD, TPE, LAT, BW = 0.05, 0.9, 1e-3, 1e-3, 1e-4, 1e6
 
 
 def _cfg(**kw):
-  c = config_lib.default_config()
-  over = {"dataset": "least_squares", "problem.shards": N, "problem.examples_per_worker": M,
-          "problem.dim": DIM, "problem.noise": 1.0, "problem.l2": 0.0, "problem.seed": 0,
-          "problem.heterogeneity": 1.0, "problem.full_batch": True, "algorithm": "ad_psgd",
-          "num_workers": N, "batch_size": M, "learning_rate": LR, "momentum": MOM,
-          "nesterov": True, "weight_decay": WD, "cluster.slowdown": SLOW,
-          "cluster.time_per_example": TPE, "cluster.latency": LAT, "cluster.bandwidth": BW,
-          "topology": "ring", "progress": False, "num_steps": 30, "eval_every": 30, **kw}
-  return config_lib.override(c, over)
+  return least_squares_cfg(n=N, m=M, dim=DIM, lr=LR, momentum=MOM, weight_decay=WD,
+                           slowdown=SLOW, time_per_example=TPE, latency=LAT, bandwidth=BW,
+                           **{"num_steps": 30, "eval_every": 30, **kw})
 
 
 def sequential(x0, keep, seed=0, every=1, swarm=False):

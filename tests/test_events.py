@@ -280,8 +280,14 @@ def test_a_ring_run_records_the_paper_s_tau(algorithm, over, every):
   ``staleness_s`` is the mean time from the read (the previous event) to the event; the
   own-model count is no larger than tau."""
   from nbsgd_jax import train
-  from tests.test_asynchronous import BW, DIM, LAT, M, SLOW, TPE, _cfg
-  stepper = train.Stepper.of(train.setup(_cfg(algorithm=algorithm, **over)))
+  from tests.helpers import least_squares_cfg
+  DIM, M, TPE, LAT, BW = 4, 16, 1e-3, 1e-4, 1e6
+  SLOW = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 5.0, 5.0)  # 3 speeds
+  cfg = least_squares_cfg(n=len(SLOW), m=M, dim=DIM, lr=0.05, momentum=0.9,
+                          weight_decay=1e-3, slowdown=SLOW, time_per_example=TPE, latency=LAT,
+                          bandwidth=BW, num_steps=30, eval_every=30, algorithm=algorithm,
+                          **over)
+  stepper = train.Stepper.of(train.setup(cfg))
   stepper.steps(30)
   part = stepper.runs[0].host.part("clock")
   done, n = part.clock.steps, len(SLOW)

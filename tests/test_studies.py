@@ -8,15 +8,12 @@ import os
 import numpy as np
 import pytest
 
+from tests.helpers import load_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _script(name):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments",
-                                                                   f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+_script = load_script
 
 
 def test_nonblocking_study_uses_the_sample_standard_deviation():
