@@ -3,6 +3,8 @@
 import importlib.util
 import os
 
+import pytest
+
 from nbsgd_jax import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,3 +33,13 @@ def least_squares_cfg(*, n, m, dim, lr, momentum, weight_decay, slowdown, time_p
           "cluster.bandwidth": bandwidth, "topology": "ring", "progress": False,
           **kw}
   return config_lib.override(config_lib.default_config(), over)
+
+
+def slow_except(values, fast):
+  """``values`` for ``pytest.mark.parametrize`` with every one not in ``fast`` marked slow
+  (tests/conftest.py: the slow tier), so that the fast tier runs a few representative cases
+  and the slow tier the rest."""
+  missing = [v for v in fast if v not in values]
+  if missing:
+    raise ValueError(f"slow_except: {missing} not among the values {list(values)}")
+  return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]

@@ -16,6 +16,8 @@ from nbsgd_jax import train
 
 from tests.test_train import small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CASES = {

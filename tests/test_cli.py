@@ -18,6 +18,7 @@ def run_main(tmp_path, *overrides):
   return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override,needle", [
     ("--config.algorithm=sgdx", "config.algorithm='sgdx' is not allowed: use one of"),
     ("--config.topology=moebius", "config.topology='moebius' is not allowed"),
@@ -37,6 +38,7 @@ def test_bad_input_one_line_no_traceback(tmp_path, override, needle):
   assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_main_job_smoke(tmp_path):
   r = run_main(tmp_path, "--config.num_steps=4", "--config.eval_every=2",
                "--config.eval_train_examples=100")
@@ -48,7 +50,8 @@ def test_main_job_smoke(tmp_path):
   assert summary["algorithm"] == "dpsgd" and summary["num_workers"] == 8
 
 
-@pytest.mark.parametrize("dataset,lr", [("least_squares", 0.1), ("logistic", 2.0)])
+@pytest.mark.parametrize("dataset,lr", [  # the fast tier's command-line run: least squares
+    ("least_squares", 0.1), pytest.param("logistic", 2.0, marks=pytest.mark.slow)])
 def test_synthetic_problem_through_the_cli(tmp_path, dataset, lr):
   """A synthetic PL problem is a task of the same loop: ``gap = F(x_bar) - F*`` falls, and
   equals the problem's objective at the averaged model minus its F* (numpy float64)."""
@@ -66,6 +69,7 @@ def test_synthetic_problem_through_the_cli(tmp_path, dataset, lr):
   assert summary["rounds"] == 15  # tau = 4
 
 
+@pytest.mark.slow
 def test_main_job_on_mesh_backend(tmp_path):
   """The CLI on 8 host devices (conftest's XLA_FLAGS reaches the subprocess): steps are
   dispatched asynchronously back to back and must not deadlock XLA:CPU's collectives."""
@@ -79,6 +83,7 @@ def test_main_job_on_mesh_backend(tmp_path):
   assert lines[-1]["train_loss"] < lines[0]["train_loss"]
 
 
+@pytest.mark.slow
 def test_divergence_exits_3_without_traceback(tmp_path):
   """A learning rate far too large: the loss overflows within a few steps; main stops with one
   ``error:`` line (TrainingDiverged) and exit status 3, keeping the evaluations made so far."""

@@ -68,6 +68,7 @@ def test_per_minibatch_delays_are_independent_draws():
   np.testing.assert_allclose(np.std(d, axis=1), 0.0, atol=1e-15)  # one draw spread evenly
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["kth:4", "fastest"])
 def test_blocking_and_nonblocking_see_the_same_realisation(rule):
   """Per-iteration delays: a non-blocking run that waits for everybody (kth:n) has the

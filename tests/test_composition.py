@@ -84,7 +84,18 @@ def run_cell(cfg, steps=STEPS):
   return stepper.state, host
 
 
-@pytest.mark.parametrize("algorithm,nonblocking,compression,failures,control", CELLS)
+def covering(cells):
+  """The fast tier's cells: the refused ones (no training) and, for each algorithm, the
+  cell that trains with the most of its allowed features on at once; the rest are slow."""
+  runs = [c for c in cells if not refusal(c[0], c[2], c[1], c[3])]
+  fullest = {a: max((c for c in runs if c[0] == a), key=lambda c: sum(c[1:]))
+             for a in {c[0] for c in runs}}
+  return [c if c in fullest.values() or refusal(c[0], c[2], c[1], c[3])
+          else pytest.param(*c, marks=pytest.mark.slow) for c in cells]
+
+
+@pytest.mark.parametrize("algorithm,nonblocking,compression,failures,control",
+                         covering(CELLS))
 def test_composition_cell(algorithm, nonblocking, compression, failures, control):
   cfg = cell_cfg(algorithm, nonblocking, compression, failures, control)
   reason = refusal(algorithm, compression, nonblocking, failures)
@@ -101,6 +112,7 @@ def test_composition_cell(algorithm, nonblocking, compression, failures, control
     assert rec["extra_gossip_steps"] > 0  # the unreachable target binds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm,codec", [
     *[(a, c) for a in ("allreduce", "local_sgd", "diloco") for c in ("qsgd", "sign", "powersgd")],
     ("streaming_diloco", "qsgd"),
@@ -137,6 +149,7 @@ MESH_CELLS = [("allreduce", True, True, False, False), ("dpsgd", True, False, Tr
               ("matcha", False, False, True, True), ("ad_psgd", False, False, False, False)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm,nonblocking,compression,failures,control", MESH_CELLS)
 def test_mesh_equals_simulate(algorithm, nonblocking, compression, failures, control):
   out = {}

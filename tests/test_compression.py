@@ -275,6 +275,7 @@ def _reference_vectors(n=48, seed=17):
 _THRESHOLD = jax.jit(C.gaussian_threshold, static_argnames=("density", "rounds", "correction"))
 
 
+@pytest.mark.slow
 def test_gaussian_paper_is_the_reference_loop():
   # float32 as in training: the same count on every vector, thr to float32 rounding (the
   # statistics in float32; measured max relative difference 1.5e-7 on these vectors).
@@ -293,6 +294,7 @@ def test_gaussian_paper_is_the_reference_loop():
   assert in_band == {"paper": 37, "bracket": len(vectors)}, in_band
 
 
+@pytest.mark.slow
 def test_gaussian_paper_is_the_reference_loop_in_float64():
   with jax.enable_x64(True):
     for i, (x, density) in enumerate(_reference_vectors(n=16, seed=3)):
@@ -305,6 +307,7 @@ def test_gaussian_paper_is_the_reference_loop_in_float64():
         np.testing.assert_allclose(float(thr), ref_thr, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_gaussian_k_paper_selects_the_reference_indexes():
   """The paper mode sends exactly the reference loop's index set, also where the loop ends
   above 4k/3 (a fixed ceil(4k/3) capacity used to drop the largest indices there)."""

@@ -125,6 +125,7 @@ def reference_run(tmp_path_factory):
   return wd, train.train(_control_cfg(**{"consensus.log_every_step": True}), str(wd))
 
 
+@pytest.mark.slow
 def test_training_with_control_keeps_xi_below_target(tmp_path, reference_run):
   ref_dir, ref = reference_run
   free = _steps(ref_dir)
@@ -163,6 +164,7 @@ def test_control_until_step_and_ratio_target(tmp_path, reference_run):
       assert r["measured_consensus_distance"] is None and r["consensus_distance"] > 0
 
 
+@pytest.mark.slow
 def test_simulate_and_mesh_agree_with_control():
   kw = {"consensus.control": True, "consensus.target": 1e-3, "consensus.max_gossip_steps": 3,
         "algorithm": "matcha", "topology": "torus", "num_workers": N}
@@ -235,6 +237,7 @@ def test_reference_workdir_without_xi(tmp_path):
     targets.TargetSchedule(target_ratio=0.5, reference_workdir=str(tmp_path))
 
 
+@pytest.mark.slow
 def test_control_on_nonblocking_matcha(tmp_path):
   """Consensus control on top of Non-blocking MATCHA (stragglers drop mini-batches)."""
   cfg = _control_cfg(algorithm="matcha", topology="erdos_renyi", num_steps=6, eval_every=6,
@@ -370,6 +373,7 @@ def test_critical_target_moving_average():
   assert again.stats == crit.stats
 
 
+@pytest.mark.slow
 def test_training_with_critical_target(tmp_path):
   """Target from the estimator: recomputed by the test from the logged statistics, honoured
   at every step where control had gossip steps left, charged in bytes."""
@@ -410,6 +414,7 @@ def test_training_with_critical_target(tmp_path):
                                  rel=1e-6)
 
 
+@pytest.mark.slow
 def test_critical_target_estimates_smoothness_only_while_controlled(tmp_path):
   """With control until step 6, L is estimated at steps 0 and 3 and never after (the
   estimate is host compute that nothing uses once control is off)."""

@@ -92,6 +92,7 @@ def test_matcha_activations_match_probabilities_and_expected_bytes():
   assert total / steps == pytest.approx(matcha.expected_bytes_per_step(plan, 4.0), rel=0.05)
 
 
+@pytest.mark.slow
 def test_matcha_budget_one_equals_dpsgd_best_constant():
   """Budget 1: every matching always active, W = I - alpha L with the best constant alpha."""
   kw = dict(num_workers=8, topology="torus", momentum=0.9)
@@ -119,6 +120,7 @@ def test_one_peer_exponential_dpsgd_cycles_phases():
     np.testing.assert_allclose(np.asarray(got), np.broadcast_to(want, got.shape), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["dpsgd", "matcha"])
 def test_mlp_16_workers_reaches_95_percent(algorithm):
   cfg = small_cfg(algorithm=algorithm, num_workers=16, batch_size=16, topology="erdos_renyi",

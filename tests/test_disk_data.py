@@ -281,6 +281,7 @@ def test_a_missing_data_path_is_one_line_and_nothing_is_written(tmp_path):
   assert not os.path.exists(tmp_path / "run") or not os.listdir(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_an_image_folder_and_a_text_file_train_through_train(tmp_path):
   _folder(str(tmp_path / "img"), size=(4, 4), per_class=(4, 2))
   s = train.train(_cfg(dataset="image_folder", data_path=str(tmp_path / "img"),

@@ -10,6 +10,8 @@ from nbsgd_jax import train
 
 from tests.test_train import small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 CASES = {
     "dpsgd": {"algorithm": "dpsgd"},
     # two programs (local steps, synchronising steps) inside one block

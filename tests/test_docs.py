@@ -100,6 +100,7 @@ def test_source_comments_parser():
                  "c": "after a bracket"}
 
 
+@pytest.mark.slow
 def test_config_doc_check_flag(tmp_path):
   good, bad = tmp_path / "good.md", tmp_path / "bad.md"
   good.write_text(config_doc.generate())
@@ -165,6 +166,7 @@ def test_checker_finds_problems():
       "quickstart.py --workdir=runs/x --config.num_workers=0"))
 
 
+@pytest.mark.slow
 def test_long_and_hardware_commands_pass_their_checks(commands):
   results = checker.process([c for c in commands if c.kind != "quick"], run=False,
                             skip_long=True, cwd=ROOT, timeout=60)
@@ -173,6 +175,7 @@ def test_long_and_hardware_commands_pass_their_checks(commands):
   assert sum(r.status == "checked" for r in results) >= 15
 
 
+@pytest.mark.slow
 def test_quick_commands_run_as_written(commands, tmp_path):
   """A new user's session: a copy of the repository, the quick commands of the README and the
   pages of docs/ in order, unchanged."""

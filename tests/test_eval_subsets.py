@@ -11,6 +11,8 @@ from nbsgd_jax.run import task as task_lib
 
 from tests.test_train import small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 
 def _mnist():
   d = data_lib.load_dataset("mnist10k")

@@ -89,6 +89,7 @@ def test_dpsgd_step_with_failures_against_numpy():
   assert np.asarray(sent).tolist() == [2 * nbytes, nbytes, 0, nbytes, 2 * nbytes, 2 * nbytes]
 
 
+@pytest.mark.slow
 def test_time_varying_gossip_with_failures_counts_live_neighbours():
   """one_peer_exponential (W_t = (I + P_t) / 2): each phase mixes over live partners only and a
   live worker is charged for its live partners, the rule of the static mixer."""
@@ -144,6 +145,7 @@ def test_matcha_mixing_skips_pairs_with_a_failed_worker():
   np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["dpsgd", "allreduce"])
 def test_training_continues_through_a_failure(algorithm):
   """Worker 1 is down for steps 2..5: its model does not move (dpsgd) or it contributes no
@@ -177,6 +179,7 @@ def test_bad_failures_config(override, needle):
     config_lib.validate(small_cfg(**override))
 
 
+@pytest.mark.slow
 def test_failures_run_with_local_sgd():
   """``cluster.failures`` works with every algorithm (it used to be refused for local SGD):
   local SGD with a failed worker validates and trains with a finite loss."""

@@ -22,6 +22,8 @@ from nbsgd_jax.run import records as records_lib
 from tests.test_checkpoint import Crash  # the hook's exception that stops a run mid-way
 from tests.test_train import small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CKPT = checkpoint_lib.CHECKPOINT_DIR
 

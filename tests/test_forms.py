@@ -13,6 +13,8 @@ from nbsgd_jax import forms, models
 
 from tests.test_train import run_steps, small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 
 def _cfg(**over):
   return config_lib.override(config_lib.default_config(), over)

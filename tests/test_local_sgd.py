@@ -419,6 +419,7 @@ def test_tau_1_local_sgd_equals_allreduce_and_ada_lupa_grows():
     train.train(_ls_cfg(algorithm="allreduce", **{**kw, "batch_size": 999}))
 
 
+@pytest.mark.slow
 def test_linear_speed_up_on_least_squares():
   """Haddadpour et al. 2019 (PL): with tau = T^(2/3) / p^(1/3), F - F* at p = 16 is at most
   1/8 of that at p = 1 for the same number T of local steps (3 seeds each)."""

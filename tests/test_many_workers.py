@@ -15,6 +15,8 @@ from nbsgd_jax import config as config_lib
 
 from tests.test_train import run_steps, small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 
 def _hier(f, d, k):
   """``f`` per worker on a (devices=d, local=k) axis pair; input [d*k, ...]."""

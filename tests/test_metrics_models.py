@@ -41,6 +41,7 @@ def test_consensus_distance_bad_input():
     metrics.consensus_distance({"a": jnp.zeros((2, 3)), "b": jnp.zeros((3, 3))})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models.IMAGE_MODELS)
 def test_models_output_shape(name):
   m = models.make_model(name, 10, depth=8)
@@ -52,6 +53,7 @@ def test_models_output_shape(name):
   assert models.num_params(params) > 0
 
 
+@pytest.mark.slow
 def test_transformer_is_causal():
   m = models.make_model("transformer", 11, lm=models.LMSizes(context=6, d_model=16,
                                                                num_heads=2))

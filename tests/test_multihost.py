@@ -19,6 +19,8 @@ from nbsgd_jax import train
 
 from tests.test_train import small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # 8 workers on 2 x 2 devices: 2 workers per device (vmap inside shard_map), ring gossip

@@ -29,6 +29,8 @@ from nbsgd_jax import disk_data
 from nbsgd_jax import models
 from nbsgd_jax import text_data
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NANOGPT_PARAMS = 804_096  # wte 65*128 + wpe 64*128 + 4 x 196,864 + ln_f 128
 ORIGINAL_PARAMS = 818_498  # the original model (config.lm defaults, 66 ids) at these sizes

@@ -7,12 +7,13 @@ import pytest
 
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import topology, train
+from tests.helpers import slow_except
 from tests.test_train import _logreg_grads_numpy, run_steps, small_cfg
 
 ALGOS = ["allreduce", "allreduce_ring", "dpsgd", "matcha"]
 
 
-@pytest.mark.parametrize("algorithm", ALGOS)
+@pytest.mark.parametrize("algorithm", slow_except(ALGOS, fast=("allreduce", "dpsgd")))
 def test_homogeneous_nonblocking_equals_blocking(algorithm):
   """Equal speeds, no delays: every worker finishes all M by the deadline, so the
   non-blocking trajectory is the blocking one."""

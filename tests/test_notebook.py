@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 nbformat = pytest.importorskip("nbformat")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

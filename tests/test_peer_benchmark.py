@@ -9,6 +9,8 @@ import pytest
 
 from benchmarks import peer_pytorch as pp
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 
 @pytest.mark.parametrize("model,n", [("mlp", 4), ("cnn", 3)])
 def test_bare_step_is_the_framework_step(model, n):

@@ -15,6 +15,8 @@ from nbsgd_jax import models, per_worker
 
 from tests.test_train import run_steps, small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 N = 4
 
 

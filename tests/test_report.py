@@ -80,6 +80,7 @@ def by_run(result):
 # ------------------------------------------------------------------ the table
 
 
+@pytest.mark.slow
 def test_table_matches_metrics(runs, tmp_path):
   """The table a user reads holds each run's last evaluation, the first evaluation that
   reaches the target (expected_to_target, a loop of its own), and numbers checked against
@@ -230,6 +231,7 @@ def test_settings_differ_only_among_the_runs_that_read_them(tmp_path):
   assert "| top0.05 | allreduce + top_k (density 0.05, error feedback) | - |" in md
 
 
+@pytest.mark.slow
 def test_the_event_clock_s_facts_are_columns_and_a_note(runs, ad_psgd_run, tmp_path):
   """The asynchronous run's events and staleness (its last record's) are columns, "-" for
   the lockstep run; a note says what its steps applied; the keys it does not read are not
@@ -406,6 +408,7 @@ def run_cli(*args):
                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli(runs, tmp_path):
   out = tmp_path / "out"
   r = run_cli(runs["allreduce"], runs["dpsgd"], tmp_path, "--out", out, "--target_loss", "1.0")

@@ -173,6 +173,7 @@ CHANGES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm,base,change", CHANGES,
                          ids=[f"{a}-{'-'.join(c)}" for a, _, c in CHANGES])
 def test_changed_hyperparameters_compile_nothing_and_equal_a_fresh_run(algorithm, base,
@@ -191,6 +192,7 @@ def test_changed_hyperparameters_compile_nothing_and_equal_a_fresh_run(algorithm
   np.testing.assert_allclose(_losses(warm_b), _losses(cold_b), rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_another_rate_and_seed_on_mnist_compile_nothing():
   """The main job's kind of run (a CNN on mnist10k, D-PSGD): a second ``train()`` with
   another learning rate and seed makes no backend compilation; the same config run after
@@ -229,6 +231,7 @@ def test_the_cache_keeps_a_bounded_number_of_structures():
 # ------------------------------------------------------------------ persistent cache
 
 
+@pytest.mark.slow
 def test_a_second_process_reads_the_persistent_compilation_cache(tmp_path):
   """``config.compilation_cache``: the first process writes the run's programs, the second
   reads them back (JAX's cache-hit events) instead of compiling them."""
@@ -366,6 +369,7 @@ def test_a_per_worker_entry_of_the_wrong_length_is_refused_by_name():
 # ------------------------------------------------------------------ start-up
 
 
+@pytest.mark.slow
 def test_a_fresh_quick_start_compiles_few_programs_before_its_first_step():
   """A fresh process's ``train()`` of the guide's quick start compiles at most 15 programs
   up to its first step (the initial state is one program: the model's init, the broadcast

@@ -19,6 +19,8 @@ from nbsgd_jax.run import step as step_lib
 from nbsgd_jax.run.loop import train
 from nbsgd_jax.run.sweep import sweep
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _EVENTS: list = []
 monitoring.register_event_duration_secs_listener(

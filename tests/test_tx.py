@@ -90,7 +90,9 @@ MORE = {  # the other recipes that fit, on vmap only
 }
 
 
-@pytest.mark.parametrize("backend,name", [(b, n) for n in CASES for b in ("simulate", "mesh")]
+@pytest.mark.parametrize("backend,name", [  # the mesh cases in the slow tier
+    (b, n) if b == "simulate" else pytest.param(b, n, marks=pytest.mark.slow)
+    for n in CASES for b in ("simulate", "mesh")]
                          + [("simulate", n) for n in MORE])
 def test_user_loop_equals_train(name, backend):
   over, make = {**CASES, **MORE}[name]
@@ -191,6 +193,7 @@ def test_bad_inputs_are_named():
              axis_name="w")(jax.vmap(tx.gossip("ring", axis_name="w").init, axis_name="w")(x))
 
 
+@pytest.mark.slow
 def test_powersgd_at_full_rank_is_the_mean_gradient():
   g = {"m": jnp.asarray(np.random.default_rng(2).normal(size=(N, 3, 2)), jnp.float32),
        "b": jnp.arange(N * 2, dtype=jnp.float32).reshape(N, 2)}

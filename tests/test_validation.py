@@ -375,6 +375,7 @@ def error_lines(r):
   return [l for l in r.stderr.splitlines() if l.startswith("error: ")]
 
 
+@pytest.mark.slow
 def test_cli_lists_every_bad_key(tmp_path):
   overrides = {"algorithm": "sgdx", "num_workers": "0", "batch_size": "0",
                "learning_rate": "-0.1", "momentum": "1.5", "eval_every": "0",
@@ -392,6 +393,7 @@ def test_cli_lists_every_bad_key(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config,args,expected", [
     (CONFIG, ["--config.num_workers=abc"],
      ["error: config.num_workers='abc' is not allowed: it must be an integer"]),
@@ -425,6 +427,7 @@ def test_train_refuses_a_key_the_defaults_lack_with_the_clis_message(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_cli_names_an_unusable_workdir_and_an_unreadable_config_file(tmp_path):
   (tmp_path / "afile").write_text("not a directory")
   r = run_main(tmp_path, f"--workdir={tmp_path / 'afile' / 'sub'}", "--config.num_steps=1")

@@ -10,6 +10,8 @@ from nbsgd_jax import train
 
 from tests.test_train import small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 
 def test_images_split_is_fixed_disjoint_and_complete():
   ds = data.load_dataset("mnist10k")

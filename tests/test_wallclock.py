@@ -20,6 +20,8 @@ from nbsgd_jax.run import wallclock
 
 from tests.test_train import small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # worker 1 is 3x slower; 4 mini-batches of 4 examples at 2 ms each: 8 ms / 24 ms per batch

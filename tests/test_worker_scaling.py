@@ -31,6 +31,8 @@ from nbsgd_jax.host.parts import HostInputs
 
 from tests.test_train import small_cfg
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 N = 256  # workers of the jaxpr checks; no model dimension is N (MLP 784-32-10, batch 2)
 
 

@@ -22,6 +22,8 @@ from nbsgd_jax.axis import AXIS
 
 from tests.test_train import run_steps
 
+pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CIFAR = os.path.join(ROOT, "experiments", "configs", "cifar10_resnet20.py")
 LM = os.path.join(ROOT, "experiments", "configs", "lm_diloco.py")
