@@ -1,22 +1,76 @@
-"""Helpers shared by several test modules (no test module imports another)."""
+"""Helpers shared by several test modules (no test module imports another): configurations,
+the stepper loop, per-worker step contexts, record files, command lines, script loaders and
+small fixtures made on disk."""
 
 import importlib.util
+import io
+import json
 import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax import numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pytest
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax import train
+from nbsgd_jax.transforms import StepContext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MNIST_CONFIG = os.path.join(ROOT, "experiments", "configs", "mnist.py")
+WALL_KEYS = ("wall_time", "samples_per_second")  # a record's fields that vary run to run
+
+
+# ----------------------------------------------------------------------------- loaders
+
+
+def load_module(*parts, name=None, register=False):
+  """The Python file ``ROOT/parts...`` as a module named ``name`` (default: the file's stem);
+  ``register`` also puts it in ``sys.modules`` (dataclasses look their module up there)."""
+  path = os.path.join(ROOT, *parts)
+  name = name or os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  mod = importlib.util.module_from_spec(spec)
+  if register:
+    sys.modules[name] = mod
+  spec.loader.exec_module(mod)
+  return mod
 
 
 def load_script(name):
   """``experiments/NAME.py`` as a module."""
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments",
-                                                                   f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_module("experiments", f"{name}.py")
+
+
+def experiment_config(name, module_name=None):
+  """``experiments/configs/NAME.py``'s ``get_config()``: a fresh ConfigDict (the file loaded
+  as a module named ``module_name``, default ``NAME``)."""
+  return load_module("experiments", "configs", f"{name}.py", name=module_name).get_config()
+
+
+# ----------------------------------------------------------------------------- configurations
+
+
+def small_cfg(**overrides):
+  """The small MNIST-10k run most tests start from: an MLP with 32 hidden units, 4 workers of
+  batch 8, 5 steps evaluated at step 5 on 64 training examples, constant learning rate, no
+  progress bar. ``overrides`` (keys ``a.b``, or ``a__b`` for ``a.b``) set any key."""
+  c = config_lib.default_config()
+  c.model = "mlp"
+  c.mlp_hidden = (32,)
+  c.num_workers = 4
+  c.batch_size = 8
+  c.num_steps = 5
+  c.eval_every = 5
+  c.eval_train_examples = 64
+  c.progress = False
+  c.lr_schedule = "constant"
+  return config_lib.override(c, {k.replace("__", "."): v for k, v in overrides.items()})
 
 
 def least_squares_cfg(*, n, m, dim, lr, momentum, weight_decay, slowdown, time_per_example,
@@ -33,6 +87,199 @@ def least_squares_cfg(*, n, m, dim, lr, momentum, weight_decay, slowdown, time_p
           "cluster.bandwidth": bandwidth, "topology": "ring", "progress": False,
           **kw}
   return config_lib.override(config_lib.default_config(), over)
+
+
+def malformed(overrides):
+  """The default config with ``overrides`` (``{"a.b": value}``), bypassing ConfigDict's type
+  safety (as a config file could: ``with c.ignore_type(): ...``) so that validate sees the bad
+  types too. Raises AssertionError for a key the config does not have."""
+  cfg = config_lib.default_config()
+  with cfg.ignore_type():
+    for k, v in overrides.items():
+      *sections, key = k.split(".")
+      node = cfg
+      for sec in sections:
+        node = node[sec]
+      assert key in node, k  # the table names real keys
+      node[key] = v
+  return cfg
+
+
+# ----------------------------------------------------------------------------- running
+
+
+class Crash(Exception):
+  """A hook's exception that stops a run mid-way (a simulated kill)."""
+
+
+def make_stepper(cfg, **setup_kw):
+  """A fresh :class:`train.Stepper` of ``cfg``'s run (``setup_kw``: :func:`train.setup`'s
+  keywords, e.g. ``data``): step it with ``.steps(n, hook)``, read ``.state``, ``.runs``."""
+  return train.Stepper.of(train.setup(cfg, **setup_kw))
+
+
+def run_steps(cfg, steps):
+  """``steps`` steps of the trainer's step function, driven by the run's host parts
+  (periodic recipes: with the config's sync planner). Returns ``(setup, state, losses)``,
+  ``losses`` the per-step losses stacked, ``[steps, ...]``."""
+  stepper = make_stepper(cfg)
+  out = stepper.steps(steps)
+  return stepper.setups[0], stepper.state, np.stack([loss for _, _, loss, _ in out])
+
+
+def run_steps_with_targets(cfg, steps):
+  """``steps`` steps with consensus control's target set to ``cfg.consensus.target`` at every
+  step; asserts each step ran 3 gossip steps (an unreachable target: K = 3). Returns the
+  final state."""
+  stepper = make_stepper(cfg)
+
+  def target(inputs):  # controlled at every step
+    inputs.target = np.float32(cfg.consensus.target)
+    inputs.target_value = float(cfg.consensus.target)
+
+  for _, _, _, report in stepper.steps(steps, target):
+    assert int(report["gossip_steps"][0]) == 3  # unreachable target: K steps
+  return stepper.state
+
+
+def step_contexts(n, step=0, *, count=1, total=None, active=None, **fields):
+  """Per-worker :class:`StepContext` (leading axis ``n``): ``step``, ``count`` (mini-batches
+  done) and ``total`` (default ``n``) as ``[n]`` int32; ``active`` a ``[k]`` or ``[n, k]``
+  array broadcast to ``[n, k]`` (default ``[n, 1]`` all False); ``fields`` (``target``,
+  ``alive``, ...) passed as given."""
+  active = np.zeros((n, 1), bool) if active is None else np.asarray(active)
+  return StepContext(jnp.full((n,), step, jnp.int32),
+                     jnp.asarray(np.broadcast_to(count, (n,)), jnp.int32),
+                     jnp.full((n,), n if total is None else total, jnp.int32),
+                     jnp.asarray(np.broadcast_to(active, (n, active.shape[-1]))), **fields)
+
+
+def hierarchical(f, d, k):
+  """``f`` per worker on a (devices=d, local=k) axis pair, jitted; the returned function takes
+  a ``[d*k, ...]`` array and returns ``f``'s outputs as a numpy ``[d*k, ...]`` array."""
+  mesh = jax.make_mesh((d,), ("devices",), devices=jax.devices()[:d])
+  g = jax.jit(jax.shard_map(jax.vmap(f, axis_name="workers"), mesh=mesh,
+                            in_specs=P("devices"), out_specs=P("devices"), check_vma=False))
+  return lambda x: np.asarray(g(jax.device_put(x, NamedSharding(mesh, P("devices")))))
+
+
+def logreg_grads_numpy(kernel, bias, x, y):
+  """The mean softmax cross-entropy gradients of a logistic regression in numpy:
+  ``kernel [d, c]``, ``bias [c]``, ``x [b, d]``, integer labels ``y [b]``; returns
+  ``(d kernel [d, c], d bias [c])``."""
+  logits = x @ kernel + bias
+  logits -= logits.max(1, keepdims=True)
+  p = np.exp(logits)
+  p /= p.sum(1, keepdims=True)
+  p[np.arange(len(y)), y] -= 1.0
+  return x.T @ p / len(y), p.mean(0)
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def read_records(path):
+  """The JSON lines of ``path`` (metrics.jsonl, steps.jsonl), one dict a line."""
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def without_wall(recs, keys=WALL_KEYS):
+  """``recs`` (dicts) without the fields ``keys`` that vary run to run (wall-clock time)."""
+  return [{k: v for k, v in r.items() if k not in keys} for r in recs]
+
+
+def assert_histories_close(a, b, keys, rtol=1e-4, atol=1e-6):
+  """Asserts that two runs' summaries (:func:`train.train`'s) have, record by record of their
+  ``history``, each of ``keys`` equal within ``rtol`` / ``atol`` (``pytest.approx``)."""
+  for ra, rb in zip(a["history"], b["history"]):
+    for key in keys:
+      assert ra[key] == pytest.approx(rb[key], rel=rtol, abs=atol), key
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def run_python(args, *, timeout=300, env=None):
+  """``python ARGS`` in the repository root with ``PYTHONPATH=ROOT`` and ``env`` added to
+  this process's environment; the CompletedProcess with text stdout and stderr."""
+  return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+                        env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})), cwd=ROOT,
+                        timeout=timeout)
+
+
+def run_main(tmp_path, *args, config=MNIST_CONFIG):
+  """``python -m nbsgd_jax.main --config=CONFIG`` writing to ``tmp_path/run``, no progress
+  bar, with ``args`` (``--config.key=value``, ...) after; waits up to 300 s."""
+  return run_python(["-m", "nbsgd_jax.main", f"--config={config}",
+                     f"--workdir={tmp_path / 'run'}", "--config.progress=False", *args])
+
+
+def write_config_file(path, expression):
+  """Writes a config file at ``path`` whose ``get_config()`` returns ``expression`` evaluated
+  with this module imported as ``helpers`` (e.g. ``"helpers.small_cfg(num_steps=3)"``)."""
+  path.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests import helpers\n"
+                  f"def get_config():\n  return {expression}\n")
+  return path
+
+
+def launch_processes(config_file, workdir, *extra, devices_per_process, launcher_timeout,
+                     timeout):
+  """``python -m nbsgd_jax.launch`` of 2 processes of ``devices_per_process`` devices each,
+  running ``config_file`` into ``workdir`` with ``extra`` flags; the launcher gives up after
+  ``launcher_timeout`` s, this call after ``timeout`` s."""
+  return run_python(["-m", "nbsgd_jax.launch", "--num_processes=2",
+                     f"--devices_per_process={devices_per_process}",
+                     f"--timeout={launcher_timeout}", "--", f"--config={config_file}",
+                     f"--workdir={workdir}", *extra], timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- image folders
+
+
+IMAGE_CLASSES = ("cat", "ant", "bee")  # sorted: ant = 0, bee = 1, cat = 2
+
+
+def png_bytes(a: np.ndarray) -> bytes:
+  """``a`` (uint8 ``[h, w, c]``, c = 1 or 3) as the bytes of a (lossless) PNG file."""
+  from PIL import Image  # pylint: disable=import-outside-toplevel  (only the image tests)
+  buf = io.BytesIO()
+  Image.fromarray(a.squeeze(-1) if a.shape[-1] == 1 else a).save(buf, format="PNG")
+  return buf.getvalue()
+
+
+def image_folder(root, size=(6, 5), channels=3, per_class=(3, 2), seed=0, wrap=""):
+  """An image folder of random PNGs (lossless) at ``root/wrap/{train,test}/CLASS/NNN.png``,
+  ``per_class`` images a class in each split, plus a non-image file; returns the arrays it
+  must load as, ``{split: (images uint8 [count, *size, channels], labels int32 [count])}``."""
+  rng = np.random.default_rng(seed)
+  expect = {}
+  for split, count in zip(("train", "test"), per_class):
+    xs, ys = [], []
+    for label, c in enumerate(sorted(IMAGE_CLASSES)):
+      d = os.path.join(root, wrap, split, c)
+      os.makedirs(d)
+      for i in range(count):
+        a = rng.integers(0, 256, size + (channels,), dtype=np.uint8)
+        with open(os.path.join(d, f"{i:03d}.png"), "wb") as f:
+          f.write(png_bytes(a))
+        xs.append(a)
+        ys.append(label)
+    expect[split] = (np.stack(xs), np.asarray(ys, np.int32))
+  with open(os.path.join(root, wrap, "train", "README.txt"), "w") as f:
+    f.write("not an image: skipped")
+  return expect
+
+
+def check_image_arrays(arrays, expect):
+  """Asserts ``arrays`` (a loaded image folder) are :func:`image_folder`'s ``expect``, bit for
+  bit, with its classes, uint8 images and int32 labels."""
+  assert arrays.classes == tuple(sorted(IMAGE_CLASSES))
+  np.testing.assert_array_equal(arrays.train_images, expect["train"][0])
+  np.testing.assert_array_equal(arrays.train_labels, expect["train"][1])
+  np.testing.assert_array_equal(arrays.test_images, expect["test"][0])
+  np.testing.assert_array_equal(arrays.test_labels, expect["test"][1])
+  assert arrays.train_images.dtype == np.uint8 and arrays.train_labels.dtype == np.int32
 
 
 def slow_except(values, fast):

@@ -22,7 +22,7 @@ from nbsgd_jax import train
 from nbsgd_jax.transforms.asynchronous import ServerState
 from nbsgd_jax.transforms.wrappers import OuterState
 
-from tests.helpers import least_squares_cfg
+from tests.helpers import Crash, least_squares_cfg, make_stepper, small_cfg
 
 N, M, DIM = 8, 16, 4
 LR, MOM, WD, TPE = 0.05, 0.9, 1e-3, 1e-3
@@ -173,7 +173,7 @@ def _notebook_cfg(pull, latency, bandwidth=1e6):
 
 
 def _run(cfg, pushes):
-  stepper = train.Stepper.of(train.setup(cfg))
+  stepper = make_stepper(cfg)
   x0 = np.asarray(stepper.state.params["w"][0])
   got, clock = _server_after(stepper, pushes)
   steps_of = clock.cycle - 1
@@ -257,8 +257,8 @@ def test_diloco_evaluates_its_outer_model():
   """``Recipe.evaluated`` of DiLoCo: mid-round an evaluation reads x_outer (the model of its
   last outer step, the same on every worker), not the workers' models; ``consensus_distance``
   stays the workers' own."""
-  stepper = train.Stepper.of(train.setup(_cfg(algorithm="diloco", num_steps=100, **{
-      "diloco.inner_steps": 3})))
+  stepper = make_stepper(_cfg(algorithm="diloco", num_steps=100, **{
+      "diloco.inner_steps": 3}))
   stepper.steps(4)  # an outer step, then one inner step
   run = stepper.runs[0]
   read = np.asarray(run.models()["w"])
@@ -275,8 +275,8 @@ def test_diloco_evaluates_its_outer_model():
 def test_async_diloco_evaluates_the_server_s_model():
   """``Recipe.evaluated``: an evaluation of asynchronous DiLoCo reads the server's model (the
   same on every worker), not the workers' models in their rounds."""
-  stepper = train.Stepper.of(train.setup(_cfg(algorithm="async_diloco", num_steps=10 ** 5,
-                                               **{"diloco.inner_steps": 3})))
+  stepper = make_stepper(_cfg(algorithm="async_diloco", num_steps=10 ** 5,
+                               **{"diloco.inner_steps": 3}))
   server, _ = _server_after(stepper, 10)
   read = np.asarray(stepper.runs[0].models()["w"])
   np.testing.assert_array_equal(read, np.asarray(server))
@@ -287,8 +287,8 @@ def test_async_diloco_evaluates_the_server_s_model():
 def test_async_diloco_s_consensus_distance_is_the_workers_own():
   """The replicas an evaluation reads are equal (their Xi is 0), but the recorded
   ``consensus_distance`` is that of the workers' own models (numpy float64), not a false 0."""
-  stepper = train.Stepper.of(train.setup(_cfg(algorithm="async_diloco", num_steps=10 ** 5,
-                                               **{"diloco.inner_steps": 3})))
+  stepper = make_stepper(_cfg(algorithm="async_diloco", num_steps=10 ** 5,
+                               **{"diloco.inner_steps": 3}))
   _server_after(stepper, 10)
   run = stepper.runs[0]
   rec = run.evaluate(run.done, None)
@@ -311,7 +311,7 @@ def test_bad_async_diloco_input_is_one_line_naming_the_key(over, named):
 def _between_tied_pushes(cfg) -> int:
   """The first device step after which one of the equal-speed workers 0-2 has pushed and
   waits while another's push of the same time is still to come."""
-  stepper = train.Stepper.of(train.setup(cfg))
+  stepper = make_stepper(cfg)
   clock = stepper.runs[0].host.part("clock")
   for step in range(1, 400):
     stepper.steps(1)
@@ -327,7 +327,6 @@ def test_instant_pull_resumes_between_tied_pushes(tmp_path):
   pusher still reads after the second) and ends with the uninterrupted run's records."""
   import json
 
-  from tests.test_checkpoint import Crash
   at = _between_tied_pushes(_notebook_cfg("instant", SLOW_LATENCY))
   cfg = lambda: config_lib.override(_notebook_cfg("instant", SLOW_LATENCY), {
       "num_steps": 3 * at, "eval_every": at, "checkpoint_every": at})
@@ -353,7 +352,6 @@ def test_diloco_s_worker_test_accuracy_mid_round_is_the_workers_own():
   logistic regression, ``argmax(x W_i + b_i)``."""
   from nbsgd_jax import data as data_lib
   from nbsgd_jax.run import task as task_lib
-  from tests.test_train import small_cfg
   rng = np.random.default_rng(0)
   w_true = rng.normal(size=(20, 5))
   x, tx = rng.normal(size=(800, 20)), rng.normal(size=(400, 20))
@@ -362,7 +360,7 @@ def test_diloco_s_worker_test_accuracy_mid_round_is_the_workers_own():
                                noisy(tx), num_classes=5, name="toy")
   cfg = small_cfg(dataset="arrays", model="logreg", algorithm="diloco", num_steps=100,
                   learning_rate=0.5, **{"diloco.inner_steps": 8})
-  stepper = train.Stepper.of(train.setup(cfg, data=data))
+  stepper = make_stepper(cfg, data=data)
   stepper.steps(12)  # an outer step, then 4 inner steps
   run = stepper.runs[0]
   rec = run.evaluate(run.done, None)

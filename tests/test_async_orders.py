@@ -39,7 +39,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import problems
 from nbsgd_jax import train
 from nbsgd_jax.host.events import draw_index  # the seeded draw: an input, like a seed
-from tests.helpers import least_squares_cfg
+from tests.helpers import least_squares_cfg, make_stepper
 
 N, M, DIM = 8, 16, 4
 SLOW = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0)  # 3 speeds
@@ -147,7 +147,7 @@ def _compare(cfg, reference, steps=STEPS):
   """Steps the run and compares its models with ``reference(x0, keep)`` after each of
   ``steps``; checks the device's bytes against the clock's at every step. Returns the
   clock and the reference's last output."""
-  stepper = train.Stepper.of(train.setup(cfg))
+  stepper = make_stepper(cfg)
   x0 = np.asarray(stepper.state.params["w"][0])
   clock, done_steps, out = stepper.runs[0].host.part("clock"), 0, None
   for target in steps:
@@ -182,7 +182,7 @@ def test_one_gradient_per_event_equals_its_transcription(over, mode, every):
 def test_one_sided_leaves_the_partner_unchanged_and_differs_from_symmetric():
   """The orders are not the same computation: after 30 device steps one-sided and symmetric
   averaging give models more than 1 % apart (relative), from the same events."""
-  x0 = np.asarray(train.Stepper.of(train.setup(_cfg(algorithm="swarm_sgd"))).state
+  x0 = np.asarray(make_stepper(_cfg(algorithm="swarm_sgd")).state
                   .params["w"][0])
   keep = {(i, k) for i in range(N) for k in range(12)}
   a = per_gradient_loop(x0, keep, "symmetric", 2)
@@ -232,7 +232,7 @@ def test_bad_order_is_one_line_naming_the_key(over, named):
 def test_released_clock_resumes_from_its_state():
   """The released order's clock continued from its JSON state draws the same masks and
   records as the clock it came from."""
-  clocks = [train.Stepper.of(train.setup(_cfg(**{"ad_psgd.order": "released"}))).runs[0]
+  clocks = [make_stepper(_cfg(**{"ad_psgd.order": "released"})).runs[0]
             .host.part("clock") for _ in range(2)]
   for _ in range(60):
     clocks[0].inputs(0, types.SimpleNamespace(per_worker={}), None)

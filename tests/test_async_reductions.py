@@ -25,19 +25,20 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import problems
 from nbsgd_jax import train
 
+from tests.helpers import least_squares_cfg, make_stepper
+
 N, M, DIM, H = 2, 16, 4, 3
 LR, MOM = 0.05, 0.9
 
 
-def _cfg(algorithm, **kw):
-  over = {"dataset": "least_squares", "problem.shards": N, "problem.examples_per_worker": M,
-          "problem.dim": DIM, "problem.noise": 1.0, "problem.l2": 0.0, "problem.seed": 0,
-          "problem.heterogeneity": 1.0, "problem.full_batch": True, "algorithm": algorithm,
-          "num_workers": N, "batch_size": M, "learning_rate": LR, "momentum": MOM,
-          "nesterov": True, "weight_decay": 0.0, "cluster.slowdown": (),
-          "cluster.latency": 1e-4, "cluster.bandwidth": 1e6, "topology": "ring",
-          "progress": False, "num_steps": 10 ** 5, "eval_every": 10 ** 5, **kw}
-  return config_lib.override(config_lib.default_config(), over)
+def _cfg(algorithm, momentum=MOM, **kw):
+  """The asynchronous family's set-up (tests/helpers.py) with equal speeds, the default time
+  per example and messages of 0.1 ms, run without an end."""
+  return least_squares_cfg(n=N, m=M, dim=DIM, lr=LR, momentum=momentum, weight_decay=0.0,
+                           slowdown=(), latency=1e-4, bandwidth=1e6,
+                           time_per_example=config_lib.default_config().cluster.time_per_example,
+                           **{"algorithm": algorithm, "num_steps": 10 ** 5,
+                              "eval_every": 10 ** 5, **kw})
 
 
 def _events_until(stepper, own_steps):
@@ -50,9 +51,9 @@ def _events_until(stepper, own_steps):
 
 
 def test_swarm_sgd_on_two_workers_at_synchronous_timing_is_local_sgd(periods=1):
-  swarm = train.Stepper.of(train.setup(_cfg("swarm_sgd", **{"swarm_sgd.local_steps": H})))
+  swarm = make_stepper(_cfg("swarm_sgd", **{"swarm_sgd.local_steps": H}))
   got = _events_until(swarm, H * periods)
-  local = train.Stepper.of(train.setup(_cfg("local_sgd", **{"local_sgd.tau": H})))
+  local = make_stepper(_cfg("local_sgd", **{"local_sgd.tau": H}))
   local.steps(H * periods)
   want = np.asarray(local.state.params["w"], np.float64)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())

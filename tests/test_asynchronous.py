@@ -25,7 +25,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import problems
 from nbsgd_jax import train
 from nbsgd_jax.host.events import draw_index  # the seeded draw: an input, like a seed
-from tests.helpers import least_squares_cfg
+from tests.helpers import least_squares_cfg, make_stepper
 
 N, M, DIM = 8, 16, 4
 SLOW = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 5.0, 5.0)  # 3 speeds
@@ -216,8 +216,8 @@ def test_sgp_without_overlap_is_dpsgd_over_the_same_graph():
   push-sum weights stay 1 and SGP is D-PSGD over W_t (local step, then gossip)."""
   out = {}
   for algorithm in ("sgp", "dpsgd"):
-    stepper = train.Stepper.of(train.setup(_cfg(algorithm=algorithm,
-                                                topology="one_peer_exponential")))
+    stepper = make_stepper(_cfg(algorithm=algorithm,
+                                topology="one_peer_exponential"))
     stepper.steps(25)
     out[algorithm] = np.asarray(stepper.state.params["w"])
   np.testing.assert_allclose(out["sgp"], out["dpsgd"], rtol=1e-6, atol=1e-7)

@@ -9,7 +9,6 @@ host clock (its ``next_batch`` events: a worker's events, less asynchronous DiLo
 not from the budget's code.
 """
 
-import json
 
 import jax
 import numpy as np
@@ -22,7 +21,7 @@ from nbsgd_jax import hparams as hparams_lib
 from nbsgd_jax import train
 from nbsgd_jax.run.stepper import Budget
 
-from tests.test_checkpoint import Crash
+from tests.helpers import Crash, read_records, without_wall
 
 STRAGGLERS = {"cluster.scenario": "lognormal", "cluster.spread": 0.3,
               "cluster.delay": "bernoulli_exponential", "cluster.delay_prob": 0.1,
@@ -30,6 +29,7 @@ STRAGGLERS = {"cluster.scenario": "lognormal", "cluster.spread": 0.3,
 
 
 GRADS = {"budget_unit": "grads_per_worker"}
+WALL = ("wall_time",)  # the records' fields compared apart (samples_per_second kept)
 
 
 def _cfg(**over):
@@ -41,15 +41,6 @@ def _cfg(**over):
       **STRAGGLERS, **over})
 
 
-def _records(path):
-  with open(path) as f:
-    return [json.loads(line) for line in f]
-
-
-def _without_wall(recs):
-  return [{k: v for k, v in r.items() if k != "wall_time"} for r in recs]
-
-
 @pytest.mark.parametrize("algorithm, over", [
     ("dpsgd", {"lr_schedule": "cosine", "warmup_steps": 2}),
     # the period plan reads the run's length too (linear periods: alpha from num_comm)
@@ -59,11 +50,11 @@ def test_a_lockstep_budget_is_num_steps_record_for_record(tmp_path, algorithm, o
   base = {"algorithm": algorithm, "eval_every": 4, **over}
   steps = train.train(_cfg(num_steps=10, **base), str(tmp_path / "steps"))
   grads = train.train(_cfg(num_steps=10, **GRADS, **base), str(tmp_path / "grads"))
-  a, b = _records(tmp_path / "steps" / "metrics.jsonl"), _records(tmp_path / "grads" /
-                                                                  "metrics.jsonl")
+  a = read_records(tmp_path / "steps" / "metrics.jsonl")
+  b = read_records(tmp_path / "grads" / "metrics.jsonl")
   assert [r["step"] for r in b] == [0, 4, 8, 10]
   assert [r["grads_per_worker"] for r in b] == [0, 4, 8, 10]
-  assert _without_wall(b) == _without_wall(a)
+  assert without_wall(b, WALL) == without_wall(a, WALL)
   assert grads["steps"] == steps["steps"] == 10
 
 
@@ -142,8 +133,8 @@ def test_an_event_clock_budget_checkpoints_on_its_cadence_and_resumes(tmp_path):
   seen = []
   train.train(cfg(), str(tmp_path / "run"), hooks=(lambda step, *_: seen.append(step),))
   assert seen[0] == at[2]
-  assert (_without_wall(_records(tmp_path / "run" / "metrics.jsonl"))
-          == _without_wall(_records(tmp_path / "full" / "metrics.jsonl")))
+  assert (without_wall(read_records(tmp_path / "run" / "metrics.jsonl"), WALL)
+          == without_wall(read_records(tmp_path / "full" / "metrics.jsonl"), WALL))
 
 
 def test_budget_points_and_their_steps():

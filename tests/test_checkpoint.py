@@ -1,7 +1,6 @@
 """Checkpoint and resume: a run stopped at any moment and started again ends with exactly the
 metrics of an uninterrupted run (wall time aside)."""
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ from nbsgd_jax import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
 
-from tests.test_train import small_cfg
+from tests.helpers import Crash, experiment_config, read_records, small_cfg, without_wall
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
@@ -49,20 +48,6 @@ def _cfg(case, **kw):
   return small_cfg(num_steps=24, eval_every=4, checkpoint_every=8, **CASES[case], **kw)
 
 
-def _records(path):
-  with open(path) as f:
-    return [json.loads(l) for l in f]
-
-
-def _without_wall(recs):
-  return [{k: v for k, v in r.items() if k not in ("wall_time", "samples_per_second")}
-          for r in recs]
-
-
-class Crash(Exception):
-  pass
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_crash_and_resume_equals_uninterrupted(tmp_path, case):
   full = train.train(_cfg(case), str(tmp_path / "full"))
@@ -81,13 +66,13 @@ def test_crash_and_resume_equals_uninterrupted(tmp_path, case):
   resumed = train.train(_cfg(case), str(tmp_path / "run"),
                         hooks=(lambda step, state, setup: seen.append(step),))
   assert seen[0] == 8  # it did resume, from the checkpoint
-  a = _records(tmp_path / "full" / "metrics.jsonl")
-  b = _records(tmp_path / "run" / "metrics.jsonl")
+  a = read_records(tmp_path / "full" / "metrics.jsonl")
+  b = read_records(tmp_path / "run" / "metrics.jsonl")
   assert [r["step"] for r in b] == list(range(0, 25, 4))  # no duplicate, no torn line
-  assert _without_wall(b) == _without_wall(a)
+  assert without_wall(b) == without_wall(a)
   if os.path.exists(tmp_path / "full" / "steps.jsonl"):
-    assert (_records(tmp_path / "run" / "steps.jsonl")
-            == _records(tmp_path / "full" / "steps.jsonl"))
+    assert (read_records(tmp_path / "run" / "steps.jsonl")
+            == read_records(tmp_path / "full" / "steps.jsonl"))
   drop = ("history", "wall_time", "samples_per_second", "run_seconds")
   assert ({k: v for k, v in resumed.items() if k not in drop}
           == {k: v for k, v in full.items() if k not in drop})
@@ -150,36 +135,31 @@ def test_sigkill_and_resume_from_the_command_line(tmp_path, algorithm):
             f"--workdir={wd}", *overrides]
 
   # the uninterrupted reference, in-process (same config as the CLI builds)
-  ref = _records(_cli_reference(tmp_path / "full", overrides) / "metrics.jsonl")
+  ref = read_records(_cli_reference(tmp_path / "full", overrides) / "metrics.jsonl")
   wd = tmp_path / "run"
   ckpt, marker = wd / "checkpoints" / "20" / "commit_success.txt", tmp_path / "blocked"
   blocking = [sys.executable, "-c", _BLOCKING_CLI, str(marker), str(ckpt), "25", *cmd(wd)[3:]]
   proc = subprocess.Popen(blocking, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE)
   _wait_for(marker, proc)
-  assert ckpt.exists() and len(_records(wd / "metrics.jsonl")) == 6  # steps 0, 5, .., 25
+  assert ckpt.exists() and len(read_records(wd / "metrics.jsonl")) == 6  # steps 0, 5, .., 25
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   assert proc.returncode == -signal.SIGKILL
-  before = _records(wd / "metrics.jsonl")
+  before = read_records(wd / "metrics.jsonl")
   done = subprocess.run(cmd(wd), cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
-  got = _records(wd / "metrics.jsonl")
+  got = read_records(wd / "metrics.jsonl")
   assert [r["step"] for r in got] == list(range(0, 41, 5))
-  assert _without_wall(got) == _without_wall(ref)
+  assert without_wall(got) == without_wall(ref)
   # the records up to the checkpoint are the first process's (wall times included): resumed
   assert got[:5] == [r for r in before if r["step"] <= 20]
 
 
 def _cli_reference(wd, overrides):
   from ml_collections import config_flags  # noqa: F401  (the CLI's config file)
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("mnist_cfg",
-                                                os.path.join(ROOT, "experiments/configs/mnist.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  cfg = mod.get_config()
+  cfg = experiment_config("mnist", "mnist_cfg")
   kv = {}
   for o in overrides:
     k, v = o[len("--config."):].split("=", 1)
@@ -246,8 +226,7 @@ def test_divergence_of_the_averaged_model_writes_no_bad_record(tmp_path):
   with pytest.raises(train.TrainingDiverged) as e:
     train.train(cfg, str(tmp_path))
   assert (e.value.step, e.value.what, e.value.workers) == (4, "train_loss", [])
-  with open(tmp_path / "metrics.jsonl") as f:
-    recs = [json.loads(l) for l in f]
+  recs = read_records(tmp_path / "metrics.jsonl")
   assert recs and recs[-1]["step"] < e.value.step
   for r in recs:
     for k in ("train_loss", "test_loss", "train_batch_loss"):
@@ -332,4 +311,4 @@ def test_ctrl_c_stops_with_one_line_and_whole_records(tmp_path):
   assert [l for l in err.splitlines() if l.startswith("error:")] == [
       f"error: interrupted; {wd} holds the records so far; the same command resumes from the "
       "last checkpoint"]  # the quick start checkpoints every 5th evaluation
-  assert len(_records(wd / "metrics.jsonl")) >= 2
+  assert len(read_records(wd / "metrics.jsonl")) >= 2

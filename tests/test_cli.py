@@ -2,20 +2,10 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "experiments", "configs", "mnist.py")
-
-
-def run_main(tmp_path, *overrides):
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  cmd = [sys.executable, "-m", "nbsgd_jax.main", f"--config={CONFIG}",
-         f"--workdir={tmp_path / 'run'}", "--config.progress=False", *overrides]
-  return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+from tests.helpers import run_main
 
 
 @pytest.mark.slow

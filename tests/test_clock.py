@@ -16,13 +16,13 @@ from nbsgd_jax.communications import AllReduce, Gossip
 from nbsgd_jax.transforms import gossip_step
 from nbsgd_jax.host.parts import HostInputs
 
-from tests.test_train import small_cfg as train_cfg
+from tests.helpers import small_cfg
 
 
-def small_cfg(**overrides):
-  """tests.test_train's small run (4 workers, batch 8), 4 steps; ``a__b`` stands for ``a.b``."""
-  return train_cfg(**{"num_steps": 4, "eval_every": 4,
-                      **{k.replace("__", "."): v for k, v in overrides.items()}})
+def _cfg(**overrides):
+  """:func:`tests.helpers.small_cfg` (4 workers, batch 8) run for 4 steps; ``a__b`` stands
+  for ``a.b``."""
+  return small_cfg(**{"num_steps": 4, "eval_every": 4, **overrides})
 
 
 # ----------------------------------------------------------------------------- compute model
@@ -75,10 +75,10 @@ def test_blocking_and_nonblocking_see_the_same_realisation(rule):
   blocking run's sim_time for every M; with 'fastest' it is never slower."""
   base = dict(algorithm="allreduce", num_steps=4, eval_every=4, cluster__delay="shifted_exponential",
               cluster__delay_mean=0.02, cluster__delay_shift=0.001, cluster__seed=5)
-  blocking = train.train(small_cfg(**base))["sim_time"]
+  blocking = train.train(_cfg(**base))["sim_time"]
   for m in (1, 2, 4):
-    nb = train.train(small_cfg(**base, nonblocking__enabled=True, nonblocking__deadline=rule,
-                               nonblocking__num_minibatches=m))["sim_time"]
+    nb = train.train(_cfg(**base, nonblocking__enabled=True, nonblocking__deadline=rule,
+                          nonblocking__num_minibatches=m))["sim_time"]
     if rule == "kth:4":
       assert nb == pytest.approx(blocking, rel=1e-12)
     else:
@@ -86,8 +86,8 @@ def test_blocking_and_nonblocking_see_the_same_realisation(rule):
 
 
 def test_blocking_sim_time_is_the_same_for_every_m():
-  times = {m: train.train(small_cfg(algorithm="allreduce", nonblocking__num_minibatches=m,
-                                    cluster__scenario="one_slow"))["sim_time"]
+  times = {m: train.train(_cfg(algorithm="allreduce", nonblocking__num_minibatches=m,
+                               cluster__scenario="one_slow"))["sim_time"]
            for m in (1, 2, 4)}
   assert times[1] == times[2] == times[4] > 0
 
@@ -95,16 +95,16 @@ def test_blocking_sim_time_is_the_same_for_every_m():
 def test_sim_time_scales_with_the_batch():
   """No communication cost: sim_time is steps x B x time_per_example x slowest slowdown."""
   for b in (8, 16):
-    s = train.train(small_cfg(algorithm="allreduce", batch_size=b, cluster__latency=0.0,
-                              cluster__bandwidth=1e30, cluster__scenario="one_slow",
-                              cluster__slow_factor=3.0))
+    s = train.train(_cfg(algorithm="allreduce", batch_size=b, cluster__latency=0.0,
+                         cluster__bandwidth=1e30, cluster__scenario="one_slow",
+                         cluster__slow_factor=3.0))
     assert s["sim_time"] == pytest.approx(4 * b * 1e-3 * 3.0, rel=1e-9)
 
 
 def test_step_overhead_is_charged_once_per_step():
   kw = dict(algorithm="allreduce", cluster__latency=0.0, cluster__bandwidth=1e30)
-  base = train.train(small_cfg(**kw))["sim_time"]
-  more = train.train(small_cfg(**kw, cluster__step_overhead=0.005))["sim_time"]
+  base = train.train(_cfg(**kw))["sim_time"]
+  more = train.train(_cfg(**kw, cluster__step_overhead=0.005))["sim_time"]
   assert more - base == pytest.approx(4 * 0.005, rel=1e-9)
 
 
@@ -203,8 +203,8 @@ def test_parallel_dpsgd_step_on_a_ring_costs_max_of_compute_and_comm():
   B tau + comm (comm = 2 latency + 2 S / bandwidth)."""
   times = {}
   for order in ("parallel", "atc"):
-    s = train.train(small_cfg(algorithm="dpsgd", topology="ring", dpsgd__order=order,
-                              cluster__latency=1e-3, cluster__bandwidth=1e7))
+    s = train.train(_cfg(algorithm="dpsgd", topology="ring", dpsgd__order=order,
+                         cluster__latency=1e-3, cluster__bandwidth=1e7))
     times[order] = s["sim_time"]
     size = 4 * s["model_params"]
   compute, comm = 8 * 1e-3, 2 * 1e-3 + 2 * size / 1e7
@@ -241,9 +241,9 @@ def test_full_time_estimate():
 
 
 def test_adaptive_run_trains():
-  s = train.train(small_cfg(algorithm="allreduce", nonblocking__enabled=True,
-                            nonblocking__deadline="adaptive", nonblocking__adaptive_k=0.0,
-                            cluster__scenario="lognormal", num_steps=6, eval_every=6))
+  s = train.train(_cfg(algorithm="allreduce", nonblocking__enabled=True,
+                       nonblocking__deadline="adaptive", nonblocking__adaptive_k=0.0,
+                       cluster__scenario="lognormal", num_steps=6, eval_every=6))
   assert math.isfinite(s["train_loss"]) and s["sim_time"] > 0
 
 
@@ -251,8 +251,8 @@ def test_adaptive_run_trains():
 
 
 def test_measured_time_per_example_is_recorded(tmp_path):
-  s = train.train(small_cfg(algorithm="allreduce", cluster__measure_time_per_example=True,
-                            num_steps=2, eval_every=2), str(tmp_path))
+  s = train.train(_cfg(algorithm="allreduce", cluster__measure_time_per_example=True,
+                       num_steps=2, eval_every=2), str(tmp_path))
   assert s["time_per_example_measured"] is True
   assert 0 < s["time_per_example"] < 1 and math.isfinite(s["time_per_example"])
   saved = json.loads((tmp_path / "summary.json").read_text())
@@ -261,6 +261,6 @@ def test_measured_time_per_example_is_recorded(tmp_path):
 
 
 def test_configured_time_per_example_is_recorded():
-  s = train.train(small_cfg(algorithm="allreduce", cluster__time_per_example=2e-3,
-                            num_steps=1, eval_every=1))
+  s = train.train(_cfg(algorithm="allreduce", cluster__time_per_example=2e-3,
+                       num_steps=1, eval_every=1))
   assert s["time_per_example"] == 2e-3 and s["time_per_example_measured"] is False

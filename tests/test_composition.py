@@ -17,6 +17,8 @@ from nbsgd_jax import recipes, train
 from nbsgd_jax import transforms as T
 from nbsgd_jax.communications import AllReduce, Communication, Pattern
 
+from tests.helpers import make_stepper
+
 # the registry's lists: every built-in algorithm, those that gossip every step, and of those
 # the ones that exchange plain models (a codec needs CHOCO-SGD's public copies)
 ALGORITHMS = config_lib.ALGORITHMS
@@ -70,7 +72,7 @@ def run_cell(cfg, steps=STEPS):
   """Steps through the run's parts; checks device bytes == clock bytes at every step.
 
   Returns the final state and the host."""
-  stepper = train.Stepper.of(train.setup(cfg))
+  stepper = make_stepper(cfg)
   host = stepper.hosts[0]
   clock = host.part("clock")
   for t, inputs, loss, report in stepper.steps(steps):  # the host parts observed each step

@@ -10,12 +10,12 @@ import pytest
 from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import recipes
-from tests.test_validation import malformed
+from tests.helpers import malformed
 
 
 def cfg_with(**overrides):
   """The default config with ``overrides`` (``section__key`` for ``section.key``), bypassing
-  ConfigDict's type safety as a config file could (:func:`tests.test_validation.malformed`)."""
+  ConfigDict's type safety as a config file could (:func:`tests.helpers.malformed`)."""
   return malformed({name.replace("__", "."): value for name, value in overrides.items()})
 
 

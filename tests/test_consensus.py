@@ -14,10 +14,9 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.host import targets
 from nbsgd_jax.communications import Gossip
-from nbsgd_jax.transforms import StepContext
 from nbsgd_jax.transforms.consensus import ControlRounds
 
-from tests.test_train import small_cfg
+from tests.helpers import run_steps_with_targets, small_cfg, step_contexts
 
 N = 8
 
@@ -29,9 +28,7 @@ def _tree(seed, n=N):
 
 
 def _inputs(target, step=0, n=N):
-  return StepContext(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
-                     jnp.full((n,), n, jnp.int32), jnp.zeros((n, 1), bool),
-                     target=jnp.full((n,), target, jnp.float32))
+  return step_contexts(n, step, target=jnp.full((n,), target, jnp.float32))
 
 
 def _static_mixer(w):
@@ -173,18 +170,6 @@ def test_simulate_and_mesh_agree_with_control():
   mesh_out = run_steps_with_targets(cfg("mesh"), 4)
   chex.assert_trees_all_close(sim_out.params, jax.device_get(mesh_out.params),
                               rtol=1e-4, atol=1e-5)
-
-
-def run_steps_with_targets(cfg, steps):
-  stepper = train.Stepper.of(train.setup(cfg))
-
-  def target(inputs):  # controlled at every step
-    inputs.target = np.float32(cfg.consensus.target)
-    inputs.target_value = float(cfg.consensus.target)
-
-  for _, _, _, report in stepper.steps(steps, target):
-    assert int(report["gossip_steps"][0]) == 3  # unreachable target: K steps
-  return stepper.state
 
 
 def test_simulator_extra_charges_measurements_and_gossip():

@@ -9,8 +9,7 @@ import pytest
 from nbsgd_jax import collectives, matchings, topology, train
 from nbsgd_jax.host import matcha
 from nbsgd_jax.communications import Matchings
-from nbsgd_jax.transforms import StepContext
-from tests.test_train import run_steps, small_cfg
+from tests.helpers import run_steps, small_cfg, step_contexts
 
 TOPOLOGY_ARGS = {
     "ring": {}, "torus": {}, "exponential": {}, "complete": {}, "star": {},
@@ -46,12 +45,6 @@ def test_gossip_uses_matchings_on_star():
   assert len(collectives.gossip_rounds(w)) <= 5
 
 
-def _inputs(n, step, active):
-  return StepContext(jnp.full((n,), step, jnp.int32), jnp.zeros((n,), jnp.int32),
-                     jnp.zeros((n,), jnp.int32),
-                     jnp.asarray(np.broadcast_to(active, (n, len(active)))))
-
-
 def test_matcha_mixer_matches_sampled_dense_matrix():
   """x(t+1) = W(t) x(t) with W(t) = I - alpha sum_j B_j L_j (Wang et al. 2019), B_j shared."""
   n = 8
@@ -63,7 +56,7 @@ def test_matcha_mixer_matches_sampled_dense_matrix():
   for step in range(12):
     active = matchings.sample_activations(plan, 7, step)
     seen.add(tuple(active))
-    out, report = mix(jnp.asarray(x), _inputs(n, step, active))
+    out, report = mix(jnp.asarray(x), step_contexts(n, step, count=0, total=0, active=active))
     sent = report["bytes_sent"]
     np.testing.assert_allclose(np.asarray(out), matcha.sample_mixing_matrix(plan, active) @ x,
                                rtol=1e-5, atol=1e-5)

@@ -13,8 +13,7 @@ from nbsgd_jax import data as data_lib
 from nbsgd_jax import disk_data
 from nbsgd_jax import train
 
-from tests.test_disk_data import _check, _folder
-from tests.test_train import small_cfg
+from tests.helpers import check_image_arrays, image_folder, small_cfg
 
 
 def _arrays(**change):
@@ -53,10 +52,11 @@ def test_an_empty_test_split_is_refused_at_load(tmp_path):
 
 
 def test_a_data_cache_that_cannot_be_used_is_a_warning(tmp_path, capsys):
-  expect = _folder(str(tmp_path / "images"))
+  expect = image_folder(str(tmp_path / "images"))
   cache = tmp_path / "a_file"
   cache.write_text("not a directory")
-  _check(disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(cache)), expect)
+  check_image_arrays(
+      disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(cache)), expect)
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith(
       f"warning: config.data_cache: the decoded images cannot be cached in {str(cache)!r}"), err
@@ -65,10 +65,12 @@ def test_a_data_cache_that_cannot_be_used_is_a_warning(tmp_path, capsys):
   disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(good))
   (npz,) = os.listdir(good)
   (good / npz).write_bytes(b"damaged")
-  _check(disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(good)), expect)
+  check_image_arrays(
+      disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(good)), expect)
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "cannot be read" in err[0] and err[0].startswith("warning:"), err
-  _check(disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(good)), expect)
+  check_image_arrays(
+      disk_data.load_image_folder(str(tmp_path / "images"), cache_dir=str(good)), expect)
   assert capsys.readouterr().err == ""  # replaced: read silently now
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import math
 import os
 import pickle
@@ -19,35 +18,7 @@ import pytest
 
 from nbsgd_jax import augment, config as config_lib, data, disk_data, train
 
-CLASSES = ("cat", "ant", "bee")  # sorted: ant = 0, bee = 1, cat = 2
-
-
-def _png(a: np.ndarray) -> bytes:
-  from PIL import Image
-  buf = io.BytesIO()
-  Image.fromarray(a.squeeze(-1) if a.shape[-1] == 1 else a).save(buf, format="PNG")
-  return buf.getvalue()
-
-
-def _folder(root, size=(6, 5), channels=3, per_class=(3, 2), seed=0, wrap=""):
-  """An image folder of random PNGs (lossless); returns the arrays it must load as."""
-  rng = np.random.default_rng(seed)
-  expect = {}
-  for split, count in zip(("train", "test"), per_class):
-    xs, ys = [], []
-    for label, c in enumerate(sorted(CLASSES)):
-      d = os.path.join(root, wrap, split, c)
-      os.makedirs(d)
-      for i in range(count):
-        a = rng.integers(0, 256, size + (channels,), dtype=np.uint8)
-        with open(os.path.join(d, f"{i:03d}.png"), "wb") as f:
-          f.write(_png(a))
-        xs.append(a)
-        ys.append(label)
-    expect[split] = (np.stack(xs), np.asarray(ys, np.int32))
-  with open(os.path.join(root, wrap, "train", "README.txt"), "w") as f:
-    f.write("not an image: skipped")
-  return expect
+from tests.helpers import check_image_arrays, image_folder, png_bytes
 
 
 def _archive(root, kind, dest):
@@ -65,26 +36,17 @@ def _archive(root, kind, dest):
   return str(dest)
 
 
-def _check(arrays, expect):
-  assert arrays.classes == tuple(sorted(CLASSES))
-  np.testing.assert_array_equal(arrays.train_images, expect["train"][0])
-  np.testing.assert_array_equal(arrays.train_labels, expect["train"][1])
-  np.testing.assert_array_equal(arrays.test_images, expect["test"][0])
-  np.testing.assert_array_equal(arrays.test_labels, expect["test"][1])
-  assert arrays.train_images.dtype == np.uint8 and arrays.train_labels.dtype == np.int32
-
-
 @pytest.mark.parametrize("kind", ["dir", "tar", "tar.gz", "tar.xz", "zip"])
 def test_image_folder_reads_each_source_type(tmp_path, kind):
   src = tmp_path / "src"
-  expect = _folder(str(src), wrap="cifar" if kind == "tar.gz" else "")
+  expect = image_folder(str(src), wrap="cifar" if kind == "tar.gz" else "")
   path = str(src) if kind == "dir" else _archive(str(src), kind, tmp_path / f"a.{kind}")
-  _check(disk_data.load_image_folder(path, cache_dir="none"), expect)
+  check_image_arrays(disk_data.load_image_folder(path, cache_dir="none"), expect)
 
 
 def test_image_folder_is_cached_and_a_changed_source_is_decoded_anew(tmp_path):
   src = tmp_path / "src"
-  _folder(str(src))
+  image_folder(str(src))
   path = _archive(str(src), "tar", tmp_path / "a.tar")
   cache = tmp_path / "cache"
   first = disk_data.load_image_folder(path, cache_dir=str(cache))
@@ -97,18 +59,19 @@ def test_image_folder_is_cached_and_a_changed_source_is_decoded_anew(tmp_path):
     np.savez(f, **z)
   assert (disk_data.load_image_folder(path, cache_dir=str(cache)).train_labels == 0).all()
   shutil.rmtree(src)
-  expect = _folder(str(src), seed=1)
+  expect = image_folder(str(src), seed=1)
   _archive(str(src), "tar", tmp_path / "a.tar")
   os.utime(path, ns=(1, 1))  # another mtime: another key
   second = disk_data.load_image_folder(path, cache_dir=str(cache))
-  _check(second, expect)
+  check_image_arrays(second, expect)
   assert not np.array_equal(first.train_images, second.train_images)
   assert len(os.listdir(cache)) == 2
 
 
 def test_image_folder_greyscale_images_have_one_channel(tmp_path):
-  expect = _folder(str(tmp_path / "src"), channels=1)
-  _check(disk_data.load_image_folder(str(tmp_path / "src"), cache_dir="none"), expect)
+  expect = image_folder(str(tmp_path / "src"), channels=1)
+  check_image_arrays(disk_data.load_image_folder(str(tmp_path / "src"), cache_dir="none"),
+                     expect)
 
 
 @pytest.mark.parametrize("case,words", [
@@ -130,7 +93,7 @@ def test_image_folder_errors_are_one_line_naming_the_path(tmp_path, case, words)
     with open(path, "wb") as f:
       f.write(b"this is not a tar archive" * 10)
   else:
-    _folder(src)
+    image_folder(src)
     if case == "no_test":
       shutil.rmtree(os.path.join(src, "test"))
     elif case == "empty_class":
@@ -138,7 +101,7 @@ def test_image_folder_errors_are_one_line_naming_the_path(tmp_path, case, words)
         os.remove(os.path.join(src, "train", "bee", n))
     elif case == "odd_size":
       with open(os.path.join(src, "test", "cat", "001.png"), "wb") as f:
-        f.write(_png(np.zeros((4, 5, 3), np.uint8)))
+        f.write(png_bytes(np.zeros((4, 5, 3), np.uint8)))
     elif case == "extra_test_class":
       os.makedirs(os.path.join(src, "test", "dog"))
       shutil.copy(os.path.join(src, "test", "cat", "000.png"), os.path.join(src, "test", "dog"))
@@ -283,7 +246,7 @@ def test_a_missing_data_path_is_one_line_and_nothing_is_written(tmp_path):
 
 @pytest.mark.slow
 def test_an_image_folder_and_a_text_file_train_through_train(tmp_path):
-  _folder(str(tmp_path / "img"), size=(4, 4), per_class=(4, 2))
+  image_folder(str(tmp_path / "img"), size=(4, 4), per_class=(4, 2))
   s = train.train(_cfg(dataset="image_folder", data_path=str(tmp_path / "img"),
                        data_cache=str(tmp_path / "cache"), **{"augment.normalize": True}))
   assert s["steps"] == 2 and math.isfinite(s["test_loss"]) and os.listdir(tmp_path / "cache")

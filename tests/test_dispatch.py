@@ -8,7 +8,7 @@ import pytest
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
 
-from tests.test_train import small_cfg
+from tests.helpers import read_records, small_cfg, without_wall
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
@@ -36,21 +36,14 @@ def _run(k, overrides, tmp_path):
   workdir = str(tmp_path / f"k{k}")
   summary = train.train(small_cfg(num_steps=12, eval_every=6, steps_per_dispatch=k,
                                   **overrides), workdir, hooks=(hook,))
-  return summary, seen, open(f"{workdir}/metrics.jsonl").read().splitlines()
-
-
-def _without_wall(lines):
-  import json
-  recs = [json.loads(l) for l in lines]
-  return [{k: v for k, v in r.items() if k not in ("wall_time", "samples_per_second")}
-          for r in recs]
+  return summary, seen, read_records(f"{workdir}/metrics.jsonl")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_k_steps_per_dispatch_equal_one_step_per_dispatch(tmp_path, case):
   one, seen1, recs1 = _run(1, CASES[case], tmp_path)
   four, seen4, recs4 = _run(4, CASES[case], tmp_path)
-  assert _without_wall(recs4) == _without_wall(recs1)
+  assert without_wall(recs4) == without_wall(recs1)
   jax.tree.map(np.testing.assert_array_equal, seen4[12], seen1[12])
   assert sorted(seen1) == list(range(13))
   if case != "ada_lupa":  # hooks before each dispatch: blocks of 4 cut at evaluations (6)

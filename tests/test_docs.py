@@ -7,27 +7,22 @@ that hold its former sections exist."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
-import sys
 
 import pytest
 
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import config_doc
 
+from tests.helpers import load_module
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_checker():
-  spec = importlib.util.spec_from_file_location(
-      "check_docs_commands", os.path.join(ROOT, "scripts", "check_docs_commands.py"))
-  mod = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = mod  # dataclasses look their module up
-  spec.loader.exec_module(mod)
-  return mod
+  return load_module("scripts", "check_docs_commands.py", register=True)
 
 
 checker = _load_checker()

@@ -9,7 +9,7 @@ from nbsgd_jax import data as data_lib
 from nbsgd_jax import train
 from nbsgd_jax.run import task as task_lib
 
-from tests.test_train import small_cfg
+from tests.helpers import small_cfg
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 

@@ -311,14 +311,10 @@ def test_the_straggler_grid_s_staleness_is_its_replay():
   0) is what ``reproduce_nonblocking.py --replay_staleness`` replays from the run's event
   clock, and its mean is n - 1 less an end effect (a worker's reads cut its time into
   windows: its gradients' taus add up to the other workers' updates)."""
-  import importlib.util
   import os
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  spec = importlib.util.spec_from_file_location(
-      "reproduce_nonblocking", os.path.join(root, "experiments", "reproduce_nonblocking.py"))
-  nb = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(nb)
-  with open(os.path.join(root, "docs", "nonblocking", "asynchronous", "results.json")) as f:
+  from tests.helpers import ROOT, load_script
+  nb = load_script("reproduce_nonblocking")
+  with open(os.path.join(ROOT, "docs", "nonblocking", "asynchronous", "results.json")) as f:
     rows = json.load(f)["scenarios"]["main"]["cells"]
   r = next(r for r in rows if r["cell"] == nb.REFERENCE_CELL and r["variant"] == "AD-PSGD")
   a = argparse.Namespace(workers=16, model="mlp", topology="ring", steps=200, eval_every=20,

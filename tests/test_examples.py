@@ -1,7 +1,6 @@
 """The examples a user copies (examples/), and your own model and data through train()."""
 
 import functools
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,8 @@ import numpy as np
 import pytest
 
 from nbsgd_jax import config, data, train
+
+from tests.helpers import load_module
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
@@ -60,10 +61,7 @@ def test_own_model_by_name_through_the_cli(tmp_path):
 @functools.lru_cache(maxsize=None)
 def _example():
   """examples/own_model.py, loaded once (it registers its model and data set)."""
-  spec = importlib.util.spec_from_file_location("own_model", os.path.join(EXAMPLES, "own_model.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_module("examples", "own_model.py")
 
 
 def test_own_model_and_arrays_train_with_dirichlet_checkpoints_and_records(tmp_path):

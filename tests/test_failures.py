@@ -14,9 +14,8 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.communications import AllReduce, Gossip, Matchings
-from nbsgd_jax.transforms import StepContext
 
-from tests.test_train import small_cfg
+from tests.helpers import small_cfg, step_contexts
 
 N, D, LR = 6, 5, 0.1
 
@@ -25,9 +24,8 @@ def _inputs(alive, k=1, step=0):
   """Per-worker contexts: a failed worker finished 0 mini-batches, the live ones 1 each."""
   alive = np.asarray(alive, bool)
   count = alive.astype(np.int32)
-  return StepContext(jnp.full((N,), step, jnp.int32), jnp.asarray(count),
-                     jnp.full((N,), count.sum(), jnp.int32), jnp.zeros((N, k), bool),
-                     alive=jnp.asarray(np.broadcast_to(alive, (N, N))))
+  return step_contexts(N, step, count=count, total=count.sum(), active=np.zeros((N, k), bool),
+                       alive=jnp.asarray(np.broadcast_to(alive, (N, N))))
 
 
 def _step(alg, g, x, ctx):
@@ -100,9 +98,7 @@ def test_time_varying_gossip_with_failures_counts_live_neighbours():
   alive = np.array([1, 1, 0, 1, 1, 1, 0, 1], bool)
   nbytes = 4 * D
   for step in range(len(phases)):
-    inputs = StepContext(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
-                         jnp.full((n,), n, jnp.int32), jnp.zeros((n, 1), bool),
-                         alive=jnp.asarray(np.broadcast_to(alive, (n, n))))
+    inputs = step_contexts(n, step, alive=jnp.asarray(np.broadcast_to(alive, (n, n))))
     out, report = jax.vmap(comm.mix, axis_name=AXIS)(x, inputs)
     sent = report["bytes_sent"]
     w = phases[step]

@@ -19,8 +19,8 @@ from nbsgd_jax import files as files_lib
 from nbsgd_jax import train
 from nbsgd_jax.run import records as records_lib
 
-from tests.test_checkpoint import Crash  # the hook's exception that stops a run mid-way
-from tests.test_train import small_cfg
+from tests.helpers import Crash  # the hook's exception that stops a run mid-way
+from tests.helpers import read_records, run_python, small_cfg, without_wall, write_config_file
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
@@ -28,9 +28,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CKPT = checkpoint_lib.CHECKPOINT_DIR
 
 
+RUN = {"num_steps": 24, "eval_every": 4, "checkpoint_every": 8, "algorithm": "dpsgd"}
+
+
 def _cfg(**kw):
-  return small_cfg(**{"num_steps": 24, "eval_every": 4, "checkpoint_every": 8,
-                      "algorithm": "dpsgd", **kw})
+  return small_cfg(**{**RUN, **kw})
 
 
 def _lines(path):
@@ -39,9 +41,7 @@ def _lines(path):
 
 
 def _without_wall(path):
-  recs = [json.loads(l) for l in _lines(path)]
-  return [{k: v for k, v in r.items() if k not in ("wall_time", "samples_per_second")}
-          for r in recs]
+  return without_wall(read_records(path))
 
 
 @pytest.fixture(scope="module")
@@ -111,13 +111,9 @@ def test_no_readable_checkpoint_is_one_error_line_and_nothing_is_cut(runs, tmp_p
     shutil.rmtree(wd / CKPT / step / "state")
   before = (wd / "metrics.jsonl").read_bytes()
   config_file = tmp_path / "same_config.py"  # the run's own config, for the command line
-  config_file.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\n"
-                         "from tests.test_faults import _cfg\n"
-                         "def get_config():\n  return _cfg()\n")
-  out = subprocess.run(
-      [sys.executable, "-m", "nbsgd_jax.main", f"--config={config_file}", f"--workdir={wd}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  write_config_file(config_file, f"helpers.small_cfg(**{RUN!r})")
+  out = run_python(["-m", "nbsgd_jax.main", f"--config={config_file}", f"--workdir={wd}"],
+                   env={"JAX_PLATFORMS": "cpu"})
   assert out.returncode == 2, out.stderr[-3000:]
   errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and "no checkpoint in" in errors[0], out.stderr[-3000:]

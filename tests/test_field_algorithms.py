@@ -20,6 +20,8 @@ from nbsgd_jax.transforms import StepContext
 from nbsgd_jax.transforms import decentralized as D
 from tests.helpers import slow_except
 
+from tests.helpers import run_python, run_steps, small_cfg
+
 LR, STEPS, DIM = 0.1, 6, 12
 
 
@@ -192,7 +194,6 @@ def test_choco_sgd_on_a_time_varying_topology_matches_algorithm_2(runner):
 def test_choco_sgd_trains_on_a_time_varying_topology():
   """Through train(): CHOCO with top_k on the one-peer exponential graph learns (test accuracy
   well above chance) and sends k (value, index) pairs to each of log2(n) peers a step."""
-  from tests.test_train import small_cfg
   cfg = small_cfg(algorithm="choco_sgd", num_workers=8, num_steps=40, eval_every=40,
                   learning_rate=0.1, topology="one_peer_exponential",
                   **{"compression.name": "top_k", "compression.density": 0.05,
@@ -360,17 +361,11 @@ def test_tracking_and_d2_reach_the_optimum_where_dpsgd_keeps_a_bias(tmp_path):
   """Through the CLI, constant step, exact local gradients on heterogeneous least squares:
   F - F* < 1e-8 F* for gradient tracking and D^2 (Exact Diffusion), D-PSGD stalls above 1e-4."""
   import json
-  import os
-  import subprocess
-  import sys
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   gaps = {}
   for alg in ("dpsgd", "gradient_tracking", "d2"):
     work = tmp_path / alg
-    r = subprocess.run([sys.executable, "-m", "nbsgd_jax.main", f"--config={LSQ}",
-                        f"--workdir={work}", f"--config.algorithm={alg}"],
-                       capture_output=True, text=True, cwd=root, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=root))
+    r = run_python(["-m", "nbsgd_jax.main", f"--config={LSQ}", f"--workdir={work}",
+                    f"--config.algorithm={alg}"])
     assert r.returncode == 0, r.stderr
     summary = json.loads((work / "summary.json").read_text())
     gaps[alg] = summary["gap"] / summary["f_star"]
@@ -524,7 +519,6 @@ def test_streaming_diloco_overlap_hides_the_allreduce_on_the_clock(latency, hidd
   2 (n - 1) = 6 messages, infinite bandwidth: comm = 6 latency) runs behind tau = 1 inner
   step of 8 examples x 1 ms, so the clock saves min(comm, 8 ms) a round: 6 ms (latency 1 ms)
   or 8 ms (latency 1 s)."""
-  from tests.test_train import small_cfg
   out = {}
   for delay in (0, 1):
     cfg = small_cfg(algorithm="streaming_diloco", num_steps=8, eval_every=8,
@@ -539,7 +533,6 @@ def test_streaming_diloco_overlap_hides_the_allreduce_on_the_clock(latency, hidd
 
 @pytest.mark.slow
 def test_streaming_diloco_with_one_fragment_is_diloco():
-  from tests.test_train import run_steps, small_cfg
   kw = {"diloco.inner_steps": 2}
   _, s1, l1 = run_steps(small_cfg(algorithm="diloco", **kw), 6)
   _, s2, l2 = run_steps(small_cfg(algorithm="streaming_diloco", **{"streaming_diloco.fragments": 1},

@@ -11,7 +11,7 @@ import pytest
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import forms, models
 
-from tests.test_train import run_steps, small_cfg
+from tests.helpers import run_steps, small_cfg
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 

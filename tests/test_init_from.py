@@ -17,7 +17,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import hparams as hparams_lib
 from nbsgd_jax import train
 
-from tests.test_train import small_cfg
+from tests.helpers import small_cfg
 
 
 @pytest.fixture(scope="module")

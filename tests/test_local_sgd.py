@@ -15,17 +15,10 @@ from nbsgd_jax.host import periods as local_sgd
 from nbsgd_jax import transforms as T
 from nbsgd_jax.axis import AXIS
 from nbsgd_jax.communications import AllReduce, Gossip
-from nbsgd_jax.transforms import StepContext
 
-from tests.test_train import run_steps, small_cfg
+from tests.helpers import run_steps, small_cfg, step_contexts
 
 N = 4
-
-
-def _inputs(n=N, step=0):
-  """Per-worker contexts (leading axis n); ``period_end`` is set inside the vmap."""
-  return StepContext(jnp.full((n,), step, jnp.int32), jnp.ones((n,), jnp.int32),
-                     jnp.full((n,), n, jnp.int32), jnp.zeros((n, 1), bool))
 
 
 def _local_sgd(opt, n, opt_state_sync="keep", reducer=None):
@@ -60,7 +53,7 @@ def _run(transform, params, grads_seq, syncs):
   sent = []
   for t, (g, sync) in enumerate(zip(grads_seq, syncs)):
     params, opt_state, b = jax.vmap(_step(transform, sync), axis_name=AXIS)(
-        g, opt_state, params, _inputs(step=t))
+        g, opt_state, params, step_contexts(N, t))
     sent.append(np.broadcast_to(np.asarray(b), (N,)))
   return params, opt_state, np.stack(sent)
 
@@ -313,7 +306,7 @@ def test_diloco_pseudo_gradient_closed_form_and_sign():
   for t in range(H):
     g = {"w": params["w"] - c}
     fn = _step(alg, period_end=t == H - 1)
-    params, state, _ = jax.vmap(fn, axis_name=AXIS)(g, state, params, _inputs(step=t))
+    params, state, _ = jax.vmap(fn, axis_name=AXIS)(g, state, params, step_contexts(N, t))
   delta = (1 - (1 - eta) ** H) * (x0 - c.mean(0))
   np.testing.assert_allclose(np.asarray(params["w"]),
                              np.broadcast_to(x0 - outer_lr * delta, (N, 6)), rtol=1e-5, atol=1e-6)

@@ -8,22 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from nbsgd_jax import collectives, train
 from nbsgd_jax import config as config_lib
 
-from tests.test_train import run_steps, small_cfg
+from tests.helpers import (assert_histories_close, hierarchical, run_steps,
+                           run_steps_with_targets, small_cfg)
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
-
-
-def _hier(f, d, k):
-  """``f`` per worker on a (devices=d, local=k) axis pair; input [d*k, ...]."""
-  mesh = jax.make_mesh((d,), ("devices",), devices=jax.devices()[:d])
-  g = jax.jit(jax.shard_map(jax.vmap(f, axis_name="workers"), mesh=mesh,
-                            in_specs=P("devices"), out_specs=P("devices"), check_vma=False))
-  return lambda x: np.asarray(g(jax.device_put(x, NamedSharding(mesh, P("devices")))))
 
 
 @pytest.mark.parametrize("d,k", [(4, 3), (8, 2), (2, 4)])
@@ -34,15 +26,15 @@ def test_permute_and_all_gather_over_device_and_local_axes(d, k):
   x = jnp.asarray(rng.standard_normal((n, 5)), jnp.float32)
   perm = rng.permutation(n)
   pairs = [(j, int(perm[j])) for j in range(n)]
-  out = _hier(lambda v: collectives.permute(v, ax, pairs), d, k)(x)
+  out = hierarchical(lambda v: collectives.permute(v, ax, pairs), d, k)(x)
   ref = np.empty((n, 5), np.float32)
   ref[perm] = np.asarray(x)  # worker perm[j] receives worker j's value
   np.testing.assert_array_equal(out, ref)
-  gathered = _hier(lambda v: collectives.all_gather(v, ax), d, k)(x)
+  gathered = hierarchical(lambda v: collectives.all_gather(v, ax), d, k)(x)
   np.testing.assert_array_equal(gathered, np.broadcast_to(np.asarray(x), (n, n, 5)))
-  idx = _hier(lambda v: lax.axis_index(ax) + 0 * v[0].astype(jnp.int32), d, k)(x)
+  idx = hierarchical(lambda v: lax.axis_index(ax) + 0 * v[0].astype(jnp.int32), d, k)(x)
   np.testing.assert_array_equal(idx, np.arange(n))
-  ring = _hier(lambda v: collectives.ring_all_reduce(v, ax), d, k)(x)
+  ring = hierarchical(lambda v: collectives.ring_all_reduce(v, ax), d, k)(x)
   np.testing.assert_allclose(ring, np.broadcast_to(np.asarray(x).sum(0), (n, 5)), rtol=1e-5,
                              atol=1e-5)
 
@@ -62,7 +54,6 @@ def test_permute_and_all_gather_over_device_and_local_axes(d, k):
 def test_many_workers_on_8_devices_match_simulate(n, algorithm, extra):
   kw = dict(algorithm=algorithm, num_workers=n, batch_size=4, **extra)
   if extra.get("consensus.control"):
-    from tests.test_consensus import run_steps_with_targets
     sim = run_steps_with_targets(small_cfg(backend="simulate", **kw), 3)
     mesh = run_steps_with_targets(small_cfg(backend="mesh", **kw), 3)
     chex.assert_trees_all_close(sim.params, jax.device_get(mesh.params), rtol=1e-4, atol=1e-5)
@@ -79,9 +70,8 @@ def test_train_loop_with_many_workers_per_device():
   kw = dict(algorithm="dpsgd", num_workers=16, num_steps=6, eval_every=3, workers_per_device=4)
   mesh = train.train(small_cfg(backend="mesh", **kw))
   sim = train.train(small_cfg(backend="simulate", **kw))
-  for a, b in zip(mesh["history"], sim["history"]):
-    for key in ("train_loss", "test_accuracy", "consensus_distance", "bytes_sent", "sim_time"):
-      assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+  assert_histories_close(mesh, sim, ("train_loss", "test_accuracy", "consensus_distance",
+                                     "bytes_sent", "sim_time"))
 
 
 def test_workers_per_device_choice_and_errors():

@@ -2,10 +2,8 @@
 single-process mesh run of the same config, resume from their checkpoints, and the launcher
 stops every process when one fails."""
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 
@@ -17,11 +15,10 @@ from nbsgd_jax import launch
 from nbsgd_jax import multihost
 from nbsgd_jax import train
 
-from tests.test_train import small_cfg
+from tests.helpers import launch_processes, read_records, small_cfg, write_config_file
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # 8 workers on 2 x 2 devices: 2 workers per device (vmap inside shard_map), ring gossip
 # crossing device and process boundaries; random straggler delays and non-blocking counts
@@ -35,25 +32,14 @@ OVERRIDES = {"algorithm": "dpsgd", "num_workers": 8, "topology": "ring", "num_st
 
 
 def _records(workdir, name="metrics.jsonl"):
-  with open(os.path.join(workdir, name)) as f:
-    return [json.loads(l) for l in f]
+  return read_records(os.path.join(workdir, name))
 
 
 def _launch(tmp_path, workdir, extra=()):
-  cfg_file = tmp_path / "mh_config.py"
-  cfg_file.write_text(textwrap.dedent(f"""
-      import sys
-      sys.path.insert(0, {ROOT!r})
-      from tests.test_train import small_cfg
-      def get_config():
-        return small_cfg(**{OVERRIDES!r}, checkpoint_every=4)
-      """))
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  return subprocess.run(
-      [sys.executable, "-m", "nbsgd_jax.launch", "--num_processes=2",
-       "--devices_per_process=2", "--timeout=400", "--", f"--config={cfg_file}",
-       f"--workdir={workdir}", *extra],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=450)
+  cfg_file = write_config_file(tmp_path / "mh_config.py",
+                               f"helpers.small_cfg(**{OVERRIDES!r}, checkpoint_every=4)")
+  return launch_processes(cfg_file, workdir, *extra, devices_per_process=2,
+                          launcher_timeout=400, timeout=450)
 
 
 def _same(a, b, keys=("train_loss", "test_loss", "test_accuracy", "consensus_distance",

@@ -13,7 +13,6 @@ targets: logits at every position), ``Block``, ``CausalSelfAttention`` (the manu
 split). Our parameters are mapped into arrays named and shaped like nanoGPT's ``state_dict``.
 """
 
-import importlib.util
 import math
 import os
 
@@ -29,6 +28,8 @@ from nbsgd_jax import disk_data
 from nbsgd_jax import models
 from nbsgd_jax import text_data
 
+from tests.helpers import experiment_config
+
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,11 +41,7 @@ DEFAULTS = {"lm.bias": True, "lm.tie_embeddings": False, "lm.init": "flax", "lm.
 
 def _config(**overrides):
   """``experiments/configs/shakespeare_char.py``'s config with dotted ``overrides``."""
-  spec = importlib.util.spec_from_file_location(
-      "shakespeare_char", os.path.join(ROOT, "experiments", "configs", "shakespeare_char.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  cfg = mod.get_config()
+  cfg = experiment_config("shakespeare_char")
   for key, value in overrides.items():
     *sections, name = key.split(".")
     node = cfg

@@ -7,8 +7,7 @@ import pytest
 
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import topology, train
-from tests.helpers import slow_except
-from tests.test_train import _logreg_grads_numpy, run_steps, small_cfg
+from tests.helpers import logreg_grads_numpy, run_steps, slow_except, small_cfg
 
 ALGOS = ["allreduce", "allreduce_ring", "dpsgd", "matcha"]
 
@@ -41,8 +40,8 @@ def _minibatch_grads(s, cfg, kernel, bias, worker, step):
       labels.shape[1], cfg.batch_size, jnp.int32(step)))
   m = cfg.nonblocking.num_minibatches
   per = cfg.batch_size // m
-  return [_logreg_grads_numpy(kernel, bias, images[worker, idx[j * per:(j + 1) * per]],
-                              labels[worker, idx[j * per:(j + 1) * per]]) for j in range(m)]
+  return [logreg_grads_numpy(kernel, bias, images[worker, idx[j * per:(j + 1) * per]],
+                             labels[worker, idx[j * per:(j + 1) * per]]) for j in range(m)]
 
 
 def test_nonblocking_allreduce_weights_by_finished_counts():

@@ -5,7 +5,6 @@ steps instead of 200), writing the three runs and the report."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -51,13 +50,11 @@ def test_notebook_is_valid_and_stored_without_outputs():
 
 
 def test_notebook_config_is_the_quickstart_config():
-  spec = importlib.util.spec_from_file_location(
-      "quickstart_config_file", os.path.join(ROOT, "experiments", "configs", "quickstart.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+  from tests.helpers import experiment_config  # the notebook's other tests need no jax
   ns = {}
   exec(_tagged(_notebook(), "config").source, ns)  # pylint: disable=exec-used
-  assert ns["quickstart_config"]().to_dict() == mod.get_config().to_dict()
+  assert (ns["quickstart_config"]().to_dict()
+          == experiment_config("quickstart", "quickstart_config_file").to_dict())
 
 
 def test_install_cell_imports_the_package_from_the_source_archive(tmp_path):

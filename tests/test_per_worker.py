@@ -13,7 +13,7 @@ from jax.extend import core as jcore
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import models, per_worker
 
-from tests.test_train import run_steps, small_cfg
+from tests.helpers import run_steps, small_cfg
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 

@@ -5,8 +5,6 @@ not runs, and the command line."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import chex
 import numpy as np
@@ -15,9 +13,8 @@ import pytest
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import naming, report, train
 
-from tests.test_train import small_cfg
+from tests.helpers import run_python, small_cfg
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ["loss_accuracy_vs_sim_time.png", "loss_accuracy_vs_wall_time.png",
            "loss_accuracy_vs_bytes_sent.png", "loss_accuracy_vs_step.png"]
@@ -403,9 +400,7 @@ def test_no_run_at_all_raises(tmp_path):
 
 
 def run_cli(*args):
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  return subprocess.run([sys.executable, "-m", "nbsgd_jax.report", *map(str, args)],
-                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+  return run_python(["-m", "nbsgd_jax.report", *args], timeout=120)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
-from tests.test_train import run_steps, small_cfg
+from tests.helpers import run_steps, small_cfg
 
 
 @pytest.mark.parametrize("name", ["top_k", "gaussian_k", "random_k"])

@@ -1,14 +1,13 @@
 """The study scripts' statistics: one convention, the sample standard deviation (ddof = 1)."""
 
 import argparse
-import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
 
-from tests.helpers import load_script
+from tests.helpers import experiment_config, load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -211,11 +210,7 @@ def test_committed_cnn_comparison_is_its_records():
 def _config_file(name, overrides):
   """``experiments/configs/NAME.py``'s config with ``overrides``, as ``config.json`` holds it."""
   from nbsgd_jax import config as config_lib
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments",
-                                                                   "configs", f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  cfg = config_lib.override(mod.get_config(), overrides)
+  cfg = config_lib.override(experiment_config(name), overrides)
   return config_lib.flatten_dict(json.loads(cfg.to_json_best_effort()))
 
 

@@ -3,10 +3,7 @@ structure; each run equals the same config trained alone."""
 
 import copy
 import json
-import os
 import shlex
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,9 +16,10 @@ from nbsgd_jax.run import step as step_lib
 from nbsgd_jax.run.loop import train
 from nbsgd_jax.run.sweep import sweep
 
+from tests.helpers import run_python
+
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _EVENTS: list = []
 monitoring.register_event_duration_secs_listener(
     lambda name, secs, **kw: _EVENTS.append(kw.get("fun_name"))
@@ -114,10 +112,8 @@ def test_every_bad_axis_is_named_and_a_good_grid_still_expands():
 
 def test_the_command_line_refuses_a_bad_grid_with_one_line_and_writes_nothing(tmp_path):
   out = tmp_path / "out"
-  r = subprocess.run([sys.executable, "-m", "nbsgd_jax.main",
-                      "--config=experiments/configs/quickstart.py", f"--workdir={out}",
-                      "--config.sweep=seed=3:1"], cwd=ROOT, capture_output=True, text=True,
-                     timeout=300)
+  r = run_python(["-m", "nbsgd_jax.main", "--config=experiments/configs/quickstart.py",
+                  f"--workdir={out}", "--config.sweep=seed=3:1"])
   assert r.returncode == 2, r.stderr
   assert r.stderr.splitlines() == [
       "error: config.sweep: seed=3:1 is an empty range: a:b needs a < b"]
@@ -259,20 +255,19 @@ def test_the_command_line_runs_a_sweep_and_the_report_reads_its_runs(tmp_path):
   of the cell, the report of run directories still reads them one by one."""
   from nbsgd_jax import report
   out = tmp_path / "sweep"
-  cmd = [sys.executable, "-m", "nbsgd_jax.main", "--config=experiments/configs/mnist.py",
+  cmd = ["-m", "nbsgd_jax.main", "--config=experiments/configs/mnist.py",
          f"--workdir={out}", "--config.progress=False", "--config.num_steps=4",
          "--config.eval_every=2", "--config.eval_train_examples=100", "--config.model=mlp",
          "--config.compilation_cache=none",
          "--config.sweep=learning_rate=0.05;seed=0:2"]
-  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  r = run_python(cmd, timeout=600)
   assert r.returncode == 0, r.stderr
   assert "learning_rate=0.05,seed=1" in r.stdout
   assert r.stdout.splitlines()[-1].endswith(f": python -m nbsgd_jax.report {out}")
   runs = sorted(p.name for p in out.iterdir() if p.name.startswith("learning_rate"))
   assert runs == ["learning_rate=0.05,seed=0", "learning_rate=0.05,seed=1"]
-  rep = subprocess.run([sys.executable, "-m", "nbsgd_jax.report", *(str(out / d) for d in runs),
-                        "--out", str(tmp_path / "rep")], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+  rep = run_python(["-m", "nbsgd_jax.report", *(out / d for d in runs), "--out",
+                    tmp_path / "rep"])
   assert rep.returncode == 0, rep.stderr
   assert (tmp_path / "rep" / "report.md").exists()
   printed = shlex.split(r.stdout.splitlines()[-1].split(": ", 1)[1])

@@ -11,27 +11,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import metrics, topology, train
 from tests.helpers import slow_except
 
-
-def small_cfg(**overrides):
-  c = config_lib.default_config()
-  c.model = "mlp"
-  c.mlp_hidden = (32,)
-  c.num_workers = 4
-  c.batch_size = 8
-  c.num_steps = 5
-  c.eval_every = 5
-  c.eval_train_examples = 64
-  c.progress = False
-  c.lr_schedule = "constant"
-  return config_lib.override(c, overrides)
-
-
-def run_steps(cfg, steps):
-  """``steps`` steps of the trainer's step function, driven by the run's host parts
-  (periodic recipes: with the config's sync planner)."""
-  stepper = train.Stepper.of(train.setup(cfg))
-  out = stepper.steps(steps)
-  return stepper.setups[0], stepper.state, np.stack([loss for _, _, loss, _ in out])
+from tests.helpers import assert_histories_close, logreg_grads_numpy, run_steps, small_cfg
 
 
 # ------------------------------------------------------------------ sampler
@@ -54,15 +34,6 @@ def test_sampler_epochs_without_replacement(size, batch):
 
 
 # ------------------------------------------------------------------ equivalences
-
-
-def _logreg_grads_numpy(kernel, bias, x, y):
-  logits = x @ kernel + bias
-  logits -= logits.max(1, keepdims=True)
-  p = np.exp(logits)
-  p /= p.sum(1, keepdims=True)
-  p[np.arange(len(y)), y] -= 1.0
-  return x.T @ p / len(y), p.mean(0)
 
 
 @pytest.mark.parametrize("topo,order", [("ring", "parallel"), ("complete", "parallel"),
@@ -88,7 +59,7 @@ def test_dpsgd_matches_dense_numpy(topo, order):
   for t in range(steps):
     gk, gb = [], []
     for i in range(n):
-      a, c = _logreg_grads_numpy(k[i], b[i], images[i, :sizes[i]], labels[i, :sizes[i]])
+      a, c = logreg_grads_numpy(k[i], b[i], images[i, :sizes[i]], labels[i, :sizes[i]])
       gk.append(a)
       gb.append(c)
     if order == "parallel":
@@ -127,7 +98,7 @@ def test_allreduce_equals_single_worker_large_batch():
         jnp.int32(0)))
     xs.append(images[i, idx])
     ys.append(np.asarray(s.worker_data.labels)[i, idx])
-  gk, gb = _logreg_grads_numpy(k, b, np.concatenate(xs), np.concatenate(ys))
+  gk, gb = logreg_grads_numpy(k, b, np.concatenate(xs), np.concatenate(ys))
   got = state.params["params"]["Dense_0"]
   for i in range(4):
     np.testing.assert_allclose(np.asarray(got["kernel"][i]), k - 0.3 * gk, rtol=1e-4, atol=1e-6)
@@ -212,9 +183,8 @@ def test_train_on_mesh_backend_matches_simulate():
   kw = dict(algorithm="matcha", topology="torus", num_workers=8, num_steps=4, eval_every=2)
   mesh = train.train(small_cfg(backend="mesh", **kw))
   sim = train.train(small_cfg(backend="simulate", **kw))
-  for a, b in zip(mesh["history"], sim["history"]):
-    for key in ("train_loss", "test_loss", "test_accuracy", "consensus_distance", "bytes_sent"):
-      assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+  assert_histories_close(mesh, sim, ("train_loss", "test_loss", "test_accuracy",
+                                     "consensus_distance", "bytes_sent"))
 
 
 def test_stop_knobs_end_training_where_the_full_run_crosses_them():

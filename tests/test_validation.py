@@ -10,16 +10,13 @@ flag parser rejects itself (a value of the wrong type, an unknown key).
 import math
 import os
 import re
-import subprocess
-import sys
 
 import jax
 import pytest
 
 from nbsgd_jax import config as config_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "experiments", "configs", "mnist.py")
+from tests.helpers import MNIST_CONFIG as CONFIG, ROOT, malformed, run_main, small_cfg
 
 TOP_K = {"compression.name": "top_k", "algorithm": "allreduce"}  # a valid compression set-up
 CONTROL = {"consensus.control": True, "consensus.target": 0.1}  # a valid consensus control
@@ -282,21 +279,6 @@ def no_compilation():
   assert not events, events
 
 
-def malformed(overrides):
-  """The default config with ``overrides``, bypassing ConfigDict's type safety (as a config
-  file could: ``with c.ignore_type(): ...``) so that validate sees the bad types too."""
-  cfg = config_lib.default_config()
-  with cfg.ignore_type():
-    for k, v in overrides.items():
-      *sections, key = k.split(".")
-      node = cfg
-      for sec in sections:
-        node = node[sec]
-      assert key in node, k  # the table names real keys
-      node[key] = v
-  return cfg
-
-
 def test_table_has_a_bad_value_for_every_key_of_the_reference():
   """Every key of docs/config.md (``default_config()``) is the subject of some case's error."""
   keys = set(config_lib.flatten_dict(config_lib.default_config().to_dict()))
@@ -360,13 +342,6 @@ def test_override_rejects_wrong_types(key, value, allowed):
 
 
 # ----------------------------------------------------------------------------- command line
-
-
-def run_main(tmp_path, *args, config=CONFIG):
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  cmd = [sys.executable, "-m", "nbsgd_jax.main", f"--config={config}",
-         f"--workdir={tmp_path / 'run'}", "--config.progress=False", *args]
-  return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
 
 def error_lines(r):
@@ -469,7 +444,6 @@ def test_odd_values_are_warned_not_refused():
 def test_values_that_do_not_fit_the_model_are_refused_before_anything_is_written(
     tmp_path, overrides, expected):
   from nbsgd_jax import train
-  from tests.test_train import small_cfg
   with pytest.raises(config_lib.ConfigError) as e:
     train.train(small_cfg(**overrides), str(tmp_path / "run"))
   assert len(e.value.errors) == 1 and e.value.errors[0].startswith(expected), e.value.errors
@@ -479,7 +453,6 @@ def test_values_that_do_not_fit_the_model_are_refused_before_anything_is_written
 def test_powersgd_at_full_rank_is_a_warning_not_a_refusal():
   """Full rank is all-reduce, the method's sanity check: legal, but it saves no bytes."""
   from nbsgd_jax.run import setup as setup_lib
-  from tests.test_train import small_cfg
   s = setup_lib.setup(small_cfg(**{"algorithm": "allreduce", "compression.name": "powersgd",
                                    "compression.rank": 100000}))
   # 784-32-10: 32 (784 + 32) + 10 (32 + 10) + 42 sent at full rank, 25,088 + 320 + 42 dense
@@ -494,7 +467,6 @@ def test_powersgd_at_full_rank_is_a_warning_not_a_refusal():
 
 def test_more_train_loss_examples_than_the_data_has_is_a_warning():
   from nbsgd_jax.run import setup as setup_lib
-  from tests.test_train import small_cfg
   s = setup_lib.setup(small_cfg(eval_train_examples=20000))
   assert setup_lib.check_model_fit(s) == [
       "config.eval_train_examples=20000 is more than the 8,000 training examples: train_loss "

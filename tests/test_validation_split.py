@@ -8,7 +8,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import data
 from nbsgd_jax import train
 
-from tests.test_train import small_cfg
+from tests.helpers import small_cfg
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 

@@ -4,10 +4,6 @@ run fed the recorded counts gives the same losses (the numerics are the same pro
 
 import json
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -18,11 +14,10 @@ from nbsgd_jax.host import cluster as cl
 from nbsgd_jax.host.parts import HostInputs
 from nbsgd_jax.run import wallclock
 
-from tests.test_train import small_cfg
+from tests.helpers import launch_processes, make_stepper, small_cfg, write_config_file
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # worker 1 is 3x slower; 4 mini-batches of 4 examples at 2 ms each: 8 ms / 24 ms per batch
 OVERRIDES = {"algorithm": "allreduce", "num_workers": 2, "num_steps": 10, "eval_every": 5,
@@ -33,25 +28,16 @@ OVERRIDES = {"algorithm": "allreduce", "num_workers": 2, "num_steps": 10, "eval_
 
 
 def _launch(tmp_path, workdir):
-  cfg_file = tmp_path / "wall_config.py"
-  cfg_file.write_text(textwrap.dedent(f"""
-      import sys
-      sys.path.insert(0, {ROOT!r})
-      from tests.test_train import small_cfg
-      def get_config():
-        return small_cfg(**{OVERRIDES!r}, **{{"cluster.clock": "wall"}})
-      """))
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  return subprocess.run(
-      [sys.executable, "-m", "nbsgd_jax.launch", "--num_processes=2",
-       "--devices_per_process=1", "--timeout=300", "--", f"--config={cfg_file}",
-       f"--workdir={workdir}"],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=330)
+  cfg_file = write_config_file(
+      tmp_path / "wall_config.py",
+      f"helpers.small_cfg(**{OVERRIDES!r}, **{{'cluster.clock': 'wall'}})")
+  return launch_processes(cfg_file, workdir, devices_per_process=1, launcher_timeout=300,
+                          timeout=330)
 
 
 def _replay(counts):
   """Losses of a simulate-backend run whose step t uses ``counts[t]``."""
-  stepper = train.Stepper.of(train.setup(small_cfg(**OVERRIDES)))
+  stepper = make_stepper(small_cfg(**OVERRIDES))
 
   def measured(inputs):  # the counts the processes measured on the wall clock
     c = counts[inputs.step]

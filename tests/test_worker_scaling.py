@@ -29,7 +29,7 @@ from nbsgd_jax.host import parts as host_parts
 from nbsgd_jax.transforms import CONTEXT_AXES, StepContext
 from nbsgd_jax.host.parts import HostInputs
 
-from tests.test_train import small_cfg
+from tests.helpers import hierarchical, make_stepper, small_cfg
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
@@ -308,7 +308,6 @@ def test_a_steps_clock_work_is_linear_in_n(with_failures):
 def test_permute_over_device_and_local_axes_all_gather_fallback(monkeypatch):
   """An irregular permutation with many local shifts per device shift all-gathers the slots
   (collectives._MAX_LOCAL_SHIFTS); the result is the same permutation."""
-  from tests.test_many_workers import _hier
   monkeypatch.setattr(collectives, "_MAX_LOCAL_SHIFTS", 1)
   d, k = 4, 3
   n = d * k
@@ -316,7 +315,7 @@ def test_permute_over_device_and_local_axes_all_gather_fallback(monkeypatch):
   x = jnp.asarray(rng.standard_normal((n, 4)), jnp.float32)
   perm = rng.permutation(n)
   pairs = [(j, int(perm[j])) for j in range(n)]
-  out = _hier(lambda v: collectives.permute(v, ("devices", "workers"), pairs), d, k)(x)
+  out = hierarchical(lambda v: collectives.permute(v, ("devices", "workers"), pairs), d, k)(x)
   ref = np.empty((n, 4), np.float32)
   ref[perm] = np.asarray(x)
   np.testing.assert_array_equal(out, ref)
@@ -334,9 +333,8 @@ def test_ring_shift_over_device_and_local_axes_uses_local_ppermutes():
   x = jax.device_put(jnp.zeros((n, 2)), NamedSharding(mesh, P("devices")))
   text = str(jax.make_jaxpr(f)(x))
   assert "all_gather" not in text
-  from tests.test_many_workers import _hier
   x = np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)
-  out = _hier(lambda v: collectives.permute(v, ("devices", "workers"), pairs), d, k)(x)
+  out = hierarchical(lambda v: collectives.permute(v, ("devices", "workers"), pairs), d, k)(x)
   np.testing.assert_array_equal(out[:, 0], np.roll(np.arange(n), 3))
 
 
@@ -360,7 +358,7 @@ def test_double_buffer_reuses_two_sets_of_buffers(backend, algorithm):
   runs = {}
   for double in (True, False):
     cfg = small_cfg(backend=backend, num_workers=8, double_buffer=double, **algorithm)
-    stepper = train.Stepper.of(train.setup(cfg))
+    stepper = make_stepper(cfg)
     seen = []
     for t in range(5):
       seen.append(_pointers(stepper.state.params))
@@ -395,7 +393,7 @@ def test_double_buffered_step_compiles_once(caplog):
   the first step only (a spare committed to its device where the initial state is not made
   the second step compile again)."""
   step_lib.PROGRAMS.clear()  # compiled here, not by an earlier test of the same structure
-  stepper = train.Stepper.of(train.setup(small_cfg(algorithm="dpsgd", topology="ring")))
+  stepper = make_stepper(small_cfg(algorithm="dpsgd", topology="ring"))
   with jax.log_compiles(True), caplog.at_level("WARNING"):
     stepper.steps(3)
   compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()

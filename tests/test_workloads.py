@@ -5,8 +5,6 @@ through ``train()`` and the command line on ``tfds.testing.mock_data`` (nothing 
 import json
 import math
 import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -20,11 +18,10 @@ from nbsgd_jax import models as models_lib
 from nbsgd_jax import train
 from nbsgd_jax.axis import AXIS
 
-from tests.test_train import run_steps
+from tests.helpers import ROOT, run_python, run_steps, small_cfg
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CIFAR = os.path.join(ROOT, "experiments", "configs", "cifar10_resnet20.py")
 LM = os.path.join(ROOT, "experiments", "configs", "lm_diloco.py")
 
@@ -222,10 +219,8 @@ def _cli_under_mock_data(tmp_path, config, num_examples, *overrides):
       with tfds.testing.mock_data(num_examples={num_examples}):
         app.run(main.main, flags_parser=main._parse_flags)
   """)
-  env = dict(os.environ, PYTHONPATH=ROOT)
   args = [f"--config={config}", f"--workdir={tmp_path / 'run'}", "--config.progress=False"]
-  return subprocess.run([sys.executable, "-c", script] + args, capture_output=True, text=True,
-                        env=env, cwd=ROOT, timeout=600)
+  return run_python(["-c", script, *args], timeout=600)
 
 
 def test_cifar_resnet20_config_trains_through_the_cli(tmp_path):
@@ -270,11 +265,8 @@ def test_lm_config_trains_through_the_cli(tmp_path):
 @pytest.mark.parametrize("config,command", [(CIFAR, "tfds build cifar10"),
                                             (LM, "tfds build tiny_shakespeare")])
 def test_unprepared_data_names_the_tfds_command(tmp_path, config, command):
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  r = subprocess.run([sys.executable, "-m", "nbsgd_jax.main", f"--config={config}",
-                      f"--workdir={tmp_path / 'run'}", f"--config.data_dir={tmp_path}",
-                      f"--config.dataset=tfds:{command.split()[-1]}"],
-                     capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+  r = run_python(["-m", "nbsgd_jax.main", f"--config={config}", f"--workdir={tmp_path / 'run'}",
+                  f"--config.data_dir={tmp_path}", f"--config.dataset=tfds:{command.split()[-1]}"])
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
   errors = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
   assert len(errors) == 1 and command in errors[0], r.stderr
@@ -296,7 +288,6 @@ def test_bf16_codec_rounds_like_ml_dtypes_and_counts_two_bytes():
 
 
 def test_allreduce_with_bf16_messages_sends_half_the_float32_bytes():
-  from tests.test_train import small_cfg
   cfg = small_cfg(algorithm="allreduce", num_steps=3, eval_every=3,
                   **{"compression.name": "bf16"})
   summary = train.train(cfg)
