@@ -345,6 +345,7 @@ def test_instant_pull_resumes_between_tied_pushes(tmp_path):
   assert read("run") == read("full") and len(read("full")) == 4
 
 
+@pytest.mark.slow
 def test_diloco_s_worker_test_accuracy_mid_round_is_the_workers_own():
   """Mid-round DiLoCo evaluates x_outer (``test_accuracy``), but ``worker_test_accuracy``
   stays the mean over workers of each worker's own model's accuracy on the worker test sample

@@ -85,6 +85,7 @@ def test_blocking_and_nonblocking_see_the_same_realisation(rule):
       assert nb <= blocking + 1e-12
 
 
+@pytest.mark.slow
 def test_blocking_sim_time_is_the_same_for_every_m():
   times = {m: train.train(_cfg(algorithm="allreduce", nonblocking__num_minibatches=m,
                                cluster__scenario="one_slow"))["sim_time"]
@@ -250,6 +251,7 @@ def test_adaptive_run_trains():
 # ----------------------------------------------------------------------------- measured
 
 
+@pytest.mark.slow
 def test_measured_time_per_example_is_recorded(tmp_path):
   s = train.train(_cfg(algorithm="allreduce", cluster__measure_time_per_example=True,
                        num_steps=2, eval_every=2), str(tmp_path))

@@ -77,6 +77,7 @@ def test_random_k_distinct(d, density):
     np.testing.assert_array_equal(np.asarray(vals), np.asarray(x)[idx])
 
 
+@pytest.mark.slow
 def test_random_k_roughly_uniform():
   d, density = 20, 0.25
   f = jax.jit(jax.vmap(lambda key: C.random_k(jnp.zeros(d), key, density=density)[1]))
@@ -119,6 +120,7 @@ def test_gaussian_k_count_and_selection(d, density):
   np.testing.assert_array_equal(np.asarray(dense), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [7, 64])
 def test_gaussian_k_block_sizes_agree(block_size):
   x = _normal(10007, 3)
@@ -128,6 +130,7 @@ def test_gaussian_k_block_sizes_agree(block_size):
   chex.assert_trees_all_equal(ref, out)
 
 
+@pytest.mark.slow
 def test_gaussian_k_truncation_keeps_lowest_indices():
   d = 1000
   x = _normal(d, 4)
@@ -142,6 +145,7 @@ def test_gaussian_k_truncation_keeps_lowest_indices():
   np.testing.assert_array_equal(np.asarray(idx)[:n], selected[:n])
 
 
+@pytest.mark.slow
 def test_gaussian_k_correction_loop():
   # Heavy-tailed data: the Gaussian estimate is off, the loop corrects toward k.
   x = jax.random.t(jax.random.key(5), 1.5, (20000,))
@@ -168,6 +172,7 @@ def test_densify_padding_and_duplicates():
                                 [1.0, 0.0, 5.0, 0.0, 0.0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(C.COMPRESSORS))
 def test_jit_and_vmap(name):
   density = 0.05
@@ -326,6 +331,7 @@ def test_gaussian_k_paper_selects_the_reference_indexes():
   assert above == 10, above  # of the 11 that end outside the band, 10 above it
 
 
+@pytest.mark.slow
 def test_gaussian_k_paper_on_a_t15_vector_sends_the_whole_selection():
   x = np.random.default_rng(8).standard_t(1.5, 30000).astype(np.float32)  # 61 for k = 30
   ref_idx, _, k_ref = _gaussian_compressor_reference(x, 0.001)
@@ -425,6 +431,7 @@ def _spiky(seed, d=20000):
   return jnp.asarray(x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 17, 18])
 def test_gaussian_paper_steps_miss_the_band_where_bracket_lands(seed):
   # The reference's fixed x0.5 / x1.5 steps (3 evaluated thresholds) end outside
@@ -441,6 +448,7 @@ def test_gaussian_paper_steps_miss_the_band_where_bracket_lands(seed):
   assert _threshold_reference(np.asarray(x), 0.01, 8)[1] == int(n_bracket)
 
 
+@pytest.mark.slow
 def test_gaussian_k_paper_sends_the_reference_index_set_on_the_audits_vectors():
   """The audit's set: 40 vectors, Laplace, t(3) and t(1.5), d 10^4 to 10^6, density 0.001 to
   0.05; the paper mode sends exactly the indices the reference loop selects (9 of them end

@@ -113,6 +113,7 @@ def test_one_peer_exponential_dpsgd_cycles_phases():
     np.testing.assert_allclose(np.asarray(got), np.broadcast_to(want, got.shape), atol=1e-5)
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["dpsgd", "matcha"])
 def test_mlp_16_workers_reaches_95_percent(algorithm):

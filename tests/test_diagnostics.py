@@ -81,6 +81,7 @@ def _bad_indices(x, key):
   return x[:2], jnp.stack([jnp.int32(0), jnp.where(jnp.any(x < 0), d + 4, 1)])
 
 
+@pytest.mark.slow
 def test_a_compressor_index_out_of_range_at_run_time_stops_the_run_with_its_line(tmp_path):
   """Traced (inside the compiled step), the index is checked by a host callback: the run
   stops and the command line prints the check's own line (not a silent drop)."""

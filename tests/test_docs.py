@@ -41,6 +41,7 @@ def test_config_md_is_generated_from_the_code():
       f"docs/config.md is stale: run {config_doc.COMMAND}")
 
 
+@pytest.mark.slow
 def test_config_md_lists_every_key_with_default_and_comment():
   text = _read(config_doc.OUT)
   rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([\w.]+)` \|.*$", text, re.M)}
@@ -58,6 +59,7 @@ def test_config_md_lists_every_key_with_default_and_comment():
     assert d.allowed, f"validate() says nothing about a bad {d.key}"
 
 
+@pytest.mark.slow
 def test_config_doc_facts_come_from_comments_and_validate():
   docs = {d.key: d for d in config_doc.collect()}
   # choice tuples, through validate's message
@@ -161,6 +163,7 @@ def test_checker_finds_problems():
       "quickstart.py --workdir=runs/x --config.num_workers=0"))
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 def test_long_and_hardware_commands_pass_their_checks(commands):
   results = checker.process([c for c in commands if c.kind != "quick"], run=False,
@@ -170,6 +173,7 @@ def test_long_and_hardware_commands_pass_their_checks(commands):
   assert sum(r.status == "checked" for r in results) >= 15
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 def test_quick_commands_run_as_written(commands, tmp_path):
   """A new user's session: a copy of the repository, the quick commands of the README and the

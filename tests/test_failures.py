@@ -175,6 +175,7 @@ def test_bad_failures_config(override, needle):
     config_lib.validate(small_cfg(**override))
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 def test_failures_run_with_local_sgd():
   """``cluster.failures`` works with every algorithm (it used to be refused for local SGD):

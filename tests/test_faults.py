@@ -90,6 +90,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(runs, tmp_path, capsys,
                                                                   damage):
@@ -196,6 +197,7 @@ def test_the_lock_is_per_open_file_and_released_on_close(tmp_path):
   files_lib.lock(path).close()
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 def test_two_runs_started_together_leave_one_run_s_records(tmp_path):
   """Two command-line runs of one config in one workdir at once: one trains, the other
   stops with the lock's ``error:`` line (or, started after the first ended, finds the run

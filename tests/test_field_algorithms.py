@@ -190,6 +190,7 @@ def test_choco_sgd_on_a_time_varying_topology_matches_algorithm_2(runner):
   np.testing.assert_allclose(sent[-1], 3 * k * 8.0)  # log2(8) peers over a period
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 def test_choco_sgd_trains_on_a_time_varying_topology():
   """Through train(): CHOCO with top_k on the one-peer exponential graph learns (test accuracy
@@ -356,6 +357,7 @@ def test_ef_sign_sgd_matches_algorithm_1(n, runner):
 LSQ = "experiments/configs/heterogeneous_lsq.py"
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 def test_tracking_and_d2_reach_the_optimum_where_dpsgd_keeps_a_bias(tmp_path):
   """Through the CLI, constant step, exact local gradients on heterogeneous least squares:

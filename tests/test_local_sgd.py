@@ -229,6 +229,7 @@ def test_bad_config(override, needle):
   assert any(needle in line for line in e.value.errors), e.value.errors
 
 
+@pytest.mark.slow
 def test_diloco_with_nonblocking_trains():
   """DiLoCo with Non-blocking SGD (once refused as "not combined yet") now trains."""
   s = train.train(small_cfg(algorithm="diloco", num_steps=4, eval_every=4,
@@ -316,6 +317,7 @@ def test_diloco_pseudo_gradient_closed_form_and_sign():
   assert np.all(np.sign(x0 - np.asarray(params["w"][0])) == np.sign(x0 - c.mean(0)))
 
 
+@pytest.mark.slow
 def test_local_sgd_tau_1_equals_allreduce():
   """tau = 1 with the optimizer state averaged is synchronous SGD (momentum, weight decay)."""
   common = dict(momentum=0.9, weight_decay=1e-3, learning_rate=0.05, num_workers=N)

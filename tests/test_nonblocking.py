@@ -120,6 +120,7 @@ def test_sim_time_closed_form_for_blocking_allreduce():
       [0.0, 3 * per_step, 6 * per_step], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_nonblocking_is_faster_on_a_straggler_cluster():
   """With random straggler delays a non-blocking step ends at the fastest worker's time."""
   kw = dict(algorithm="allreduce", num_workers=8, num_steps=10, eval_every=10,

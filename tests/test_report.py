@@ -403,6 +403,7 @@ def run_cli(*args):
   return run_python(["-m", "nbsgd_jax.report", *args], timeout=120)
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 def test_cli(runs, tmp_path):
   out = tmp_path / "out"

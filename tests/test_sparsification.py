@@ -47,6 +47,7 @@ def test_bad_compression_config(override, needle):
   assert any(needle in line for line in e.value.errors), e.value.errors
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 def test_error_feedback_keeps_accuracy_at_density_001():
   """TopK-SGD and GaussianK-SGD with error feedback at density 0.01 end within 1 point of

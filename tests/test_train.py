@@ -158,6 +158,7 @@ def test_dpsgd_logreg_learns_mnist10k():
   assert train.train(cfg)["test_accuracy"] >= 0.88
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", config_lib.ALGORITHMS)
 def test_mlp_reaches_95_percent_on_mnist10k(algorithm):

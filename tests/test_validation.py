@@ -368,6 +368,7 @@ def test_cli_lists_every_bad_key(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 @pytest.mark.parametrize("config,args,expected", [
     (CONFIG, ["--config.num_workers=abc"],
@@ -402,6 +403,7 @@ def test_train_refuses_a_key_the_defaults_lack_with_the_clis_message(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 def test_cli_names_an_unusable_workdir_and_an_unreadable_config_file(tmp_path):
   (tmp_path / "afile").write_text("not a directory")

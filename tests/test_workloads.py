@@ -112,6 +112,7 @@ def test_batchnorm_statistics_are_each_workers_own(backend):
   assert not np.allclose(first[0], first[1])  # the workers' statistics differ
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 def test_batchnorm_simulate_equals_mesh_and_survives_a_resume(tmp_path):
   def final_state(cfg, workdir, crash_at=None):
     seen = {}
@@ -188,6 +189,7 @@ def test_text_batches_are_windows_of_the_workers_shard():
       np.testing.assert_array_equal(y[i, b], row[start + 1:start + 8])
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.parametrize("algorithm", ["diloco", "streaming_diloco", "local_sgd"])
 def test_language_model_learns(algorithm, tmp_path):
   """The character transformer learns through each periodic recipe (a user's LM run that
@@ -223,6 +225,7 @@ def _cli_under_mock_data(tmp_path, config, num_examples, *overrides):
   return run_python(["-c", script, *args], timeout=600)
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 def test_cifar_resnet20_config_trains_through_the_cli(tmp_path):
   """The command a user copies from the config file trains the paper's ResNet-20 with
   D-PSGD: the run's model has the 269,722 parameters counted by hand in test_resnet20_has_
@@ -240,6 +243,7 @@ def test_cifar_resnet20_config_trains_through_the_cli(tmp_path):
   assert summary["bytes_sent"] == 2 * 269_722 * 4 == 2_157_776
 
 
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 def test_lm_config_trains_through_the_cli(tmp_path):
   """The LM config's command with its overrides builds the model asked for and runs DiLoCo's
   outer rounds: the transformer of d_model 16, one layer, context 8 over tiny_shakespeare's 66
