@@ -90,7 +90,6 @@ DAMAGE = {
 }
 
 
-@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(runs, tmp_path, capsys,
                                                                   damage):

@@ -1,8 +1,10 @@
 """The suite's tiers (tests/tiers.py): which tests each tier runs, the fast tier's time limit
 and the ``optimized`` marker, on a throw-away test file run by ``pytester``."""
 
-import jax  # imported here: pytester's runs must not import it afresh each time
+import jax  # imported here (and the trainer): pytester's runs must not import them afresh
 import pytest
+
+from nbsgd_jax.run import step  # noqa: F401  pylint: disable=unused-import
 
 FILE = """
 import os, time

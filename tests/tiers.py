@@ -40,9 +40,21 @@ def _xla_optimisations(request, monkeypatch):
   import jax  # pylint: disable=import-outside-toplevel
   before = jax.config.read("jax_disable_most_optimizations")
   monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
+  _forget_programs()
   jax.config.update("jax_disable_most_optimizations", False)
   yield
   jax.config.update("jax_disable_most_optimizations", before)
+  _forget_programs()  # no later test reuses a program compiled with the passes on
+
+
+def _forget_programs():
+  """Drops the programs compiled in this process (jax's and the trainer's in-memory caches),
+  so that a comparison in a later test never mixes programs compiled with and without XLA's
+  passes (they agree only to float rounding)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from nbsgd_jax.run import step  # pylint: disable=import-outside-toplevel
+  jax.clear_caches()
+  step.PROGRAMS.clear()
 
 
 def _is_slow(item) -> bool:
