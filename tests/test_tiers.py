@@ -12,7 +12,7 @@ import jax
 import pytest
 
 def test_quick():
-  pass
+  'Passes at once.'
 
 def test_sleepy():
   time.sleep(0.3)
@@ -24,7 +24,7 @@ def test_sleepy_but_slow():
 @pytest.mark.slow
 @pytest.mark.parametrize("x", [1, 2])
 def test_slow_cases(x):
-  pass
+  'Passes at once, in the slow tier.'
 
 @pytest.mark.optimized
 def test_optimized_sees_xla_passes_on():
