@@ -93,6 +93,7 @@ def test_blocking_sim_time_is_the_same_for_every_m():
   assert times[1] == times[2] == times[4] > 0
 
 
+@pytest.mark.slow
 def test_sim_time_scales_with_the_batch():
   """No communication cost: sim_time is steps x B x time_per_example x slowest slowdown."""
   for b in (8, 16):
@@ -199,6 +200,7 @@ def test_a_deferred_round_is_waited_for_only_tau_steps_later(latency, expected):
   np.testing.assert_allclose(resumed.clocks, after2)
 
 
+@pytest.mark.slow
 def test_parallel_dpsgd_step_on_a_ring_costs_max_of_compute_and_comm():
   """Homogeneous ring, no delays: a parallel D-PSGD step costs max(B tau, comm), an atc step
   B tau + comm (comm = 2 latency + 2 S / bandwidth)."""

@@ -36,6 +36,7 @@ def _read(path):
 # ----------------------------------------------------------------------------- config.md
 
 
+@pytest.mark.slow
 def test_config_md_is_generated_from_the_code():
   assert _read(config_doc.OUT) == config_doc.generate(), (
       f"docs/config.md is stale: run {config_doc.COMMAND}")

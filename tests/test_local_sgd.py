@@ -327,6 +327,7 @@ def test_local_sgd_tau_1_equals_allreduce():
   chex.assert_trees_all_close(out.params, ref.params, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_diloco_outer_lr_1_equals_local_sgd_tau_h():
   common = dict(momentum=0.9, learning_rate=0.05, num_workers=N)
   _, ref, _ = run_steps(small_cfg(algorithm="local_sgd", **common, **{"local_sgd.tau": 3}), 9)
@@ -338,6 +339,7 @@ def test_diloco_outer_lr_1_equals_local_sgd_tau_h():
   chex.assert_trees_all_close(out.opt_state.local, ref.opt_state.local, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_train_counts_rounds_bytes_and_time_only_at_syncs():
   cfg = small_cfg(algorithm="local_sgd", num_steps=12, eval_every=4,
                   **{"local_sgd.tau": 4})
