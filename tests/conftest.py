@@ -21,9 +21,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 _CACHE = os.environ.get("NBSGD_JAX_TEST_CACHE", os.path.join(ROOT, ".cache", "tests"))
 os.environ["NBSGD_JAX_COMPILATION_CACHE"] = ("none" if _CACHE == "none" else os.path.join(
-    _CACHE, os.environ.get("PYTEST_XDIST_WORKER", "main")))
+    _CACHE, os.environ.get("NBSGD_JAX_TEST_CACHE_WORKER", "shared")))
 if _CACHE != "none":
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "none")
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["NBSGD_JAX_COMPILATION_CACHE"])
 
 pytest_plugins = ("tests.tiers", "pytester")

@@ -282,11 +282,21 @@ def check_image_arrays(arrays, expect):
   assert arrays.train_images.dtype == np.uint8 and arrays.train_labels.dtype == np.int32
 
 
-def slow_except(values, fast):
+def slow_except(values, fast, slow=None):
   """``values`` for ``pytest.mark.parametrize`` with every one not in ``fast`` marked slow
-  (tests/conftest.py: the slow tier), so that the fast tier runs a few representative cases
-  and the slow tier the rest."""
-  missing = [v for v in fast if v not in values]
+  (tests/tiers.py: the slow tier), so that the fast tier runs a few representative cases and
+  the slow tier the rest; with ``slow`` given, only those are slow and the others long (the
+  long tier, not run by CI). A value is a parameter or a tuple of them.
+
+  Raises:
+    ValueError: a value of ``fast`` or ``slow`` is not among ``values``.
+  """
+  missing = [v for v in (*fast, *(slow or ())) if v not in values]
   if missing:
     raise ValueError(f"slow_except: {missing} not among the values {list(values)}")
-  return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+  def param(v, mark):
+    return pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=mark)
+
+  return [v if v in fast else param(v, pytest.mark.slow) if slow is None or v in slow
+          else param(v, pytest.mark.long) for v in values]

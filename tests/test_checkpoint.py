@@ -13,7 +13,8 @@ from nbsgd_jax import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
 
-from tests.helpers import Crash, experiment_config, read_records, small_cfg, without_wall
+from tests.helpers import (Crash, experiment_config, read_records, slow_except, small_cfg,
+                           without_wall)
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
@@ -48,7 +49,8 @@ def _cfg(case, **kw):
   return small_cfg(num_steps=24, eval_every=4, checkpoint_every=8, **CASES[case], **kw)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", slow_except(  # the others: test_faults, test_sweeps
+    sorted(CASES), fast=(), slow=("ad_psgd_events", "nonblocking_control")))
 def test_crash_and_resume_equals_uninterrupted(tmp_path, case):
   full = train.train(_cfg(case), str(tmp_path / "full"))
 
@@ -114,7 +116,7 @@ def _wait_for(path, proc, timeout=600):
     time.sleep(0.05)
 
 
-@pytest.mark.parametrize("algorithm", ["dpsgd", "ad_psgd"])
+@pytest.mark.parametrize("algorithm", ["dpsgd"])  # the event clock's resume: ad_psgd_events
 def test_sigkill_and_resume_from_the_command_line(tmp_path, algorithm):
   """A real SIGKILL of the CLI mid-run, then the same command again (AD-PSGD: with the event
   clock's events and the in-flight gradients): a user who kills a run gets, from the same

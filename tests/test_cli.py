@@ -9,13 +9,8 @@ from tests.helpers import run_main
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("override,needle", [
+@pytest.mark.parametrize("override,needle", [  # the other keys' messages: test_validation
     ("--config.algorithm=sgdx", "config.algorithm='sgdx' is not allowed: use one of"),
-    ("--config.topology=moebius", "config.topology='moebius' is not allowed"),
-    ("--config.model=resnet9000", "config.model='resnet9000' is not allowed"),
-    ("--config.dataset=imagenet", "config.dataset='imagenet' is not allowed"),
-    ("--config.num_workers=0", "config.num_workers=0 is not allowed: it must be an integer >= 1"),
-    ("--config.batch_size=0", "config.batch_size=0 is not allowed"),
     ("--config.batch_size=5000", "config.batch_size=5000 is not allowed: the smallest worker "
                                  "shard has 1000 examples"),
 ])

@@ -17,7 +17,7 @@ from nbsgd_jax import recipes, train
 from nbsgd_jax import transforms as T
 from nbsgd_jax.communications import AllReduce, Communication, Pattern
 
-from tests.helpers import make_stepper
+from tests.helpers import make_stepper, slow_except
 
 # the registry's lists: every built-in algorithm, those that gossip every step, and of those
 # the ones that exchange plain models (a codec needs CHOCO-SGD's public copies)
@@ -87,13 +87,20 @@ def run_cell(cfg, steps=STEPS):
 
 
 def covering(cells):
-  """The fast tier's cells: the refused ones (no training) and, for each algorithm, the
-  cell that trains with the most of its allowed features on at once; the rest are slow."""
+  """The cells by tier: the fast tier's are the refused ones (no training) and, for each
+  algorithm, the cell that trains with the most of its allowed features on at once; the slow
+  tier's those with at most one feature on (each feature alone with each algorithm); the
+  long tier's the other combinations of two or more."""
   runs = [c for c in cells if not refusal(c[0], c[2], c[1], c[3])]
   fullest = {a: max((c for c in runs if c[0] == a), key=lambda c: sum(c[1:]))
              for a in {c[0] for c in runs}}
-  return [c if c in fullest.values() or refusal(c[0], c[2], c[1], c[3])
-          else pytest.param(*c, marks=pytest.mark.slow) for c in cells]
+
+  def tier(c):
+    if c in fullest.values() or refusal(c[0], c[2], c[1], c[3]):
+      return c
+    return pytest.param(*c, marks=pytest.mark.slow if sum(c[1:]) <= 1 else pytest.mark.long)
+
+  return [tier(c) for c in cells]
 
 
 @pytest.mark.parametrize("algorithm,nonblocking,compression,failures,control",
@@ -114,11 +121,11 @@ def test_composition_cell(algorithm, nonblocking, compression, failures, control
     assert rec["extra_gossip_steps"] > 0  # the unreachable target binds
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algorithm,codec", [
-    *[(a, c) for a in ("allreduce", "local_sgd", "diloco") for c in ("qsgd", "sign", "powersgd")],
-    ("streaming_diloco", "qsgd"),
-    ("choco_sgd", "qsgd"), ("choco_sgd", "sign")])
+@pytest.mark.parametrize("algorithm,codec", slow_except(
+    [*[(a, c) for a in ("allreduce", "local_sgd", "diloco") for c in ("qsgd", "sign", "powersgd")],
+     ("streaming_diloco", "qsgd"), ("choco_sgd", "qsgd"), ("choco_sgd", "sign")],
+    fast=(), slow=(("allreduce", "qsgd"), ("local_sgd", "sign"), ("diloco", "powersgd"),
+                   ("streaming_diloco", "qsgd"), ("choco_sgd", "sign"))))
 def test_every_codec_composes_with_nonblocking_and_failures(algorithm, codec):
   """The other codecs in the places top_k goes (and in CHOCO), under Non-blocking SGD and
   failures: device bytes == clock bytes at every step (run_cell)."""

@@ -113,12 +113,15 @@ def test_one_peer_exponential_dpsgd_cycles_phases():
     np.testing.assert_allclose(np.asarray(got), np.broadcast_to(want, got.shape), atol=1e-5)
 
 
-@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["dpsgd", "matcha"])
-def test_mlp_16_workers_reaches_95_percent(algorithm):
-  cfg = small_cfg(algorithm=algorithm, num_workers=16, batch_size=16, topology="erdos_renyi",
-                  mlp_hidden=(256,), learning_rate=0.2, momentum=0.9, lr_schedule="cosine",
-                  num_steps=500, weight_decay=1e-3, eval_every=500)
+def test_16_workers_learn_on_an_erdos_renyi_graph(algorithm):
+  """16 workers (two to a device) on an Erdos-Renyi graph take logistic regression on
+  mnist10k to over 88 % in 200 steps (90.5 % and 90.2 % measured). The MLP runs to 95 % this
+  test once made are ``python experiments/accuracy_runs.py`` (mlp16_*)."""
+  cfg = small_cfg(model="logreg", algorithm=algorithm, num_workers=16, batch_size=16,
+                  topology="erdos_renyi", learning_rate=0.5, momentum=0.9,
+                  lr_schedule="cosine", num_steps=200, eval_every=200,
+                  eval_worker_accuracy=False)
   summary = train.train(cfg)
-  assert summary["test_accuracy"] >= 0.95, summary
+  assert summary["test_accuracy"] >= 0.88, summary

@@ -8,7 +8,7 @@ import pytest
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
 
-from tests.helpers import read_records, small_cfg, without_wall
+from tests.helpers import read_records, slow_except, small_cfg, without_wall
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
@@ -39,7 +39,8 @@ def _run(k, overrides, tmp_path):
   return summary, seen, read_records(f"{workdir}/metrics.jsonl")
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", slow_except(sorted(CASES), fast=(),
+                                             slow=("local_sgd", "nonblocking_mesh")))
 def test_k_steps_per_dispatch_equal_one_step_per_dispatch(tmp_path, case):
   one, seen1, recs1 = _run(1, CASES[case], tmp_path)
   four, seen4, recs4 = _run(4, CASES[case], tmp_path)

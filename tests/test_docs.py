@@ -99,7 +99,9 @@ def test_source_comments_parser():
 
 
 @pytest.mark.slow
-def test_config_doc_check_flag(tmp_path):
+def test_config_doc_check_flag(tmp_path, monkeypatch):
+  docs = config_doc.collect()  # the keys' facts, collected once (5 s)
+  monkeypatch.setattr(config_doc, "collect", lambda: docs)
   good, bad = tmp_path / "good.md", tmp_path / "bad.md"
   good.write_text(config_doc.generate())
   bad.write_text(config_doc.generate().replace("`8`", "`9`", 1))
@@ -166,6 +168,7 @@ def test_checker_finds_problems():
 
 @pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
+@pytest.mark.long  # 50 s of --help subprocesses; scripts/check_docs_commands.py does the same
 def test_long_and_hardware_commands_pass_their_checks(commands):
   results = checker.process([c for c in commands if c.kind != "quick"], run=False,
                             skip_long=True, cwd=ROOT, timeout=60)

@@ -52,7 +52,8 @@ def _workers(model_name, shape, impl, pool="window", classes=10, n=N):
   return jax.vmap(jax.value_and_grad(loss)), params, x, y
 
 
-@pytest.mark.parametrize("name,shape,n", [("cnn", (28, 28, 1), N), ("resnet", (16, 16, 3), 3)])
+@pytest.mark.parametrize("name,shape,n", [("cnn", (28, 28, 1), N),
+                                          pytest.param("resnet", (16, 16, 3), 3, marks=pytest.mark.long)])
 def test_per_worker_conv_equals_the_batched_conv_under_vmap(name, shape, n):
   fn, params, x, y = _workers(name, shape, "per_worker", n=n)
   ref, _, _, _ = _workers(name, shape, "batched", n=n)
@@ -99,7 +100,7 @@ def test_cnn_with_both_options_equals_the_default_cnn_under_vmap():
                               rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["simulate", "mesh"])
+@pytest.mark.parametrize("backend", ["mesh", pytest.param("simulate", marks=pytest.mark.long)])
 def test_training_with_per_worker_convs_is_the_same(backend):
   base = dict(model="cnn", cnn_channels=(4, 8), mlp_hidden=(16,), num_workers=8,
               backend=backend, algorithm="dpsgd", topology="ring", batch_size=4)

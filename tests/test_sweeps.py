@@ -152,8 +152,9 @@ def test_a_three_by_three_grid_compiles_its_step_once_and_each_run_equals_it_alo
     ("allreduce", {"nonblocking.enabled": True, "cluster.scenario": "lognormal",
                    "cluster.delay": "bernoulli_exponential", "cluster.delay_prob": 0.5,
                    "cluster.delay_mean": 0.05}),
-    ("local_sgd", {"local_sgd.tau": 2, "steps_per_dispatch": 4}),
-    ("diloco", {"diloco.inner_steps": 2, "optimizer": "adamw", "learning_rate": 0.003}),
+    pytest.param("local_sgd", {"local_sgd.tau": 2, "steps_per_dispatch": 4}, marks=pytest.mark.long),
+    pytest.param("diloco", {"diloco.inner_steps": 2, "optimizer": "adamw",
+                            "learning_rate": 0.003}, marks=pytest.mark.long),
     ("choco_sgd", {"compression.name": "top_k", "compression.density": 0.2}),
     ("dpsgd", {"cluster.failures": "1:2:3", "consensus.control": True,
                "consensus.target": 1e-3}),
@@ -281,7 +282,6 @@ def test_the_command_line_runs_a_sweep_and_the_report_reads_its_runs(tmp_path):
   assert (out / "report" / "loss_accuracy_vs_sim_time.png").exists()
 
 
-@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 def test_stopped_runs_leave_the_program_and_a_resume_keeps_it(tmp_path, monkeypatch):
   """Runs of 4, 8 and 16 steps: once a quarter of them stopped, the stopped ones are taken
   out (one more compilation each time); every run still equals itself alone, and a sweep

@@ -22,9 +22,13 @@ def test_sleepy_but_slow():
   time.sleep(0.3)
 
 @pytest.mark.slow
-@pytest.mark.parametrize("x", [1, 2])
+@pytest.mark.parametrize("x", [1, pytest.param(2, marks=pytest.mark.long)])
 def test_slow_cases(x):
-  'Passes at once, in the slow tier.'
+  'Passes at once, in the slow tier (case 2 in the long tier).'
+
+@pytest.mark.long
+def test_sleepy_and_long():
+  time.sleep(0.3)
 
 @pytest.mark.optimized
 def test_optimized_sees_xla_passes_on():
@@ -53,13 +57,17 @@ def test_the_fast_tier_leaves_out_slow_tests_and_fails_one_over_its_limit(suite)
 
 def test_the_slow_tier_runs_only_slow_tests_without_a_limit(suite):
   got = _outcomes(suite.inline_run("-p", "tests.tiers", "--tier", "slow", "--time-limit=0.2"))
-  assert got == {"test_sleepy_but_slow": "passed", "test_slow_cases[1]": "passed",
-                 "test_slow_cases[2]": "passed"}, got
+  assert got == {"test_sleepy_but_slow": "passed", "test_slow_cases[1]": "passed"}, got
+
+
+def test_the_long_tier_runs_only_long_tests_without_a_limit(suite):
+  got = _outcomes(suite.inline_run("-p", "tests.tiers", "--tier", "long", "--time-limit=0.2"))
+  assert got == {"test_slow_cases[2]": "passed", "test_sleepy_and_long": "passed"}, got
 
 
 def test_all_runs_both_and_no_limit_passes_the_sleepy_test(suite):
   got = _outcomes(suite.inline_run("-p", "tests.tiers", "--tier", "all", "--time-limit=0"))
-  assert len(got) == 6 and set(got.values()) == {"passed"}, got
+  assert len(got) == 7 and set(got.values()) == {"passed"}, got
 
 
 def test_an_optimized_test_leaves_the_passes_off_for_the_next(suite):

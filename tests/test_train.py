@@ -113,8 +113,12 @@ def test_dpsgd_atc_on_complete_graph_equals_allreduce():
   chex.assert_trees_all_close(a.params, d.params, rtol=1e-4, atol=1e-5)
 
 
+# allreduce, local_sgd, diloco, matcha and ad_psgd run on the mesh with their features on in
+# test_composition::test_mesh_equals_simulate
 @pytest.mark.parametrize("algorithm", slow_except(
-    config_lib.ALGORITHMS, fast=("dpsgd", "sgp")))
+    [a for a in config_lib.ALGORITHMS
+     if a not in ("allreduce", "local_sgd", "diloco", "matcha", "ad_psgd")],
+    fast=("dpsgd", "sgp")))
 def test_simulate_and_mesh_backends_agree(algorithm):
   cfg = dict(algorithm=algorithm, num_workers=8, num_steps=6)
   cfg["diloco.inner_steps"] = 3  # local SGD: tau = 4; both see local steps and a sync
@@ -158,22 +162,22 @@ def test_dpsgd_logreg_learns_mnist10k():
   assert train.train(cfg)["test_accuracy"] >= 0.88
 
 
-@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", config_lib.ALGORITHMS)
-def test_mlp_reaches_95_percent_on_mnist10k(algorithm):
-  # the asynchronous family's steps are batches of events: 1,200 of them are about 340 own
-  # steps per worker (8 workers, about 2.2 events a batch; AD-PSGD reaches 95.0 % at 900
-  # batches, 255 own steps); a worker's cosine schedule counts its own steps over 1,200
-  steps = 1200 if async_recipes.is_asynchronous(algorithm) else 300
-  cfg = small_cfg(algorithm=algorithm, num_workers=8, batch_size=32, mlp_hidden=(256,),
-                  learning_rate=0.2, momentum=0.9, lr_schedule="cosine", num_steps=steps,
-                  weight_decay=1e-3, eval_every=steps,
-                  # DiLoCo: 30 outer rounds; outer momentum 0.9 on top of the inner 0.9 at
-                  # lr 0.2 overshoots here (94.8%), 0.5 reaches 95.6%
+@pytest.mark.parametrize("algorithm", [a for a in config_lib.ALGORITHMS if a != "dpsgd"])
+def test_every_algorithm_learns_mnist10k(algorithm):
+  """Every algorithm takes logistic regression on mnist10k (8 workers) from chance (10 %) to
+  over 88 % test accuracy: test_dpsgd_logreg_learns_mnist10k's run for each of the others. The
+  asynchronous family's steps are batches of events (about 2.2 events a batch on 8 workers),
+  so it gets 500 of them, about 140 own steps a worker (89.7-90.2 % measured; the
+  synchronous ones 89.9-90.6 %). The MLP runs to 95 % that this test
+  once made (400 s of the slow tier) are ``python experiments/accuracy_runs.py --all``."""
+  steps = 500 if async_recipes.is_asynchronous(algorithm) else 200
+  cfg = small_cfg(model="logreg", algorithm=algorithm, num_workers=8, batch_size=32,
+                  learning_rate=0.5, momentum=0.9, lr_schedule="cosine", num_steps=steps,
+                  eval_every=steps, eval_worker_accuracy=False,
                   **{"diloco.inner_steps": 10, "diloco.outer_momentum": 0.5})
   summary = train.train(cfg)
-  assert summary["test_accuracy"] >= 0.95, summary
+  assert summary["test_accuracy"] >= 0.88, summary
   if algorithm in ("allreduce", "allreduce_ring"):
     assert summary["consensus_distance"] < 1e-5
 

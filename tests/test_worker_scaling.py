@@ -347,7 +347,7 @@ def _pointers(tree):
           for s in leaf.addressable_shards]
 
 
-@pytest.mark.parametrize("backend", ["simulate", "mesh"])
+@pytest.mark.parametrize("backend", ["mesh", pytest.param("simulate", marks=pytest.mark.long)])
 @pytest.mark.parametrize("algorithm", [dict(algorithm="dpsgd", topology="ring"),
                                        dict(algorithm="allreduce"),
                                        dict(algorithm="local_sgd", **{"local_sgd.tau": 2})])

@@ -37,6 +37,7 @@ def cifar_cfg(**overrides):
   c.num_steps = 2
   c.eval_every = 2
   c.eval_train_examples = 16
+  c.eval_worker_accuracy = False
   c.learning_rate = 0.05
   c.progress = False
   return config_lib.override(c, overrides)
@@ -112,7 +113,6 @@ def test_batchnorm_statistics_are_each_workers_own(backend):
   assert not np.allclose(first[0], first[1])  # the workers' statistics differ
 
 
-@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 def test_batchnorm_simulate_equals_mesh_and_survives_a_resume(tmp_path):
   def final_state(cfg, workdir, crash_at=None):
     seen = {}
@@ -189,8 +189,8 @@ def test_text_batches_are_windows_of_the_workers_shard():
       np.testing.assert_array_equal(y[i, b], row[start + 1:start + 8])
 
 
-@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
-@pytest.mark.parametrize("algorithm", ["diloco", "streaming_diloco", "local_sgd"])
+@pytest.mark.parametrize("algorithm", [
+    "diloco", *[pytest.param(a, marks=pytest.mark.long) for a in ("streaming_diloco", "local_sgd")]])
 def test_language_model_learns(algorithm, tmp_path):
   """The character transformer learns through each periodic recipe (a user's LM run that
   only runs is no run): 16 steps at lr 1e-2 on mock tiny_shakespeare, the training loss at
@@ -225,7 +225,6 @@ def _cli_under_mock_data(tmp_path, config, num_examples, *overrides):
   return run_python(["-c", script, *args], timeout=600)
 
 
-@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 def test_cifar_resnet20_config_trains_through_the_cli(tmp_path):
   """The command a user copies from the config file trains the paper's ResNet-20 with
   D-PSGD: the run's model has the 269,722 parameters counted by hand in test_resnet20_has_
@@ -243,7 +242,7 @@ def test_cifar_resnet20_config_trains_through_the_cli(tmp_path):
   assert summary["bytes_sent"] == 2 * 269_722 * 4 == 2_157_776
 
 
-@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
+@pytest.mark.long  # the LM's parameter count: test_nanogpt; its outer rounds: test_local_sgd
 def test_lm_config_trains_through_the_cli(tmp_path):
   """The LM config's command with its overrides builds the model asked for and runs DiLoCo's
   outer rounds: the transformer of d_model 16, one layer, context 8 over tiny_shakespeare's 66

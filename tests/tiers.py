@@ -1,7 +1,10 @@
-"""The suite's two tiers, as a pytest plugin (tests/conftest.py loads it).
+"""The suite's three tiers, as a pytest plugin (tests/conftest.py loads it).
 
-A test marked ``@pytest.mark.slow`` runs only under ``--tier slow`` (those alone) or ``--tier
-all``; the default, ``--tier fast``, runs the rest. A passing test outside the slow tier whose
+``--tier fast`` (the default, the README's command) runs the tests not marked; ``--tier slow``
+those marked ``@pytest.mark.slow`` (``.ci/run`` runs both); ``--tier long`` those marked
+``@pytest.mark.long``, the checks that do not fit CI's 15 minutes on a 2-core machine (more
+parametrised cases of a slow test, longer end-to-end runs; docs/tests.md says when to run
+them); ``--tier all`` everything. A passing test in the fast tier whose
 body took over ``--time-limit`` seconds (default ``$NBSGD_JAX_TEST_LIMIT``, else 10; 0: no
 limit) is reported failed, so the fast tier stays fast. A test marked
 ``@pytest.mark.optimized`` runs with XLA's optimisation passes on (it and its subprocesses),
@@ -11,13 +14,13 @@ import os
 
 import pytest
 
-TIERS = ("fast", "slow", "all")
+TIERS = ("fast", "slow", "long", "all")
 
 
 def pytest_addoption(parser):
   parser.addoption("--tier", choices=TIERS, default="fast",
-                   help="fast (default): the tests not marked slow; slow: those marked slow; "
-                        "all: both")
+                   help="fast (default): the tests not marked slow or long; slow: those "
+                        "marked slow; long: those marked long; all: every test")
   parser.addoption("--time-limit", type=float,
                    default=float(os.environ.get("NBSGD_JAX_TEST_LIMIT", "10")),
                    help="seconds a fast-tier test may take (0: no limit)")
@@ -27,6 +30,9 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow: the slow tier (runs under --tier slow or --tier all): accuracy runs, "
                  "the full composition matrix, subprocesses, wall clock, docs' commands")
+  config.addinivalue_line(
+      "markers", "long: the long tier (--tier long or all, not CI): more cases of slow "
+                 "tests, longer end-to-end runs")
   config.addinivalue_line(
       "markers", "optimized: compiled with XLA's optimisation passes (a long run: they pay)")
 
@@ -57,8 +63,12 @@ def _forget_programs():
   step.PROGRAMS.clear()
 
 
-def _is_slow(item) -> bool:
-  return item.get_closest_marker("slow") is not None
+def _tier(item) -> str:
+  """The tier of a test: ``long`` over ``slow`` over ``fast``."""
+  for name in ("long", "slow"):
+    if item.get_closest_marker(name) is not None:
+      return name
+  return "fast"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -67,7 +77,7 @@ def pytest_collection_modifyitems(config, items):
     return
   keep, drop = [], []
   for it in items:
-    (keep if _is_slow(it) == (tier == "slow") else drop).append(it)
+    (keep if _tier(it) == tier else drop).append(it)
   if drop:
     config.hook.pytest_deselected(items=drop)
     items[:] = keep
@@ -79,7 +89,7 @@ def pytest_runtest_makereport(item, call):
   outcome = yield
   report = outcome.get_result()
   limit = item.config.getoption("--time-limit")
-  if (call.when == "call" and report.passed and limit > 0 and not _is_slow(item)
+  if (call.when == "call" and report.passed and limit > 0 and _tier(item) == "fast"
       and call.duration > limit):
     report.outcome = "failed"
     report.longrepr = (f"{item.nodeid} took {call.duration:.1f} s, over the fast tier's "
