@@ -5,9 +5,9 @@ them have committed records.
     python experiments/accuracy_runs.py --all --out /tmp/accuracy_all   # about 8 min
 
 
-``tests/test_train.py::test_mlp_reaches_95_percent_on_mnist10k`` (8 workers, MLP 784-256-10,
+``tests/algorithms/test_train.py::test_mlp_reaches_95_percent_on_mnist10k`` (8 workers, MLP 784-256-10,
 batch 32, lr 0.2 cosine, momentum 0.9, weight decay 1e-3, 300 steps) for allreduce,
-allreduce_ring and dpsgd, and ``tests/test_decentralized.py::
+allreduce_ring and dpsgd, and ``tests/algorithms/test_decentralized.py::
 test_mlp_16_workers_reaches_95_percent`` (16 workers on an Erdos-Renyi graph, batch 16, 500
 steps) for dpsgd and matcha; each writes ``OUT/NAME/{config.json, metrics.jsonl,
 summary.json}``. The tests assert 95% test accuracy; this records what the runs reach.
@@ -15,7 +15,7 @@ summary.json}``. The tests assert 95% test accuracy; this records what the runs 
 ``--all`` runs the 8-worker MLP for every algorithm (the asynchronous family 1,200 batches of
 events, about 340 own steps a worker; DiLoCo 10 inner steps, outer momentum 0.5), which the
 slow test tier once asserted reached 95 % and now checks with logistic regression to 88 %
-(``tests/test_train.py::test_every_algorithm_learns_mnist10k``); it exits 1 if one falls short.
+(``tests/algorithms/test_train.py::test_every_algorithm_learns_mnist10k``); it exits 1 if one falls short.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Every key of :func:`nbsgd_jax.config.default_config` (dotted, nested sections in
   ``steps``, ...; ``-`` when the comment names none).
 
 The output depends only on ``nbsgd_jax/config.py`` (and the modules whose tuples it uses),
-so ``tests/test_docs.py`` regenerates it and compares it with the committed file.
+so ``tests/user/test_docs.py`` regenerates it and compares it with the committed file.
 """
 
 from __future__ import annotations
@@ -296,7 +296,7 @@ def render(docs: Sequence[KeyDoc]) -> str:
       "# Configuration reference",
       "",
       f"Generated from `nbsgd_jax/config.py` by `{COMMAND}`; do not edit by hand "
-      "(`tests/test_docs.py` fails when this file and the code disagree).",
+      "(`tests/user/test_docs.py` fails when this file and the code disagree).",
       "",
       "Every key of `default_config()`. Set a key on the command line with "
       "`--config.KEY=VALUE` (e.g. `--config.num_workers=16`, "

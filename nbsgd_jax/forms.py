@@ -3,8 +3,8 @@ platform, model and workers per device (``config.conv_impl``, ``config.pool_impl
 ``config.residuals``; each ``"auto"`` by default, each can be forced). The rules are
 measured, side by side with the other forms, in ``docs/simulated_workers.md`` ("Against
 PyTorch") with ``benchmarks/peer_pytorch.py`` and ``benchmarks/simulated_workers.py``;
-every form computes the same function (tests: ``tests/test_forms.py``,
-``tests/test_per_worker.py``).
+every form computes the same function (tests: ``tests/models/test_forms.py``,
+``tests/models/test_per_worker.py``).
 
 * ``conv_impl``: ``"per_worker"`` (n ordinary convolutions, :mod:`nbsgd_jax.per_worker`) on
   a CPU with 2 to :data:`MAX_UNROLLED` workers per device, else ``"batched"`` (one grouped

@@ -26,7 +26,7 @@ all-reduce, error feedback, PowerSGD and gradient tracking map gradients to grad
 it with :func:`to_optax`, which supplies the step context the framework's host would draw
 (:func:`context`): the step from the state's counter, ``count`` from the extra argument of the
 same name (Non-blocking SGD), every worker up. ``train()`` and these transformations run the
-same code (``tests/test_tx.py`` checks them step for step).
+same code (``tests/algorithms/test_tx.py`` checks them step for step).
 
 **Bytes.** Every state counts the bytes this worker sent (float32, cumulative, the framework's
 accounting: a ring all-reduce ``2 (n - 1) / n`` times the message, a gossip the message times

@@ -12,7 +12,7 @@ run````: GitHub shows it as Python) as one command ``python -c CODE`` (checked: 
 A page without such blocks has no commands. Each command is in one
 of four classes, given by explicit lists:
 
-* quick (every command not listed below): ``--run`` runs it; ``tests/test_docs.py`` runs it;
+* quick (every command not listed below): ``--run`` runs it; ``tests/user/test_docs.py`` runs it;
 * :data:`SLOW_IN_TEST` (under a minute, but too slow for the test's budget): ``--run`` runs
   it; the test only checks it;
 * :data:`LONG` (minutes, or network installs): ``--run`` runs it unless ``--skip-long``;

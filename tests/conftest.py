@@ -1,17 +1,25 @@
 """Test set-up, read before jax is imported.
 
 Set-up: 8 simulated host devices for the mesh backend; JAX's persistent compilation cache in
-one directory per pytest-xdist worker (``.cache/tests/gw0``, ... under the repository;
-``$NBSGD_JAX_TEST_CACHE`` moves it, ``none`` turns it off), kept between runs and between the
-tiers, storing every program however short its compilation; XLA's optimisation passes off
+one directory that the pytest-xdist workers share (``.cache/tests/shared`` under the
+repository; ``$NBSGD_JAX_TEST_CACHE`` moves it, ``none`` turns it off), kept between runs and
+between the tiers, storing every program however short its compilation; its keys leave out
+XLA's own caches' directory (``JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none``), so a program
+one worker compiled is the other's too (jax writes an entry whole or, read half-written by
+the other worker, warns and compiles it again); XLA's optimisation passes off
 (``JAX_DISABLE_MOST_OPTIMIZATIONS=1``: a program compiles in about half the time and computes
 the same values to float rounding) except in a test marked ``@pytest.mark.optimized``, one
 that runs enough steps for the passes to pay for themselves (training to an accuracy); set
 the variable to 0 to test every program optimised. Subprocesses the tests start inherit all
 three through the environment.
 
-Tiers: tests/tiers.py (``--tier fast|slow|all``, the fast tier's time limit, the
-``slow`` and ``optimized`` markers); ``pytester`` for the tiers' own test.
+Tiers: tests/tiers.py (``--tier fast|slow|long|all``, the fast tier's time limit, the
+``slow``, ``long`` and ``optimized`` markers); ``pytester`` for the tiers' own test.
+
+Folders mirror the package where a module has tests of its own (``transforms/``, ``codecs/``,
+``communications/``, ``host/``, ``run/``, ``data/``, ``models/``); ``algorithms/`` holds each
+algorithm against its independent reference and the composition matrix, ``user/`` what a
+user runs and reads (the command line, docs, notebook, examples, reports).
 """
 import os
 

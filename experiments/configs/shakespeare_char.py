@@ -20,7 +20,7 @@ no biases (LayerNorms scale only, epsilon 1e-5), the output layer tied to the to
 ``_init_weights`` (weights N(0, 0.02), the residual projections N(0, 0.02 / sqrt(8))), exact
 (erf) GELU, and the 65-character vocabulary without a reserved unknown id
 (``text_unknown_id=False``): 804,096 parameters, position embeddings included
-(``tests/test_nanogpt.py`` checks the count and the forward pass against a numpy transcription
+(``tests/models/test_nanogpt.py`` checks the count and the forward pass against a numpy transcription
 of ``model.py``).
 
 Differences from nanoGPT that we know of: the validation loss is averaged over the whole split

@@ -18,7 +18,7 @@ joins the batch when no event before it in time, taken or left out, touches a wo
 touches, and no event of its worker was left out. So an event of a batch commutes with every
 earlier event not in it, no two events of a batch share a worker, and applying the batch at
 once equals applying its events one by one in time order
-(``tests/test_events.py`` holds it to a plain sequential event loop).
+(``tests/host/test_events.py`` holds it to a plain sequential event loop).
 
 **Staleness** of an event's gradient, whose worker read its model at its previous event (or
 at time 0), three ways:

@@ -235,7 +235,7 @@ def dispatch_size(setups: list, hooked: bool = False, platform: Optional[str] = 
   k = 1) and a CPU (``platform``, default ``jax.default_backend()``:
   :func:`nbsgd_jax.forms.blocks_pay`, measured in ``docs/steps_per_dispatch.md``).
 
-  A step's results do not depend on k (``tests/test_dispatch.py``).
+  A step's results do not depend on k (``tests/run/test_dispatch.py``).
   """
   cfg = setups[0].cfg
   if cfg.steps_per_dispatch:

@@ -219,7 +219,7 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
   ``D += g``; every N-th push ``m <- beta m + D / N``, ``x <- x - lr ((1 - cN + c) beta m +
   g / N)``, ``D <- 0``; between, ``x <- x - lr (c beta m + g / N)``. N = 1, c = 0 is Nesterov
   SGD on each push; N = n with equal speeds is DiLoCo's outer step on the mean (the n
-  displacements add up to it, ``tests/test_async_diloco.py``).
+  displacements add up to it, ``tests/algorithms/test_async_diloco.py``).
 
   Reads ``ctx.per_worker``: ``fire`` (the worker's event), ``pull``, ``push`` (its kind),
   ``read`` (the worker reads the server's model as it is after this step's push, if any: its

@@ -149,9 +149,10 @@ def test_a_three_by_three_grid_compiles_its_step_once_and_each_run_equals_it_alo
 
 
 @pytest.mark.parametrize("algorithm,over", [
-    ("allreduce", {"nonblocking.enabled": True, "cluster.scenario": "lognormal",
-                   "cluster.delay": "bernoulli_exponential", "cluster.delay_prob": 0.5,
-                   "cluster.delay_mean": 0.05}),
+    pytest.param("allreduce", {"nonblocking.enabled": True, "cluster.scenario": "lognormal",
+                               "cluster.delay": "bernoulli_exponential",
+                               "cluster.delay_prob": 0.5, "cluster.delay_mean": 0.05},
+                 marks=pytest.mark.long),
     pytest.param("local_sgd", {"local_sgd.tau": 2, "steps_per_dispatch": 4}, marks=pytest.mark.long),
     pytest.param("diloco", {"diloco.inner_steps": 2, "optimizer": "adamw",
                             "learning_rate": 0.003}, marks=pytest.mark.long),

@@ -13,12 +13,12 @@ from nbsgd_jax import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
 
+from tests.helpers import ROOT
 from tests.helpers import (Crash, experiment_config, read_records, slow_except, small_cfg,
                            without_wall)
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CASES = {
     # error-feedback residuals and their PRNG keys in the optimizer state
@@ -128,7 +128,7 @@ def test_sigkill_and_resume_from_the_command_line(tmp_path, algorithm):
                "--config.num_steps=40", "--config.eval_every=5", "--config.checkpoint_every=10",
                "--config.eval_train_examples=64", "--config.progress=False",
                f"--config.algorithm={algorithm}", "--config.cluster.scenario=lognormal",
-               # device steps (the main job counts gradients per worker: tests/test_budget.py)
+               # device steps (the main job counts gradients per worker: tests/run/test_budget.py)
                "--config.budget_unit=steps"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
 

@@ -14,11 +14,12 @@ import textwrap
 
 import pytest
 
+from tests.helpers import ROOT
+
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
 nbformat = pytest.importorskip("nbformat")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
 RUNS = ("dpsgd", "allreduce", "dpsgd_nonblocking")
 # Injected after the ``parameters`` cell (papermill's convention): a short run.

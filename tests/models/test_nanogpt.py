@@ -28,11 +28,10 @@ from nbsgd_jax import disk_data
 from nbsgd_jax import models
 from nbsgd_jax import text_data
 
-from tests.helpers import experiment_config
+from tests.helpers import ROOT, experiment_config
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NANOGPT_PARAMS = 804_096  # wte 65*128 + wpe 64*128 + 4 x 196,864 + ln_f 128
 ORIGINAL_PARAMS = 818_498  # the original model (config.lm defaults, 66 ids) at these sizes
 DEFAULTS = {"lm.bias": True, "lm.tie_embeddings": False, "lm.init": "flax", "lm.gelu": "tanh",
@@ -189,7 +188,7 @@ def _nanogpt_shapes(vocab, block, n_layer, d, bias):
 # ------------------------------------------------------------ tests
 
 
-@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("bias", [False, pytest.param(True, marks=pytest.mark.long)])
 def test_logits_match_nanogpt_model_py(bias):
   """nanoGPT's forward pass on our (perturbed) weights gives our logits: bias=False (the
   shakespeare_char setting) and nanoGPT's bias=True."""
@@ -308,7 +307,7 @@ class _OriginalLM(models.nn.Module):
     return nn.Dense(self.vocab_size, dtype=self.dtype)(x).astype(jnp.float32)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.long)])
 def test_defaults_are_bit_for_bit_the_original_model(dtype):
   """Same parameter names, same initial values, same logits: old records reproduce."""
   lm = models.LMSizes(context=16, num_layers=2, d_model=32, num_heads=4)

@@ -23,7 +23,8 @@ from nbsgd_jax import transforms as T
 from nbsgd_jax.run import step as step_lib
 from nbsgd_jax.run.loop import train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
+
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _EVENTS: list = []
 monitoring.register_event_duration_secs_listener(

@@ -12,11 +12,10 @@ import pytest
 
 from nbsgd_jax import config, data, train
 
-from tests.helpers import load_module
+from tests.helpers import ROOT, load_module
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 
 

@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from tests.helpers import load_script
+from tests.helpers import ROOT, load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 

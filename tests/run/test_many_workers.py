@@ -49,8 +49,8 @@ def test_permute_and_all_gather_over_device_and_local_axes(d, k):
                    "consensus.max_gossip_steps": 3, "nonblocking.enabled": True,
                    "nonblocking.num_minibatches": 2}),
     # 2(n - 1) ring rounds and MATCHA's matchings: compile time grows with n, so 16 = 8 x 2
-    (16, "allreduce_ring", {}),
-    (16, "matcha", {"topology": "torus"}),
+    pytest.param(16, "allreduce_ring", {}, marks=pytest.mark.long),
+    pytest.param(16, "matcha", {"topology": "torus"}, marks=pytest.mark.long),
 ])
 def test_many_workers_on_8_devices_match_simulate(n, algorithm, extra):
   kw = dict(algorithm=algorithm, num_workers=n, batch_size=4, **extra)

@@ -16,9 +16,8 @@ import pytest
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import config_doc
 
-from tests.helpers import load_module
+from tests.helpers import ROOT, load_module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_checker():

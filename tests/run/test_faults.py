@@ -19,12 +19,11 @@ from nbsgd_jax import files as files_lib
 from nbsgd_jax import train
 from nbsgd_jax.run import records as records_lib
 
-from tests.helpers import Crash  # the hook's exception that stops a run mid-way
+from tests.helpers import ROOT, Crash  # the hook's exception that stops a run mid-way
 from tests.helpers import read_records, run_python, small_cfg, without_wall, write_config_file
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CKPT = checkpoint_lib.CHECKPOINT_DIR
 
 

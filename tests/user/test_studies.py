@@ -7,9 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from tests.helpers import experiment_config, load_script
+from tests.helpers import ROOT, experiment_config, load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 _script = load_script

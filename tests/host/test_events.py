@@ -271,7 +271,7 @@ def test_a_checkpoint_continues_the_tau_count():
 @pytest.mark.parametrize("algorithm, over, every", [
     ("ad_psgd", {}, 1), ("swarm_sgd", {"swarm_sgd.local_steps": 3}, 3)])
 def test_a_ring_run_records_the_paper_s_tau(algorithm, over, every):
-  """An 8-worker ring run (``tests/test_asynchronous.py``'s least-squares set-up, 3 speeds)
+  """An 8-worker ring run (``tests/algorithms/test_asynchronous.py``'s least-squares set-up, 3 speeds)
   records ``staleness_tau`` (mean, max) equal to the count over a plain event loop that
   replays its cluster: worker i computes for ``batch * time_per_example * slowdown_i`` s; its
   event k exchanges with a neighbour (the peer ``draw_index(seed, i, k, 2)`` of its two, which

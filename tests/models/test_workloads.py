@@ -92,7 +92,7 @@ def _stats(model_state, worker=None):
   return [np.asarray(x if worker is None else x[worker]) for x in leaves]
 
 
-@pytest.mark.parametrize("backend", ["simulate", "mesh"])
+@pytest.mark.parametrize("backend", ["simulate", pytest.param("mesh", marks=pytest.mark.long)])
 def test_batchnorm_statistics_are_each_workers_own(backend):
   # Reference: flax's BatchNorm applied to each worker's batch on its own (no vmap, no
   # shard_map): the running statistics after one step are those of that worker's batch.
@@ -225,6 +225,7 @@ def _cli_under_mock_data(tmp_path, config, num_examples, *overrides):
   return run_python(["-c", script, *args], timeout=600)
 
 
+@pytest.mark.long  # the command line's own test: tests/user/test_cli.py (the main job)
 def test_cifar_resnet20_config_trains_through_the_cli(tmp_path):
   """The command a user copies from the config file trains the paper's ResNet-20 with
   D-PSGD: the run's model has the 269,722 parameters counted by hand in test_resnet20_has_

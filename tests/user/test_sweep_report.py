@@ -1,7 +1,7 @@
 """A sweep's report (``nbsgd_jax.sweep_report``, ``python -m nbsgd_jax.report SWEEP_DIR``) on
 records written by hand in the format a sweep writes: the statistics against numpy on the
 raw arrays, the runs left out, the bands, the refusals and the command line. A real sweep
-through the report: ``tests/test_sweeps.py``, the command-line test."""
+through the report: ``tests/run/test_sweeps.py``, the command-line test."""
 
 import json
 import os

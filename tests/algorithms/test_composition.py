@@ -17,7 +17,7 @@ from nbsgd_jax import recipes, train
 from nbsgd_jax import transforms as T
 from nbsgd_jax.communications import AllReduce, Communication, Pattern
 
-from tests.helpers import make_stepper, slow_except
+from tests.helpers import ROOT, make_stepper, slow_except
 
 # the registry's lists: every built-in algorithm, those that gossip every step, and of those
 # the ones that exchange plain models (a codec needs CHOCO-SGD's public copies)
@@ -276,7 +276,7 @@ def test_design_page_states_the_matrix_as_the_test_runs_it():
   """docs/design.md's figures of the matrix are this file's."""
   import os
   import re
-  with open(os.path.join(os.path.dirname(__file__), "..", "docs", "design.md")) as f:
+  with open(os.path.join(ROOT, "docs", "design.md")) as f:
     text = " ".join(f.read().split())
   refused = sum(1 for cell in CELLS if refusal(cell[0], cell[2], cell[1], cell[3]))
   m = re.search(r"(\d+) cells, of which (\d+) are refused", text)
