@@ -114,7 +114,7 @@ def test_one_peer_exponential_dpsgd_cycles_phases():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["dpsgd", "matcha"])
+@pytest.mark.parametrize("algorithm", ["dpsgd", pytest.param("matcha", marks=pytest.mark.long)])
 def test_16_workers_learn_on_an_erdos_renyi_graph(algorithm):
   """16 workers (two to a device) on an Erdos-Renyi graph take logistic regression on
   mnist10k to over 88 % in 200 steps (90.5 % and 90.2 % measured). The MLP runs to 95 % this

@@ -48,23 +48,24 @@ def test_bad_compression_config(override, needle):
 
 
 @pytest.mark.slow
-def test_error_feedback_keeps_accuracy_at_density_001():
+@pytest.mark.parametrize("codec", ["top_k", pytest.param("gaussian_k", marks=pytest.mark.long)])
+def test_error_feedback_keeps_accuracy_at_density_001(codec):
   """TopK-SGD and GaussianK-SGD with error feedback at density 0.01 end within 1.5 points of
   dense SGD on mnist10k (MLP 784-64-10, 8 workers, 300 steps); without error feedback Top-k
   ends over 2 points below Top-k with it. Measured: dense 94.0 %, Top-k 93.05 %, Gaussian-k
   93.3 %, Top-k without error feedback 89.85 %."""
+  runs = [("none", True), (codec, True)] + ([(codec, False)] if codec == "top_k" else [])
   acc = {}
-  for name, ef in [("none", True), ("top_k", True), ("gaussian_k", True), ("top_k", False)]:
+  for name, ef in runs:
     cfg = small_cfg(algorithm="allreduce", num_workers=8, batch_size=32, mlp_hidden=(64,),
                     learning_rate=0.2, momentum=0.9, lr_schedule="cosine", num_steps=300,
                     weight_decay=1e-3, eval_every=300, eval_worker_accuracy=False,
                     **{"compression.name": name, "compression.density": 0.01,
                        "compression.error_feedback": ef})
     acc[name, ef] = train.train(cfg)["test_accuracy"]
-  dense = acc["none", True]
-  assert acc["top_k", True] >= dense - 0.015, acc
-  assert acc["gaussian_k", True] >= dense - 0.015, acc
-  assert acc["top_k", False] < acc["top_k", True] - 0.02, acc
+  assert acc[codec, True] >= acc["none", True] - 0.015, acc
+  if codec == "top_k":
+    assert acc["top_k", False] < acc["top_k", True] - 0.02, acc
 
 
 def test_train_hooks_see_every_state():

@@ -299,7 +299,7 @@ def test_gaussian_paper_is_the_reference_loop():
   assert in_band == {"paper": 37, "bracket": len(vectors)}, in_band
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_gaussian_paper_is_the_reference_loop_in_float64():
   with jax.enable_x64(True):
     for i, (x, density) in enumerate(_reference_vectors(n=16, seed=3)):

@@ -65,6 +65,7 @@ def _resnet_workers(residuals, conv_impl="batched"):
   return jax.jit(jax.vmap(jax.value_and_grad(loss, has_aux=True))), variables, x, y
 
 
+@pytest.mark.long  # a run in these forms equals the plain one: test_a_run_in_the_auto_forms_...
 def test_materialized_residuals_compute_the_plain_resnet():
   fn, v, x, y = _resnet_workers("materialized", "per_worker")
   ref, _, _, _ = _resnet_workers("fused")

@@ -39,8 +39,7 @@ def _run(k, overrides, tmp_path):
   return summary, seen, read_records(f"{workdir}/metrics.jsonl")
 
 
-@pytest.mark.parametrize("case", slow_except(sorted(CASES), fast=(),
-                                             slow=("local_sgd", "nonblocking_mesh")))
+@pytest.mark.parametrize("case", slow_except(sorted(CASES), fast=(), slow=("local_sgd",)))
 def test_k_steps_per_dispatch_equal_one_step_per_dispatch(tmp_path, case):
   one, seen1, recs1 = _run(1, CASES[case], tmp_path)
   four, seen4, recs4 = _run(4, CASES[case], tmp_path)

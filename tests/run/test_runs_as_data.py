@@ -174,9 +174,9 @@ CHANGES = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algorithm,base,change", CHANGES,
-                         ids=[f"{a}-{'-'.join(c)}" for a, _, c in CHANGES])
+@pytest.mark.parametrize("algorithm,base,change", [  # three slow, four long
+    pytest.param(*c, marks=pytest.mark.slow if i in (0, 4, 6) else pytest.mark.long)
+    for i, c in enumerate(CHANGES)], ids=[f"{a}-{'-'.join(c)}" for a, _, c in CHANGES])
 def test_changed_hyperparameters_compile_nothing_and_equal_a_fresh_run(algorithm, base,
                                                                         change):
   """Run A, then B (A with other hyperparameters) in the same process: B makes no backend
@@ -193,7 +193,7 @@ def test_changed_hyperparameters_compile_nothing_and_equal_a_fresh_run(algorithm
   np.testing.assert_allclose(_losses(warm_b), _losses(cold_b), rtol=1e-6, atol=1e-12)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # the property on small runs: test_changed_hyperparameters_compile_nothing_...
 def test_another_rate_and_seed_on_mnist_compile_nothing():
   """The main job's kind of run (a CNN on mnist10k, D-PSGD): a second ``train()`` with
   another learning rate and seed makes no backend compilation; the same config run after

@@ -157,8 +157,8 @@ def test_a_three_by_three_grid_compiles_its_step_once_and_each_run_equals_it_alo
     pytest.param("diloco", {"diloco.inner_steps": 2, "optimizer": "adamw",
                             "learning_rate": 0.003}, marks=pytest.mark.long),
     ("choco_sgd", {"compression.name": "top_k", "compression.density": 0.2}),
-    ("dpsgd", {"cluster.failures": "1:2:3", "consensus.control": True,
-               "consensus.target": 1e-3}),
+    pytest.param("dpsgd", {"cluster.failures": "1:2:3", "consensus.control": True,
+                           "consensus.target": 1e-3}, marks=pytest.mark.long),
 ])
 def test_every_kind_of_host_part_per_run_equals_it_alone(algorithm, over):
   """Non-blocking counts and stragglers, periods, compression, failures, consensus targets:
