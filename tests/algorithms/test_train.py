@@ -118,8 +118,7 @@ def test_dpsgd_atc_on_complete_graph_equals_allreduce():
 @pytest.mark.parametrize("algorithm", slow_except(
     [a for a in config_lib.ALGORITHMS
      if a not in ("allreduce", "local_sgd", "diloco", "matcha", "ad_psgd")],
-    fast=("dpsgd", "sgp"), slow=("allreduce_ring", "choco_sgd", "gradient_tracking",
-                                 "streaming_diloco", "async_diloco")))
+    fast=("dpsgd", "sgp"), slow=("allreduce_ring", "choco_sgd", "async_diloco")))
 def test_simulate_and_mesh_backends_agree(algorithm):
   cfg = dict(algorithm=algorithm, num_workers=8, num_steps=6)
   cfg["diloco.inner_steps"] = 3  # local SGD: tau = 4; both see local steps and a sync
@@ -165,12 +164,12 @@ def test_dpsgd_logreg_learns_mnist10k():
 
 @pytest.mark.parametrize("algorithm", slow_except(
     [a for a in config_lib.ALGORITHMS if a != "dpsgd"], fast=(),
-    slow=("allreduce", "matcha", "choco_sgd", "gradient_tracking", "local_sgd", "diloco",
-          "ad_psgd", "async_diloco", "sgp")))
+    slow=("allreduce", "matcha", "choco_sgd", "local_sgd", "ad_psgd", "async_diloco", "sgp")))
 def test_every_algorithm_learns_mnist10k(algorithm):
   """Every algorithm takes logistic regression on mnist10k (8 workers) from chance (10 %) to
   over 88 % test accuracy: test_dpsgd_logreg_learns_mnist10k's run for each of the others
-  (allreduce_ring, d2, gossip_pga, streaming_diloco and swarm_sgd in the long tier). The
+  (allreduce_ring, gradient_tracking, d2, gossip_pga, diloco, streaming_diloco and swarm_sgd
+  in the long tier). The
   asynchronous family's steps are batches of events (about 2.2 events a batch on 8 workers),
   so it gets 500 of them, about 140 own steps a worker (89.7-90.2 % measured; the
   synchronous ones 89.9-90.6 %). The MLP runs to 95 % that this test

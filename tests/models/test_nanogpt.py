@@ -234,6 +234,7 @@ def test_nanogpt_init_statistics():
       assert abs(v.mean()) < 2e-3, k
 
 
+@pytest.mark.long
 def test_tied_output_layer_is_the_token_embedding():
   """One array: no output layer of its own, and the gradient of the output reaches the
   embedding rows that no input token uses."""

@@ -52,8 +52,8 @@ def _workers(model_name, shape, impl, pool="window", classes=10, n=N):
   return jax.vmap(jax.value_and_grad(loss)), params, x, y
 
 
-@pytest.mark.parametrize("name,shape,n", [("cnn", (28, 28, 1), N),
-                                          pytest.param("resnet", (16, 16, 3), 3, marks=pytest.mark.long)])
+@pytest.mark.long  # a run with them equals the batched run: test_training_with_per_worker_...
+@pytest.mark.parametrize("name,shape,n", [("cnn", (28, 28, 1), N), ("resnet", (16, 16, 3), 3)])
 def test_per_worker_conv_equals_the_batched_conv_under_vmap(name, shape, n):
   fn, params, x, y = _workers(name, shape, "per_worker", n=n)
   ref, _, _, _ = _workers(name, shape, "batched", n=n)

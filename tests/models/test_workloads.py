@@ -113,7 +113,12 @@ def test_batchnorm_statistics_are_each_workers_own(backend):
   assert not np.allclose(first[0], first[1])  # the workers' statistics differ
 
 
-def test_batchnorm_simulate_equals_mesh_and_survives_a_resume(tmp_path):
+@pytest.mark.parametrize("with_mesh", [False, pytest.param(True, marks=pytest.mark.long)])
+def test_batchnorm_simulate_equals_mesh_and_survives_a_resume(tmp_path, with_mesh):
+  """ResNet's BatchNorm statistics through local SGD's periodic programs: a run crashed at
+  step 3 resumes from step 2's checkpoint to exactly the uninterrupted run's parameters and
+  statistics, which moved; with ``with_mesh`` (the long tier) the mesh backend's equal the
+  simulated ones."""
   def final_state(cfg, workdir, crash_at=None):
     seen = {}
 
@@ -133,14 +138,16 @@ def test_batchnorm_simulate_equals_mesh_and_survives_a_resume(tmp_path):
   with tfds.testing.mock_data(num_examples=32):
     base = dict(num_steps=4, eval_every=2, checkpoint_every=2, algorithm="local_sgd")
     sim = final_state(cifar_cfg(**base), str(tmp_path / "sim"))
-    mesh = final_state(cifar_cfg(backend="mesh", **base), str(tmp_path / "mesh"))
+    if with_mesh:
+      mesh = final_state(cifar_cfg(backend="mesh", **base), str(tmp_path / "mesh"))
     final_state(cifar_cfg(**base), str(tmp_path / "crash"), crash_at=3)
     resumed = final_state(cifar_cfg(**base), str(tmp_path / "crash"))
   assert min(resumed) == 2  # it resumed from the checkpoint of step 2
   chex_equal = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
   chex_equal(resumed[4], sim[4])  # exactly
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
-               mesh[4], sim[4])
+  if with_mesh:
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+                 mesh[4], sim[4])
   assert any(not np.array_equal(a, b) for a, b in zip(_stats(sim[4][1]), _stats(sim[2][1])))
 
 

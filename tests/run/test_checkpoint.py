@@ -50,7 +50,7 @@ def _cfg(case, **kw):
 
 
 @pytest.mark.parametrize("case", slow_except(  # the others: test_faults, test_sweeps
-    sorted(CASES), fast=(), slow=("ad_psgd_events", "nonblocking_control")))
+    sorted(CASES), fast=(), slow=("ad_psgd_events",)))
 def test_crash_and_resume_equals_uninterrupted(tmp_path, case):
   full = train.train(_cfg(case), str(tmp_path / "full"))
 

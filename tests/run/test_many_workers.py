@@ -42,7 +42,7 @@ def test_permute_and_all_gather_over_device_and_local_axes(d, k):
 @pytest.mark.parametrize("n,algorithm,extra", [  # n = 64: the long tier, but one case
     pytest.param(64, "dpsgd", {"topology": "exponential"}, marks=pytest.mark.long),
     # time-varying W_t: the phase is one value (a pmax over the device and local axes)
-    (16, "dpsgd", {"topology": "one_peer_exponential"}),
+    pytest.param(16, "dpsgd", {"topology": "one_peer_exponential"}, marks=pytest.mark.long),
     pytest.param(64, "allreduce", {"compression.name": "top_k", "compression.density": 0.05},
                  marks=pytest.mark.long),
     (64, "dpsgd", {"consensus.control": True, "consensus.target": 1e-4,
