@@ -164,12 +164,12 @@ def test_dpsgd_logreg_learns_mnist10k():
 
 @pytest.mark.parametrize("algorithm", slow_except(
     [a for a in config_lib.ALGORITHMS if a != "dpsgd"], fast=(),
-    slow=("allreduce", "matcha", "choco_sgd", "local_sgd", "ad_psgd", "async_diloco", "sgp")))
+    slow=("allreduce", "matcha", "choco_sgd", "local_sgd", "async_diloco", "sgp")))
 def test_every_algorithm_learns_mnist10k(algorithm):
   """Every algorithm takes logistic regression on mnist10k (8 workers) from chance (10 %) to
   over 88 % test accuracy: test_dpsgd_logreg_learns_mnist10k's run for each of the others
-  (allreduce_ring, gradient_tracking, d2, gossip_pga, diloco, streaming_diloco and swarm_sgd
-  in the long tier). The
+  (allreduce_ring, gradient_tracking, d2, gossip_pga, diloco, streaming_diloco, ad_psgd and
+  swarm_sgd in the long tier). The
   asynchronous family's steps are batches of events (about 2.2 events a batch on 8 workers),
   so it gets 500 of them, about 140 own steps a worker (89.7-90.2 % measured; the
   synchronous ones 89.9-90.6 %). The MLP runs to 95 % that this test

@@ -283,6 +283,7 @@ def test_the_command_line_runs_a_sweep_and_the_report_reads_its_runs(tmp_path):
   assert (out / "report" / "loss_accuracy_vs_sim_time.png").exists()
 
 
+@pytest.mark.long  # a resumed sweep: test_an_interrupted_sweep_resumes_to_the_uninterrupted_...
 def test_stopped_runs_leave_the_program_and_a_resume_keeps_it(tmp_path, monkeypatch):
   """Runs of 4, 8 and 16 steps: once a quarter of them stopped, the stopped ones are taken
   out (one more compilation each time); every run still equals itself alone, and a sweep
