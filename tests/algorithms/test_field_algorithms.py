@@ -20,7 +20,7 @@ from nbsgd_jax.transforms import StepContext
 from nbsgd_jax.transforms import decentralized as D
 from tests.helpers import slow_except
 
-from tests.helpers import run_python, run_steps, small_cfg
+from tests.helpers import experiment_config, run_steps, small_cfg
 
 LR, STEPS, DIM = 0.1, 6, 12
 
@@ -354,22 +354,17 @@ def test_ef_sign_sgd_matches_algorithm_1(n, runner):
 # ----------------------------------------------------------------------------- exact convergence
 
 
-LSQ = "experiments/configs/heterogeneous_lsq.py"
-
-
 @pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
-def test_tracking_and_d2_reach_the_optimum_where_dpsgd_keeps_a_bias(tmp_path):
-  """Through the CLI, constant step, exact local gradients on heterogeneous least squares:
+def test_tracking_and_d2_reach_the_optimum_where_dpsgd_keeps_a_bias():
+  """``experiments/configs/heterogeneous_lsq.py`` (in process; the command line's path is
+  test_cli's): constant step, exact local gradients on heterogeneous least squares:
   F - F* < 1e-8 F* for gradient tracking and D^2 (Exact Diffusion), D-PSGD stalls above 1e-4."""
-  import json
   gaps = {}
   for alg in ("dpsgd", "gradient_tracking", "d2"):
-    work = tmp_path / alg
-    r = run_python(["-m", "nbsgd_jax.main", f"--config={LSQ}", f"--workdir={work}",
-                    f"--config.algorithm={alg}"])
-    assert r.returncode == 0, r.stderr
-    summary = json.loads((work / "summary.json").read_text())
+    cfg = experiment_config("heterogeneous_lsq")
+    cfg.algorithm, cfg.progress = alg, False
+    summary = train.train(cfg)
     gaps[alg] = summary["gap"] / summary["f_star"]
   assert gaps["gradient_tracking"] < 1e-8 and gaps["d2"] < 1e-8, gaps
   assert gaps["dpsgd"] > 1e-4, gaps

@@ -164,7 +164,7 @@ def test_dpsgd_logreg_learns_mnist10k():
 
 @pytest.mark.parametrize("algorithm", slow_except(
     [a for a in config_lib.ALGORITHMS if a != "dpsgd"], fast=(),
-    slow=("allreduce", "matcha", "choco_sgd", "local_sgd", "async_diloco", "sgp")))
+    slow=("choco_sgd", "local_sgd", "async_diloco", "sgp")))
 def test_every_algorithm_learns_mnist10k(algorithm):
   """Every algorithm takes logistic regression on mnist10k (8 workers) from chance (10 %) to
   over 88 % test accuracy: test_dpsgd_logreg_learns_mnist10k's run for each of the others

@@ -280,7 +280,7 @@ def _reference_vectors(n=48, seed=17):
 _THRESHOLD = jax.jit(C.gaussian_threshold, static_argnames=("density", "rounds", "correction"))
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 14 s; the paper's selection: test_gaussian_k_paper_selects_the_reference_...
 def test_gaussian_paper_is_the_reference_loop():
   # float32 as in training: the same count on every vector, thr to float32 rounding (the
   # statistics in float32; measured max relative difference 1.5e-7 on these vectors).

@@ -18,7 +18,7 @@ from nbsgd_jax import models as models_lib
 from nbsgd_jax import train
 from nbsgd_jax.axis import AXIS
 
-from tests.helpers import ROOT, run_python, run_steps, small_cfg
+from tests.helpers import ROOT, make_stepper, run_python, run_steps, small_cfg
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
@@ -98,15 +98,18 @@ def test_batchnorm_statistics_are_each_workers_own(backend):
   # shard_map): the running statistics after one step are those of that worker's batch.
   cfg = cifar_cfg(backend=backend, algorithm="dpsgd")
   with tfds.testing.mock_data(num_examples=32):
-    s, state, _ = run_steps(cfg, 1)
-  state = jax.device_get(state)
-  model = s.model
-  params0, ms0 = s.task.init()
-  data = jax.device_get(s.worker_data)
-  batches = jax.vmap(lambda d: s.task.batch(d, jnp.int32(0), AXIS), axis_name=AXIS)(data)
+    stepper = make_stepper(cfg)
+    initial = jax.device_get(stepper.state)  # every worker's model: the same init
+    stepper.steps(1)
+  s, state = stepper.setups[0], jax.device_get(stepper.state)
+  params0, ms0 = jax.tree.map(lambda x: x[0], (initial.params, initial.model_state))
+  # jitted, so that the reference compiles as two programs, not op by op
+  batches = jax.jit(jax.vmap(lambda d: s.task.batch(d, jnp.int32(0), AXIS),
+                             axis_name=AXIS))(jax.device_get(s.worker_data))
+  stats = jax.jit(lambda x: s.model.apply({**params0, **ms0}, x, train=True,
+                                          mutable=["batch_stats"])[1])
   for i in range(cfg.num_workers):
-    x = batches[0][i]
-    _, ref = model.apply({**params0, **ms0}, x, train=True, mutable=["batch_stats"])
+    ref = stats(batches[0][i])
     for got, want in zip(_stats(state.model_state, i), _stats(ref)):
       np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
   first = _stats(state.model_state)[0]

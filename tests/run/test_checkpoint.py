@@ -116,6 +116,7 @@ def _wait_for(path, proc, timeout=600):
     time.sleep(0.05)
 
 
+@pytest.mark.optimized  # 40 steps in three processes: XLA's optimisations pay here
 @pytest.mark.parametrize("algorithm", ["dpsgd"])  # the event clock's resume: ad_psgd_events
 def test_sigkill_and_resume_from_the_command_line(tmp_path, algorithm):
   """A real SIGKILL of the CLI mid-run, then the same command again (AD-PSGD: with the event

@@ -196,6 +196,7 @@ def test_the_lock_is_per_open_file_and_released_on_close(tmp_path):
 
 
 @pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
+@pytest.mark.long  # 24 s, two whole runs; the lock itself: test_a_second_process_gets_one_...
 def test_two_runs_started_together_leave_one_run_s_records(tmp_path):
   """Two command-line runs of one config in one workdir at once: one trains, the other
   stops with the lock's ``error:`` line (or, started after the first ended, finds the run

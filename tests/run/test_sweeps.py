@@ -156,7 +156,8 @@ def test_a_three_by_three_grid_compiles_its_step_once_and_each_run_equals_it_alo
     pytest.param("local_sgd", {"local_sgd.tau": 2, "steps_per_dispatch": 4}, marks=pytest.mark.long),
     pytest.param("diloco", {"diloco.inner_steps": 2, "optimizer": "adamw",
                             "learning_rate": 0.003}, marks=pytest.mark.long),
-    ("choco_sgd", {"compression.name": "top_k", "compression.density": 0.2}),
+    pytest.param("choco_sgd", {"compression.name": "top_k", "compression.density": 0.2},
+                 marks=pytest.mark.long),
     pytest.param("dpsgd", {"cluster.failures": "1:2:3", "consensus.control": True,
                            "consensus.target": 1e-3}, marks=pytest.mark.long),
 ])

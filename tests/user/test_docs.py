@@ -35,14 +35,21 @@ def _read(path):
 # ----------------------------------------------------------------------------- config.md
 
 
+@pytest.fixture(scope="module")
+def collected():
+  """``config_doc.collect()`` once for the module's tests (it validates ~700 probes: 5 s)."""
+  return config_doc.collect()
+
+
 @pytest.mark.slow
-def test_config_md_is_generated_from_the_code():
+def test_config_md_is_generated_from_the_code(collected, monkeypatch):
+  monkeypatch.setattr(config_doc, "collect", lambda: collected)
   assert _read(config_doc.OUT) == config_doc.generate(), (
       f"docs/config.md is stale: run {config_doc.COMMAND}")
 
 
 @pytest.mark.slow
-def test_config_md_lists_every_key_with_default_and_comment():
+def test_config_md_lists_every_key_with_default_and_comment(collected):
   text = _read(config_doc.OUT)
   rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([\w.]+)` \|.*$", text, re.M)}
   keys = [k for k, v in config_doc.config_keys() if not hasattr(v, "items")]
@@ -52,7 +59,7 @@ def test_config_md_lists_every_key_with_default_and_comment():
   assert not missing, f"keys of default_config() missing from docs/config.md: {missing}"
   for sec in sections:
     assert re.search(rf"^## `{re.escape(sec)}`", text, re.M), sec
-  for d in config_doc.collect():
+  for d in collected:
     if d.section:
       continue
     assert d.comment, f"{d.key} has no comment in default_config()"
@@ -60,8 +67,8 @@ def test_config_md_lists_every_key_with_default_and_comment():
 
 
 @pytest.mark.slow
-def test_config_doc_facts_come_from_comments_and_validate():
-  docs = {d.key: d for d in config_doc.collect()}
+def test_config_doc_facts_come_from_comments_and_validate(collected):
+  docs = {d.key: d for d in collected}
   # choice tuples, through validate's message
   assert all(a in docs["algorithm"].allowed[0] for a in config_lib.ALGORITHMS)
   assert all(t in docs["topology"].allowed[0] for t in config_lib.TOPOLOGIES)
@@ -98,9 +105,8 @@ def test_source_comments_parser():
 
 
 @pytest.mark.slow
-def test_config_doc_check_flag(tmp_path, monkeypatch):
-  docs = config_doc.collect()  # the keys' facts, collected once (5 s)
-  monkeypatch.setattr(config_doc, "collect", lambda: docs)
+def test_config_doc_check_flag(tmp_path, monkeypatch, collected):
+  monkeypatch.setattr(config_doc, "collect", lambda: collected)
   good, bad = tmp_path / "good.md", tmp_path / "bad.md"
   good.write_text(config_doc.generate())
   bad.write_text(config_doc.generate().replace("`8`", "`9`", 1))
@@ -176,8 +182,21 @@ def test_long_and_hardware_commands_pass_their_checks(commands):
   assert sum(r.status == "checked" for r in results) >= 15
 
 
-@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
 @pytest.mark.slow
+def test_quick_commands_pass_their_checks(commands):
+  """The slow tier's check of the quick commands (test_quick_commands_run_as_written, the
+  long tier, runs them): each program exists, its flags are in its ``--help``, its config
+  overrides name real keys and pass ``validate``. The quick start's three runs and its report
+  run in test_notebook, through the same configuration (test_notebook_config_is_the_...)."""
+  quick = [c for c in commands if c.kind == "quick"]
+  assert sum("nbsgd_jax.main" in c.text for c in quick) >= 3
+  results = checker.process(quick, run=False, skip_long=True, cwd=ROOT, timeout=60)
+  bad = [checker.format_result(r) for r in results if r.status != "checked"]
+  assert not bad, "\n".join(bad)
+
+
+@pytest.mark.optimized  # a long run: XLA's optimisations pay (tests/conftest.py)
+@pytest.mark.long  # 80 s: three 200-step runs, the report, config_doc and design.md's blocks
 def test_quick_commands_run_as_written(commands, tmp_path):
   """A new user's session: a copy of the repository, the quick commands of the README and the
   pages of docs/ in order, unchanged."""
