@@ -51,15 +51,15 @@ def test_bad_compression_config(override, needle):
 @pytest.mark.parametrize("codec", ["top_k", pytest.param("gaussian_k", marks=pytest.mark.long)])
 def test_error_feedback_keeps_accuracy_at_density_001(codec):
   """TopK-SGD and GaussianK-SGD with error feedback at density 0.01 end within 1.5 points of
-  dense SGD on mnist10k (MLP 784-64-10, 8 workers, 300 steps); without error feedback Top-k
-  ends over 2 points below Top-k with it. Measured: dense 94.0 %, Top-k 93.05 %, Gaussian-k
-  93.3 %, Top-k without error feedback 89.85 %."""
+  dense SGD on mnist10k (MLP 784-64-10, 8 workers, 200 steps); without error feedback Top-k
+  ends over 2 points below Top-k with it. Measured: dense 92.9 %, Top-k 92.05 %, Top-k without
+  error feedback 89.2 % (at 300 steps: 94.0 %, 93.05 %, Gaussian-k 93.3 %, 89.85 %)."""
   runs = [("none", True), (codec, True)] + ([(codec, False)] if codec == "top_k" else [])
   acc = {}
   for name, ef in runs:
     cfg = small_cfg(algorithm="allreduce", num_workers=8, batch_size=32, mlp_hidden=(64,),
-                    learning_rate=0.2, momentum=0.9, lr_schedule="cosine", num_steps=300,
-                    weight_decay=1e-3, eval_every=300, eval_worker_accuracy=False,
+                    learning_rate=0.2, momentum=0.9, lr_schedule="cosine", num_steps=200,
+                    weight_decay=1e-3, eval_every=200, eval_worker_accuracy=False,
                     **{"compression.name": name, "compression.density": 0.01,
                        "compression.error_feedback": ef})
     acc[name, ef] = train.train(cfg)["test_accuracy"]
