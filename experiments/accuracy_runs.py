@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402,F401  (puts the repository on sys.path)
 
-from nbsgd_jax import async_recipes  # noqa: E402
+from nbsgd_jax import recipes  # noqa: E402
 from nbsgd_jax import config as config_lib  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
 
@@ -47,7 +47,7 @@ def every_algorithm() -> dict:
   """The 8-worker MLP run of ``RUNS`` for each algorithm (``--all``): name -> overrides."""
   runs = {}
   for a in config_lib.ALGORITHMS:
-    steps = 1200 if async_recipes.is_asynchronous(a) else 300
+    steps = 1200 if recipes.is_asynchronous(a) else 300
     diloco = {"diloco.inner_steps": 10, "diloco.outer_momentum": 0.5} if "diloco" in a else {}
     runs[f"mlp8_{a}"] = {"algorithm": a, "num_workers": 8, "batch_size": 32,
                          "num_steps": steps, "eval_every": steps, **diloco}

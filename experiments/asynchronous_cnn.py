@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402  (puts the repository on sys.path; time_to)
 import reproduce_nonblocking as nb  # noqa: E402
-from nbsgd_jax import async_recipes  # noqa: E402
+from nbsgd_jax import recipes  # noqa: E402
 from nbsgd_jax import config as config_lib  # noqa: E402
 from nbsgd_jax import files  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
@@ -142,7 +142,7 @@ def main():
     facts["dpsgd"].append(base)
     for name in names:
       if name != "dpsgd":
-        on_events = async_recipes.is_asynchronous(RUNS[name][0])  # until D-PSGD's time
+        on_events = recipes.is_asynchronous(RUNS[name][0])  # until D-PSGD's time
         stop = base["sim_time"] * a.time_factor if on_events else 0.0
         facts[name].append(run(a, name, seed, stop))
       shown = {k: v for k, v in facts[name][-1].items() if k != "history"}

@@ -29,7 +29,6 @@ from typing import Any, Callable, NamedTuple, TextIO
 
 import ml_collections
 
-from nbsgd_jax import async_recipes  # noqa: F401  (registers the asynchronous family)
 from nbsgd_jax import augment as augment_lib
 from nbsgd_jax import backends as backends_lib
 from nbsgd_jax import checks

@@ -5,7 +5,7 @@ that are on, e.g. ``dpsgd + non-blocking (M = 4)``, ``ad_psgd (event clock)``,
 Each piece (:data:`PIECES`) is ``(cfg, active keys) -> Part``: the words it adds (none while
 it is off) and the config keys they state (while it is off, its switch: ``dpsgd`` says that
 ``nonblocking.enabled`` is False). What a piece says comes from the registries, never from a
-list of algorithm or codec names: the event clock from :func:`nbsgd_jax.async_recipes.
+list of algorithm or codec names: the event clock from :func:`nbsgd_jax.recipes.
 is_asynchronous`, a codec's options from :data:`nbsgd_jax.codecs.REGISTRY`, and a key is
 stated only while the run reads it (:func:`nbsgd_jax.config.inactive_keys`: CHOCO-SGD's codec
 has no error feedback). The
@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 
 import ml_collections
 
-from nbsgd_jax import async_recipes, codecs
+from nbsgd_jax import codecs, recipes
 from nbsgd_jax import config as config_lib
 
 EVENT_CLOCK = "event clock"
@@ -41,7 +41,7 @@ def _recipe(cfg, active: set) -> Part:
   """The algorithm, ``(event clock)`` for the asynchronous family."""
   del active
   name = str(cfg.get("algorithm"))
-  clock = f" ({EVENT_CLOCK})" if async_recipes.is_asynchronous(name) else ""
+  clock = f" ({EVENT_CLOCK})" if recipes.is_asynchronous(name) else ""
   return Part(name + clock, ("algorithm",))
 
 

@@ -1,4 +1,4 @@
-"""The asynchronous family on the event clock (``nbsgd_jax/async_recipes.py``) against
+"""The asynchronous family on the event clock (``nbsgd_jax/recipes/asynchronous.py``) against
 independent references.
 
 AD-PSGD's reference is a plain sequential event loop in numpy float64, written from the paper
@@ -96,9 +96,9 @@ def test_equals_the_sequential_event_loop(algorithm, over, ref):
 
 
 def test_bipartite_pairing_pairs_an_active_with_a_passive_worker():
-  from nbsgd_jax import async_recipes
+  from nbsgd_jax import recipes
   s = train.setup(_cfg(**{"ad_psgd.pairing": "bipartite"}))
-  side = async_recipes.two_colouring(N, s.topology.edges)
+  side = recipes.two_colouring(N, s.topology.edges)
   pairs = 0
   for _, inputs, _, _ in train.Stepper.of(s).steps(20):
     peer = inputs.per_worker["peer"]

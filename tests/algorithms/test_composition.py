@@ -11,7 +11,6 @@ import numpy as np
 import optax
 import pytest
 
-from nbsgd_jax import async_recipes
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import recipes, train
 from nbsgd_jax import transforms as T
@@ -26,8 +25,8 @@ GOSSIP = tuple(recipes.gossip_recipes())
 UNCOMPRESSED_GOSSIP = tuple(n for n in GOSSIP if recipes.REGISTRY[n].no_compression
                             == recipes.GOSSIP_REASON)
 # the asynchronous family (the event clock): no deadline, no simulated failures, no codec
-ASYNC = tuple(n for n in ALGORITHMS if async_recipes.is_asynchronous(n))
-PUSH_SUM = tuple(n for n in ALGORITHMS if recipes.REGISTRY[n].check is async_recipes.check_sgp)
+ASYNC = tuple(n for n in ALGORITHMS if recipes.is_asynchronous(n))
+PUSH_SUM = tuple(n for n in ALGORITHMS if recipes.REGISTRY[n].check is recipes.check_sgp)
 STEPS = 4
 
 
@@ -145,9 +144,7 @@ def test_refused_cells_are_only_compressed_gossip():
   is mathematical (it needs CHOCO-SGD's public copies)."""
   for algorithm, nb, comp, fail, ctl in CELLS:
     cfg = cell_cfg(algorithm, nb, comp, fail, ctl)
-    errs = recipes.combination_errors(cfg)
-    if algorithm in ASYNC + PUSH_SUM:  # the family's own rules (its registration's check)
-      recipes.REGISTRY[algorithm].check(cfg, errs)
+    errs = recipes.combination_errors(cfg)  # the registration's check and clock included
     assert bool(errs) == bool(refusal(algorithm, comp, nb, fail)), (algorithm, nb, comp, fail,
                                                                      ctl, errs)
     assert not any("not combined yet" in e for e in errs)

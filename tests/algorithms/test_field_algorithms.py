@@ -261,14 +261,13 @@ def test_d2_two_step_recursion(n, runner, lazy):
 
 
 def test_d2_refuses_a_w_with_lambda_min_below_minus_a_third():
-  from nbsgd_jax import recipes
   with pytest.raises(ValueError, match=r"config.d2.mixing='w' is not allowed with this W: "
                                        r"lambda_min\(W\) = -0.3333"):
-    recipes.check_d2_mixing([_ring(8)], "w")
-  recipes.check_d2_mixing([_ring(8)], "lazy")
-  recipes.check_d2_mixing([_ring(5)], "w")  # odd ring: lambda_min = 1/3 + 2/3 cos(4 pi / 5)
+    D.check_d2_mixing([_ring(8)], "w")
+  D.check_d2_mixing([_ring(8)], "lazy")
+  D.check_d2_mixing([_ring(5)], "w")  # odd ring: lambda_min = 1/3 + 2/3 cos(4 pi / 5)
   with pytest.raises(ValueError, match="time-varying"):
-    recipes.check_d2_mixing([_ring(8), _ring(8)], "lazy")
+    D.check_d2_mixing([_ring(8), _ring(8)], "lazy")
 
 
 # ----------------------------------------------------------------------------- Gossip-PGA

@@ -6,9 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nbsgd_jax import async_recipes
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import metrics, topology, train
+from nbsgd_jax import metrics, recipes, topology, train
 from tests.helpers import slow_except
 
 from tests.helpers import assert_histories_close, logreg_grads_numpy, run_steps, small_cfg
@@ -174,7 +173,7 @@ def test_every_algorithm_learns_mnist10k(algorithm):
   so it gets 500 of them, about 140 own steps a worker (89.7-90.2 % measured; the
   synchronous ones 89.9-90.6 %). The MLP runs to 95 % that this test
   once made (400 s of the slow tier) are ``python experiments/accuracy_runs.py --all``."""
-  steps = 500 if async_recipes.is_asynchronous(algorithm) else 200
+  steps = 500 if recipes.is_asynchronous(algorithm) else 200
   cfg = small_cfg(model="logreg", algorithm=algorithm, num_workers=8, batch_size=32,
                   learning_rate=0.5, momentum=0.9, lr_schedule="cosine", num_steps=steps,
                   eval_every=steps, eval_worker_accuracy=False,

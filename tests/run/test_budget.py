@@ -14,10 +14,10 @@ import jax
 import numpy as np
 import pytest
 
-from nbsgd_jax import async_recipes
 from nbsgd_jax import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import hparams as hparams_lib
+from nbsgd_jax import recipes
 from nbsgd_jax import train
 from nbsgd_jax.run.stepper import Budget
 
@@ -67,7 +67,7 @@ def _replay(cfg, steps):
   part = train.make_host(s).part("clock")
   pulls = None
   if cfg.algorithm == "async_diloco":
-    pulls = async_recipes.inner_steps(cfg, part.cluster) + 1
+    pulls = recipes.inner_steps(cfg, part.cluster) + 1
   per_worker, means = np.zeros(cfg.num_workers, np.int64), [0.0]
   for _ in range(steps):
     for e in part.clock.next_batch():

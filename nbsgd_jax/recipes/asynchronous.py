@@ -14,10 +14,11 @@ masks (:mod:`nbsgd_jax.transforms.asynchronous`).
   on the lockstep clock: with ``sgp.overlap`` its rounds overlap the computation and land
   ``sgp.synch_freq`` steps late.
 
-Rules of the event-clock recipes (``ad_psgd``, ``swarm_sgd``, ``async_diloco``): no
-Non-blocking SGD deadline (a worker waits for nobody), no simulated failures and no wall clock
-(the event clock is the run's time), no compression (SwarmSGD's quantized averaging and a
-compressed push are not built).
+The event-clock recipes (``ad_psgd``, ``swarm_sgd``, ``async_diloco``) are registered with
+``clock="event"``, so the registry holds the event clock's rules for them
+(:func:`~nbsgd_jax.recipes.registry.event_clock_errors`: no Non-blocking SGD deadline, no
+simulated failures, no wall clock); they refuse compression (SwarmSGD's quantized averaging
+and a compressed push are not built).
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ from collections import deque
 import ml_collections
 import numpy as np
 
-from nbsgd_jax import checks, recipes
+from nbsgd_jax import checks
 from nbsgd_jax.communications.pairwise import PairwiseAverage
 from nbsgd_jax.communications.server import ParameterServer
 from nbsgd_jax.host import async_orders
 from nbsgd_jax.host import events as events_lib
 from nbsgd_jax.transforms import asynchronous as A
 from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
+from nbsgd_jax.recipes.builder import Builder
+from nbsgd_jax.recipes.registry import GOSSIP_REASON, Recipe, Section, register
+from nbsgd_jax.recipes.synchronous import DILOCO
 
 PAIRINGS = ("random", "bipartite")
 AD_PSGD_ORDERS = ("paper", "released")
@@ -140,32 +144,10 @@ def check_async_diloco_config(cfg, errs: list) -> None:
 
 
 def check_async_diloco(cfg, errs: list) -> None:
-  """The event clock's rules, and an outer step that is Nesterov's."""
-  check_asynchronous(cfg, errs)
+  """Asynchronous DiLoCo's rule beyond the event clock's: an outer step that is Nesterov's."""
   if cfg.diloco.get("outer_nesterov") is False:
     errs.append("config.diloco.outer_nesterov=False is not allowed with "
                 "config.algorithm='async_diloco': its outer step is delayed Nesterov")
-
-
-def check_asynchronous(cfg, errs: list) -> None:
-  """The rules of every asynchronous recipe (module docstring)."""
-  algo = f"config.algorithm={cfg.algorithm!r}"
-  if cfg.nonblocking.get("enabled"):
-    errs.append(f"config.nonblocking.enabled=True is not allowed with {algo}: an asynchronous "
-                "worker waits for nobody, so there is no deadline")
-  if str(cfg.cluster.get("failures") or "").strip():
-    errs.append(f"config.cluster.failures={cfg.cluster.failures!r} is not allowed with {algo}: "
-                "the event clock simulates no failures")
-  if cfg.cluster.get("clock") != "simulated":
-    errs.append(f"config.cluster.clock={cfg.cluster.clock!r} is not allowed with {algo}: the "
-                "event clock is simulated")
-
-
-def is_asynchronous(algorithm: str) -> bool:
-  """Whether ``config.algorithm=algorithm`` runs on the event clock (registered with
-  :func:`check_asynchronous` or :func:`check_async_diloco`)."""
-  entry = recipes.REGISTRY.get(algorithm)
-  return entry is not None and entry.check in (check_asynchronous, check_async_diloco)
 
 
 def two_colouring(n: int, edges) -> np.ndarray | None:
@@ -203,19 +185,19 @@ def _event_clock(cfg, pairwise: PairwiseAverage, seed: int, active=None, every: 
       cluster, touch, pairwise.message_bytes(params), cfg.cluster.step_overhead, reach=reach)
 
 
-AD_PSGD = recipes.Section(ad_psgd_defaults, check_ad_psgd_config,
-                          "AD-PSGD (Lian et al. 2018)", host=("pairing", "seed"))
-ASYNC_DILOCO = recipes.Section(async_diloco_defaults, check_async_diloco_config,
-                               "asynchronous DiLoCo (Liu, Douillard et al. 2024)",
-                               host=("dynamic_local_updates", "min_inner_steps", "pull"))
-SGP = recipes.Section(sgp_defaults, check_sgp_config, "SGP (Assran et al. 2019)")
-SWARM_SGD = recipes.Section(swarm_sgd_defaults, check_swarm_sgd_config,
-                            "SwarmSGD (Nadiradze et al. 2021)", host=("local_steps", "seed"))
+AD_PSGD = Section(ad_psgd_defaults, check_ad_psgd_config,
+                  "AD-PSGD (Lian et al. 2018)", host=("pairing", "seed"))
+ASYNC_DILOCO = Section(async_diloco_defaults, check_async_diloco_config,
+                       "asynchronous DiLoCo (Liu, Douillard et al. 2024)",
+                       host=("dynamic_local_updates", "min_inner_steps", "pull"))
+SGP = Section(sgp_defaults, check_sgp_config, "SGP (Assran et al. 2019)")
+SWARM_SGD = Section(swarm_sgd_defaults, check_swarm_sgd_config,
+                    "SwarmSGD (Nadiradze et al. 2021)", host=("local_steps", "seed"))
 
 
-@recipes.register("ad_psgd", no_compression=NO_COMPRESSION, sections={"ad_psgd": AD_PSGD},
-                  check=check_asynchronous)
-def ad_psgd(b: recipes.Builder) -> recipes.Recipe:
+@register("ad_psgd", no_compression=NO_COMPRESSION, sections={"ad_psgd": AD_PSGD},
+          clock="event")
+def ad_psgd(b: Builder) -> Recipe:
   """AD-PSGD (Lian et al. 2018, Algorithm 1) on the event clock over the topology's graph;
   ``ad_psgd.order='released'``: the reference code's gossip loop, gradient first
   (:class:`~nbsgd_jax.host.async_orders.GossipLoopTimes`).
@@ -234,19 +216,19 @@ def ad_psgd(b: recipes.Builder) -> recipes.Recipe:
                        "has an odd cycle (not bipartite); use pairing='random' or a bipartite "
                        "graph (a ring of even n, a torus of even sides)")
   if cfg.ad_psgd.order == "released":  # gradient first, on the gossip loop's cadence
-    return recipes.Recipe(A.pairwise_events(b.optimizer(), pairwise, "gradient_first",
-                                            gradient="apply"),
-                          decentralized=True, primary=pairwise,
-                          clock=_event_clock(cfg, pairwise, cfg.ad_psgd.seed, active,
-                                             times=async_orders.GossipLoopTimes))
-  return recipes.Recipe(A.pairwise_events(b.optimizer(), pairwise, "average_first"),
-                        decentralized=True, primary=pairwise,
-                        clock=_event_clock(cfg, pairwise, cfg.ad_psgd.seed, active))
+    return Recipe(A.pairwise_events(b.optimizer(), pairwise, "gradient_first",
+                                    gradient="apply"),
+                  decentralized=True, primary=pairwise,
+                  clock=_event_clock(cfg, pairwise, cfg.ad_psgd.seed, active,
+                                     times=async_orders.GossipLoopTimes))
+  return Recipe(A.pairwise_events(b.optimizer(), pairwise, "average_first"),
+                decentralized=True, primary=pairwise,
+                clock=_event_clock(cfg, pairwise, cfg.ad_psgd.seed, active))
 
 
-@recipes.register("swarm_sgd", no_compression=NO_COMPRESSION,
-                  sections={"swarm_sgd": SWARM_SGD}, check=check_asynchronous)
-def swarm_sgd(b: recipes.Builder) -> recipes.Recipe:
+@register("swarm_sgd", no_compression=NO_COMPRESSION,
+          sections={"swarm_sgd": SWARM_SGD}, clock="event")
+def swarm_sgd(b: Builder) -> Recipe:
   """SwarmSGD (Nadiradze et al. 2021) on the event clock: each event is one local SGD step of
   a worker; after every H-th (``swarm_sgd.local_steps``) it averages with a neighbour drawn
   uniformly, ``x_i, x_j <- (x_i + x_j) / 2`` (the peer keeps computing: its in-flight step
@@ -256,11 +238,11 @@ def swarm_sgd(b: recipes.Builder) -> recipes.Recipe:
   pairwise = PairwiseAverage(b.n, b.topology.edges, b.axis_name)
   sw = b.cfg.swarm_sgd
   times = async_orders.OneSidedTimes if sw.averaging == "one_sided" else events_lib.EventTimes
-  return recipes.Recipe(A.pairwise_events(b.optimizer(), pairwise, "gradient_first",
-                                          sw.averaging),
-                        decentralized=True, primary=pairwise,
-                        clock=_event_clock(b.cfg, pairwise, sw.seed, every=sw.local_steps,
-                                           times=times))
+  return Recipe(A.pairwise_events(b.optimizer(), pairwise, "gradient_first",
+                                  sw.averaging),
+                decentralized=True, primary=pairwise,
+                clock=_event_clock(b.cfg, pairwise, sw.seed, every=sw.local_steps,
+                                   times=times))
 
 
 def inner_steps(cfg, cluster) -> np.ndarray:
@@ -279,11 +261,11 @@ def inner_steps(cfg, cluster) -> np.ndarray:
   return np.maximum((h * t.min() / t).astype(np.int64), min(a.min_inner_steps, h))
 
 
-@recipes.register("async_diloco", no_compression="a compressed push (with its error feedback "
-                  "across asynchronous rounds) is not built",
-                  sections={"diloco": recipes.DILOCO, "async_diloco": ASYNC_DILOCO},
-                  check=check_async_diloco)
-def async_diloco(b: recipes.Builder) -> recipes.Recipe:
+@register("async_diloco", no_compression="a compressed push (with its error feedback "
+          "across asynchronous rounds) is not built",
+          sections={"diloco": DILOCO, "async_diloco": ASYNC_DILOCO},
+          check=check_async_diloco, clock="event")
+def async_diloco(b: Builder) -> Recipe:
   """Asynchronous DiLoCo (Liu, Douillard et al. 2024) on the event clock (module
   docstring); an evaluation reads the server's model, as DiLoCo's reads its outer model
   (:func:`~nbsgd_jax.transforms.asynchronous.outer_models`)."""
@@ -296,21 +278,21 @@ def async_diloco(b: recipes.Builder) -> recipes.Recipe:
   clock = lambda cluster, comms, params: events_lib.ServerEventTimes(
       cluster, server.message_bytes(params), inner_steps(cfg, cluster), cfg.cluster.step_overhead,
       a.pull)
-  return recipes.Recipe(t, decentralized=True, primary=server, clock=clock,
-                        evaluated=A.outer_models)
+  return Recipe(t, decentralized=True, primary=server, clock=clock,
+                evaluated=A.outer_models)
 
 
-@recipes.register("sgp", no_compression=recipes.GOSSIP_REASON, sections={"sgp": SGP},
-                  check=check_sgp)
-def sgp(b: recipes.Builder) -> recipes.Recipe:
+@register("sgp", no_compression=GOSSIP_REASON, sections={"sgp": SGP},
+          check=check_sgp)
+def sgp(b: Builder) -> Recipe:
   """SGP / Overlap-SGP (Assran et al. 2019) over the topology's W_t (``one_peer_exponential``
   is the paper's graph: every phase (I + P_t) / 2, doubly stochastic, so without overlap SGP
   is D-PSGD over the same W_t)."""
   sg = b.cfg.sgp
   t = stochastic_gradient_push(b.optimizer("local"), b.gossip(), sg.overlap, sg.synch_freq)
-  return recipes.Recipe(t, decentralized=True, primary=t.communications[-1])
+  return Recipe(t, decentralized=True, primary=t.communications[-1])
 
 
 __all__ = ["AD_PSGD", "AD_PSGD_ORDERS", "ASYNC_DILOCO", "PAIRINGS", "SGP", "SWARM_SGD", "ad_psgd",
-           "async_diloco", "check_asynchronous", "inner_steps", "is_asynchronous", "sgp",
-           "swarm_sgd", "two_colouring"]
+           "async_diloco", "check_async_diloco", "inner_steps", "sgp", "swarm_sgd",
+           "two_colouring"]
