@@ -120,10 +120,30 @@ def _unknown_keys(argv: list[str]) -> list[str]:
   return config_lib.unknown_key_errors(keys)
 
 
+def _import_early(argv: list[str]) -> None:
+  """Imports the modules of ``--config.imports=M1,M2`` before the config file loads, so that
+  what they register comes with its config keys: an algorithm registered with its own
+  section (``recipes.register(..., sections=...)``) has ``--config.SECTION.KEY``. A module
+  that cannot be imported: one ``error:`` line and exit status 2."""
+  values = [a.split("=", 1)[1] for a in argv[1:] if re.match(r"--config\.imports=", a)]
+  if not values:
+    return
+  import ml_collections
+  from nbsgd_jax import config as config_lib
+  try:
+    config_lib.import_modules(ml_collections.ConfigDict({"imports": values[-1]}))
+  except config_lib.ConfigError as e:
+    for line in e.errors:
+      print(f"error: {line}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a bad command line as ``error:`` lines and exit status 2
   (absl alone exits with 1 on a value of the wrong type; ml_collections raises, with a
-  traceback, on an unknown ``--config.KEY`` or a config file that cannot be read)."""
+  traceback, on an unknown ``--config.KEY`` or a config file that cannot be read).
+  ``--config.imports`` are imported first (:func:`_import_early`)."""
+  _import_early(argv)
   try:
     rest = flags.FLAGS(argv)
     cfg = flags.FLAGS["config"].value

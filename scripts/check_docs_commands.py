@@ -39,6 +39,7 @@ Exit status: 0 when every command ran (status 0) or passed its checks, else 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -271,25 +272,55 @@ def check_main_args(args: Sequence[str], root: str = ROOT) -> list[str]:
       cfg_args.append(a)
   if not any(a.startswith("--config=") for a in cfg_args):
     return ["no --config=FILE"]
-  fv = absl_flags.FlagValues()
-  argv = ["main"] + cfg_args
-  try:  # sys_argv: the overrides to define (by default, this process's sys.argv)
-    config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
-                                    sys_argv=argv)
-    fv(argv)
-    cfg = fv["config"].value
-    cfg.get("algorithm")
-  except Exception as e:  # pylint: disable=broad-except  (absl / ml_collections errors)
-    return [f"the config flags do not parse: {' '.join(str(e).split())}"]
+  imports = [a.split("=", 1)[1] for a in cfg_args if a.startswith("--config.imports=")]
+  with _imported(imports[-1] if imports else "", root) as error:
+    if error:
+      return [f"validate: {error}"]
+    fv = absl_flags.FlagValues()
+    argv = ["main"] + cfg_args
+    try:  # sys_argv: the overrides to define (by default, this process's sys.argv)
+      config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
+                                      sys_argv=argv)
+      fv(argv)
+      cfg = fv["config"].value
+      cfg.get("algorithm")
+    except Exception as e:  # pylint: disable=broad-except  (absl / ml_collections errors)
+      return [f"the config flags do not parse: {' '.join(str(e).split())}"]
+    try:
+      config_lib.validate(cfg)
+    except config_lib.ConfigError as e:
+      problems += [f"validate: {line}" for line in e.errors]
+  return problems
+
+
+@contextlib.contextmanager
+def _imported(names: str, root: str):
+  """``--config.imports`` imported before the config file loads, as the program does (their
+  config sections become keys), from ``root``; yields an error line or None. The algorithms
+  and config sections they registered are removed on exit: the checker's own process keeps
+  the built-in registry."""
+  from nbsgd_jax import recipes
+  from nbsgd_jax import config as config_lib
+  import ml_collections
+  kept = dict(recipes.REGISTRY), dict(recipes.SECTIONS)
+  modules = [m.strip() for m in names.split(",") if m.strip()]
+  for m in modules:  # imported afresh: a module imported before registered into the tables
+    sys.modules.pop(m, None)
   sys.path.insert(0, root)  # config.imports names modules as the program sees them from root
   try:
-    config_lib.import_modules(cfg)
-    config_lib.validate(cfg)
-  except config_lib.ConfigError as e:
-    problems += [f"validate: {line}" for line in e.errors]
+    try:
+      config_lib.import_modules(ml_collections.ConfigDict({"imports": names}))
+      error = None
+    except config_lib.ConfigError as e:
+      error = e.errors[0]
+    yield error
   finally:
     sys.path.remove(root)
-  return problems
+    for table, before in zip((recipes.REGISTRY, recipes.SECTIONS), kept):
+      table.clear()
+      table.update(before)
+    for m in modules:
+      sys.modules.pop(m, None)
 
 
 def _pyproject_extras(root: str) -> set[str]:

@@ -2,6 +2,8 @@
 the stepper loop, per-worker step contexts, record files, command lines, script loaders and
 small fixtures made on disk."""
 
+import contextlib
+import importlib
 import importlib.util
 import io
 import json
@@ -18,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import pytest
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import train
+from nbsgd_jax import recipes, train
 from nbsgd_jax.transforms import StepContext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +53,23 @@ def experiment_config(name, module_name=None):
   """``experiments/configs/NAME.py``'s ``get_config()``: a fresh ConfigDict (the file loaded
   as a module named ``module_name``, default ``NAME``)."""
   return load_module("experiments", "configs", f"{name}.py", name=module_name).get_config()
+
+
+@contextlib.contextmanager
+def registered(module_name):
+  """Imports ``module_name``, a module that registers an algorithm from outside the package
+  (``examples.easgd``), and yields it; on exit removes what it registered
+  (``recipes.REGISTRY``, ``recipes.SECTIONS``) and the module, so that other tests see the
+  built-in registry (``docs/config.md`` is generated from it)."""
+  before = dict(recipes.REGISTRY), dict(recipes.SECTIONS)
+  sys.modules.pop(module_name, None)
+  try:
+    yield importlib.import_module(module_name)
+  finally:
+    for table, kept in zip((recipes.REGISTRY, recipes.SECTIONS), before):
+      table.clear()
+      table.update(kept)
+    sys.modules.pop(module_name, None)
 
 
 # ----------------------------------------------------------------------------- configurations

@@ -160,6 +160,12 @@ def test_checker_finds_problems():
   assert checker.check(main + " --config.num_worker=3")  # unknown key
   assert checker.check(main + " --config.num_workers=abc")  # wrong type
   assert any("--wrkdir" in p for p in checker.check(main.replace("--workdir", "--wrkdir")))
+  # --config.imports first, as the program: an outside algorithm's own keys exist
+  easgd = main + " --config.imports=examples.easgd --config.algorithm=easgd"
+  assert checker.check(easgd + " --config.easgd.tau=3") == []
+  assert checker.check(easgd + " --config.easgd.beta=2.0") == [
+      "validate: config.easgd.beta=2.0 is not allowed: it must be a number > 0 and <= 1"]
+  assert "easgd" not in config_lib.algorithm_names()  # the checker's process: built-ins only
   assert checker.check("python -m nbsgd_jax.main --config=experiments/configs/nope.py")
   assert any("--nope" in p for p in checker.check(
       "python experiments/topology_table.py --nope=1"))
