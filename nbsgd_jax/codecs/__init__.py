@@ -73,12 +73,30 @@ class Spec(NamedTuple):
       a legal but wasteful value returned as a warning line; run before anything is compiled
       while it is ``config.compression.name`` (:func:`nbsgd_jax.run.setup.check_model_fit`);
       or None.
+    options: the keys it adds to ``config.compression`` (:class:`Options`), or None.
   """
 
   factory: Callable[..., Any]
   keys: tuple[str, ...] = ()
   reducer: bool = False
   check_model: Optional[Callable[[Any, list, list], Optional[list]]] = None
+  options: Optional["Options"] = None
+
+
+class Options(NamedTuple):
+  """The ``config.compression.*`` keys a codec registered from outside the package adds
+  (the built-in codecs' keys are :func:`compression_defaults`'), as a recipe's
+  :class:`~nbsgd_jax.recipes.Section` adds a section.
+
+  Attributes:
+    defaults: ``() -> ConfigDict`` of the keys with their defaults (names that
+      ``config.compression`` does not have yet).
+    check: ``(cfg, errs) -> None``, one line per bad value of these keys (run whatever the
+      codec, as every ``compression.*`` check).
+  """
+
+  defaults: Callable[[], ml_collections.ConfigDict]
+  check: Callable[[ml_collections.ConfigDict, list], None]
 
 
 NONE = "none"  # config.compression.name of no compression
@@ -86,23 +104,39 @@ REGISTRY: dict[str, Spec] = {}
 
 
 def register(name: str, factory: Callable[..., Any], keys: tuple = (), reducer: bool = False,
-             check_model: Optional[Callable[[Any, list, list], Optional[list]]] = None) -> None:
+             check_model: Optional[Callable[[Any, list, list], Optional[list]]] = None,
+             options: Optional[Options] = None) -> None:
   """Register a codec as ``config.compression.name=name`` (also from outside the package).
 
   Args:
     name: its name in ``config.compression.name``.
     factory: ``(**options) -> Codec`` with the options of ``keys`` (:class:`Spec`).
-    keys: the ``config.compression.*`` keys passed to ``factory``.
+    keys: the ``config.compression.*`` keys passed to ``factory``; the keys of ``options``
+      are passed too.
     reducer: ``factory`` makes a reducer of its own (:class:`Spec`).
     check_model: its model-dependent rules (:class:`Spec`).
+    options: keys of its own added to ``config.compression`` (:class:`Options`).
 
   Raises:
-    ValueError: ``name`` registered already with another factory, or a key that
-      ``config.compression`` does not have is asked for by a factory at run time (named).
+    ValueError: ``name`` registered already with another factory, an option key that
+      ``config.compression`` already has, or a key that ``config.compression`` does not have
+      asked for by a factory at run time (named).
   """
   if name in REGISTRY and REGISTRY[name].factory is not factory:
     raise ValueError(f"codec {name!r} is already registered")
-  REGISTRY[name] = Spec(factory, tuple(keys), bool(reducer), check_model)
+  own = tuple(options.defaults()) if options is not None else ()
+  clash = sorted(set(own) & _taken_keys(name)) if own else []
+  if clash:
+    raise ValueError(f"codec {name!r}: option config.compression.{clash[0]} exists already; "
+                     "name its keys after the codec")
+  REGISTRY[name] = Spec(factory, tuple(dict.fromkeys(tuple(keys) + own)), bool(reducer),
+                        check_model, options)
+
+
+def _taken_keys(name: str) -> set:
+  """The ``config.compression`` keys there are apart from codec ``name``'s own (a codec
+  registered again keeps its keys)."""
+  return set(compression_defaults()) - set(getattr(REGISTRY.get(name), "keys", ()))
 
 
 def names() -> tuple[str, ...]:
@@ -200,6 +234,10 @@ def compression_defaults() -> ml_collections.ConfigDict:
                                      # (default 3, its GaussianCompressor)
   s.gaussian_correction = "bracket"  # bracket | paper (GaussianK-SGD's loop:
                                                  # x0.5 / x1.5 steps only)
+  for spec in REGISTRY.values():  # the keys of codecs registered with options of their own
+    if spec.options is not None:
+      for key, value in spec.options.defaults().items():
+        s[key] = value
   return s
 
 
@@ -226,3 +264,6 @@ def check_config(cfg, errs: list) -> None:
                 "'bracket' or 'paper'")
   for key in ("error_feedback", "flatten"):
     checks.boolean(cfg, errs, f"compression.{key}")
+  for spec in REGISTRY.values():
+    if spec.options is not None:
+      spec.options.check(cfg, errs)

@@ -82,6 +82,7 @@ def test_auto_pool_takes_the_window_where_a_size_is_odd():
     models.make_model("cnn", 10, pool_impl="reshape").apply(v, x)
 
 
+@pytest.mark.long  # 17 s of ResNet programs; each form against the plain one: the tests above
 def test_a_run_in_the_auto_forms_takes_the_steps_of_the_plain_forms():
   base = dict(model="resnet", resnet_depth=8, num_workers=4, batch_size=4,
               eval_train_examples=16, algorithm="dpsgd")

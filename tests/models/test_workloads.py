@@ -154,6 +154,7 @@ def test_batchnorm_simulate_equals_mesh_and_survives_a_resume(tmp_path, with_mes
   assert any(not np.array_equal(a, b) for a, b in zip(_stats(sim[4][1]), _stats(sim[2][1])))
 
 
+@pytest.mark.long  # 12-17 s; BatchNorm's statistics and resume: the two tests above (slow)
 def test_nonblocking_resnet_with_batchnorm_learns():
   """Non-blocking SGD's counted mini-batches carry ResNet's BatchNorm state (a slow worker
   counts fewer): the run must learn, not only run. 12 steps on 32 mock examples (8 per
@@ -173,6 +174,7 @@ def test_nonblocking_resnet_with_batchnorm_learns():
   assert per_step[-4:].mean() < 0.85 * per_step[:4].mean(), per_step
 
 
+@pytest.mark.long  # 10 s; bfloat16 messages: test_allreduce_with_bf16_messages_... (slow)
 def test_bfloat16_compute_keeps_float32_parameters():
   with tfds.testing.mock_data(num_examples=32):
     s, state, losses = run_steps(cifar_cfg(model="cnn", compute_dtype="bfloat16"), 2)

@@ -207,6 +207,7 @@ def test_each_run_s_hooks_see_its_own_state_as_when_trained_alone():
     np.testing.assert_allclose([x[2] for x in seen], [x[2] for x in alone], rtol=1e-6)
 
 
+@pytest.mark.long  # 15 s; runs in turn: test_in_turn_each_run_equals_it_alone_... (slow)
 def test_on_a_mesh_the_runs_go_in_turn_and_compile_once():
   cfg = _cfg(backend="mesh", sweep="learning_rate=0.02,0.05")
   step_lib.PROGRAMS.clear()
