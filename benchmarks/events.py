@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import files  # noqa: E402
+from nbsgd_jax.core import files  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
 
 

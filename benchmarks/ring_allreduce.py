@@ -1,4 +1,4 @@
-"""Benchmark: explicit ring all-reduce (nbsgd_jax.collectives) vs ``lax.psum``.
+"""Benchmark: explicit ring all-reduce (nbsgd_jax.communications.collectives) vs ``lax.psum``.
 
 Both run under ``jax.shard_map`` on a 1-D mesh (axis ``"workers"``, one worker per device;
 ``--backend vmap``: under ``jax.vmap`` on one device),
@@ -34,7 +34,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from nbsgd_jax.collectives import ring_all_reduce  # noqa: E402
+from nbsgd_jax.communications.collectives import ring_all_reduce  # noqa: E402
 
 AXIS = "workers"
 

@@ -25,7 +25,7 @@ baseline ``a``, one worker on n b examples (``build_variants`` lists them all):
   layout; the worker axis folded into the channels with a block-diagonal kernel (one ordinary
   convolution doing n times the arithmetic); n ordinary convolutions unrolled in the graph;
   the same under the framework's vmap through a convolution with a custom vmap rule
-  (:func:`nbsgd_jax.per_worker.conv_general_dilated`, a drop-in ``conv_general_dilated`` for
+  (:func:`nbsgd_jax.models.per_worker.conv_general_dilated`, a drop-in ``conv_general_dilated`` for
   flax's ``nn.Conv``: ``config.conv_impl="per_worker"``); and some of these with max-pooling
   as reshape + max instead of ``reduce_window`` (``config.pool_impl="reshape"``; compared with
   the baseline ``a2``, which pools that way too);
@@ -74,9 +74,9 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 from nbsgd_jax import models  # noqa: E402
-from nbsgd_jax.per_worker import (  # noqa: E402
+from nbsgd_jax.models.per_worker import (  # noqa: E402
     conv_general_dilated as per_worker_conv_general_dilated)
-from nbsgd_jax.per_worker import max_pool as pool_reshape  # noqa: E402
+from nbsgd_jax.models.per_worker import max_pool as pool_reshape  # noqa: E402
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 RTOL, ATOL = 1e-4, 1e-5

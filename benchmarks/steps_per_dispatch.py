@@ -29,7 +29,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import files  # noqa: E402
+from nbsgd_jax.core import files  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
 from nbsgd_jax.run import stepper as stepper_lib  # noqa: E402
 

@@ -47,8 +47,8 @@ import numpy as np  # noqa: E402
 from jax import monitoring  # noqa: E402
 
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import files  # noqa: E402
-from nbsgd_jax import sweeps  # noqa: E402
+from nbsgd_jax.core import files  # noqa: E402
+from nbsgd_jax.run import grid as sweeps  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
 from nbsgd_jax.run import step as step_lib  # noqa: E402
 

@@ -57,7 +57,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import files  # noqa: E402
+from nbsgd_jax.core import files  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
 
 # name -> config overrides
@@ -111,7 +111,7 @@ def job(n: int, backend: str, algorithm: str, model: str, batch_size: int,
 def timing_plan(n: int, edges, budget: float):
   """MATCHA's plan for timing only: the real matchings, ``p_j = budget``, ``alpha = 1 / (M +
   1)`` (no SDP; module docstring)."""
-  from nbsgd_jax.host import matcha as matcha_lib
+  from nbsgd_jax.topology import matcha as matcha_lib
   ms = matcha_lib.matching_decomposition(n, edges)
   return matcha_lib.MatchaPlan(n=n, matchings=ms, probs=np.full(len(ms), float(budget)),
                                alpha=1.0 / (len(ms) + 1), rho=float("nan"), laplacians=None)
@@ -145,7 +145,7 @@ class Cell:
   """One (algorithm, backend, n) of the benchmark: its set-up, host parts and program."""
 
   def __init__(self, cfg, exact_matcha: bool = True):
-    from nbsgd_jax.host import matcha as matcha_lib
+    from nbsgd_jax.topology import matcha as matcha_lib
     exact = matcha_lib.plan
     if not exact_matcha:
       matcha_lib.plan = timing_plan

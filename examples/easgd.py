@@ -21,7 +21,8 @@ from typing import Any, NamedTuple
 import jax
 import ml_collections
 
-from nbsgd_jax import checks, recipes
+from nbsgd_jax import recipes
+from nbsgd_jax.core import checks
 from nbsgd_jax import transforms as T
 
 

@@ -49,7 +49,7 @@ import common  # noqa: E402  (puts the repository on sys.path; time_to)
 import reproduce_nonblocking as nb  # noqa: E402
 from nbsgd_jax import recipes  # noqa: E402
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import files  # noqa: E402
+from nbsgd_jax.core import files  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
 
 TARGET = 0.97

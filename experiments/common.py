@@ -10,7 +10,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nbsgd_jax import files  # noqa: E402  (the repository's package, installed or not)
+from nbsgd_jax.core import files  # noqa: E402  (the repository's package, installed or not)
 
 
 def pyplot():

@@ -12,7 +12,7 @@ labels), the LeNet-style CNN on mnist10k, ring topology, trains: centralized SGD
 (``allreduce``), D-PSGD (``dpsgd``, logging Xi every step: the reference run) and D-PSGD with
 consensus control, target = ratio x the reference run's Xi at each step (``--ratios``) or
 c x the critical consensus distance Gamma_t estimated on the fly (``--critical_scales``,
-:class:`nbsgd_jax.host.targets.CriticalTarget`, constants ``--critical_form``), always and only in
+:class:`nbsgd_jax.host.consensus.CriticalTarget`, constants ``--critical_form``), always and only in
 the first phase. Phases are Kong et al.'s: the intervals between the decays of a step
 learning-rate schedule (``--schedule step --milestones 0.5 0.75``, optional ``--warmup``), so
 phase 1 ends at the first decay; ``--schedule cosine`` takes the first ``--phase`` of the
@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402  (experiments/common.py)
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import consensus  # noqa: E402
+from nbsgd_jax.host import consensus  # noqa: E402
 from nbsgd_jax import train  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def first_phase_end(a) -> int:
   2021, Sec. 4: phases are the intervals between learning-rate decays), else ``--phase`` of
   the steps."""
   if a.schedule == "step":
-    return int(round(a.milestones[0] * a.steps))  # nbsgd_jax.optim.milestone_step
+    return int(round(a.milestones[0] * a.steps))  # nbsgd_jax.recipes.optim.milestone_step
   return int(a.phase * a.steps)
 
 
@@ -272,7 +272,7 @@ def markdown(settings: list, a) -> str:
              "derived": "||grad f||^2 / (2 L^2) + eta sigma^2 / (L n) (the descent-lemma "
                         "form, consensus.critical_form = derived)"}[form]
     lines += ["", "`control c Gamma`: target c x Gamma_t, the critical consensus distance "
-              f"Gamma_t^2 = {gamma} (nbsgd_jax.consensus), "
+              f"Gamma_t^2 = {gamma} (nbsgd_jax.host.consensus), "
               f"with ||grad f||^2 and sigma^2 from a sketch all-reduce of the gradients "
               f"(r = {a.sketch_size} coordinates, charged) of every controlled step, averaged "
               "over steps (moving average, decay consensus.critical_ema = 0.9), and L from 20 "

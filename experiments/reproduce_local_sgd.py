@@ -9,7 +9,7 @@ tau_i = ceil((F(x_0) / F(x_{s_i}))^(1/3)) tau_0 saves more rounds.
 
     python experiments/reproduce_local_sgd.py --out docs/local_sgd
 
-(a) Linear speed-up, least squares (:func:`nbsgd_jax.problems.least_squares`, 16 shards
+(a) Linear speed-up, least squares (:func:`nbsgd_jax.models.problems.least_squares`, 16 shards
 regrouped for p in {1, 2, 4, 8, 16}, batch 1 per worker, lr 2 / (mu (t + a)), a = 8 L / mu,
 T local steps, ``--seeds`` seeds): F(mean x_T) - F* and the rounds used; log-log slopes of
 the error against p and of the rounds against p T (``speedup.png``).
@@ -45,7 +45,8 @@ import common  # noqa: E402  (experiments/common.py)
 import numpy as np  # noqa: E402
 
 from nbsgd_jax import config as config_lib  # noqa: E402
-from nbsgd_jax import problems, train  # noqa: E402
+from nbsgd_jax import train  # noqa: E402
+from nbsgd_jax.models import problems
 
 
 def make_problem(a, heterogeneity: float = 0.0) -> problems.SyntheticProblem:

@@ -69,7 +69,8 @@ def nanogpt_estimates(model, params, tokens: np.ndarray, context: int, batch: in
 def run_seed(a, seed: int) -> dict:
   """Train (or read back) seed ``seed`` and measure its final model both ways."""
   import shakespeare_char  # noqa: E402  (experiments/configs/shakespeare_char.py)
-  from nbsgd_jax import checkpoint, config as config_lib, train
+  from nbsgd_jax import config as config_lib, train
+  from nbsgd_jax.core import checkpoint
   cfg = config_lib.override(shakespeare_char.get_config(), {
       "seed": seed, "checkpoint_every": a.steps, "num_steps": a.steps, "progress": False,
       "eval_every": a.steps // 8 if a.steps % 8 == 0 else a.steps})

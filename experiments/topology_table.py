@@ -20,8 +20,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nbsgd_jax import collectives, topology  # noqa: E402
-from nbsgd_jax.host import matcha  # noqa: E402
+from nbsgd_jax import topology  # noqa: E402
+from nbsgd_jax.communications import collectives
+from nbsgd_jax.topology import matcha  # noqa: E402
 
 
 def cnn_bytes() -> int:

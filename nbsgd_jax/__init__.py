@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 # the public modules as attributes (``import nbsgd_jax; nbsgd_jax.tx``), imported on first use
 # so that ``import nbsgd_jax`` (and the command line's --help) stays free of JAX
-_LAZY = ("tx", "train", "codecs", "config", "data", "topology", "sweeps", "report")
+_LAZY = ("tx", "train", "codecs", "config", "data", "models", "recipes", "topology", "report")
 
 
 def __getattr__(name: str):

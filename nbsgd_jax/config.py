@@ -29,25 +29,25 @@ from typing import Any, Callable, NamedTuple, TextIO
 
 import ml_collections
 
-from nbsgd_jax import augment as augment_lib
-from nbsgd_jax import backends as backends_lib
-from nbsgd_jax import checks
+from nbsgd_jax.data import augment as augment_lib
+from nbsgd_jax.core import backends as backends_lib
+from nbsgd_jax.core import checks
 from nbsgd_jax import codecs as codecs_lib
-from nbsgd_jax import consensus as consensus_lib
+from nbsgd_jax.host import consensus as consensus_lib
 from nbsgd_jax import data as data_lib
 from nbsgd_jax import models as models_lib
-from nbsgd_jax import problems as problems_lib
+from nbsgd_jax.models import problems as problems_lib
 from nbsgd_jax import recipes as recipes_lib
 from nbsgd_jax import topology as topology_lib
 from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax.recipes import Section
 # the choice lists, each owned by its module (config.X for the docs, scripts and tests)
-from nbsgd_jax.backends import BACKENDS  # noqa: F401
+from nbsgd_jax.core.backends import BACKENDS  # noqa: F401
 from nbsgd_jax.data import SCHEMES, TEXT_SCHEMES  # noqa: F401
 from nbsgd_jax.models import COMPUTE_DTYPES, MODELS, NORMS
-from nbsgd_jax.optim import LR_SCHEDULES, OPTIMIZERS, WEIGHT_DECAY_ON
-from nbsgd_jax import forms as forms_lib
-from nbsgd_jax.problems import PROBLEMS as SYNTHETIC  # with their known F*
+from nbsgd_jax.recipes.optim import LR_SCHEDULES, OPTIMIZERS, WEIGHT_DECAY_ON
+from nbsgd_jax.models import forms as forms_lib
+from nbsgd_jax.models.problems import PROBLEMS as SYNTHETIC  # with their known F*
 from nbsgd_jax.topology import MIXING_WEIGHTS, TOPOLOGIES  # noqa: F401
 from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS  # noqa: F401
 

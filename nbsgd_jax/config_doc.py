@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import files as files_lib
+from nbsgd_jax.core import files as files_lib
 from nbsgd_jax import recipes as recipes_lib
 
 # Bad values given to every key in turn; validate's messages for the key say what is allowed.

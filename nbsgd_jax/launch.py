@@ -7,7 +7,7 @@ starts ``num_processes`` copies of ``python -m nbsgd_jax.main <the arguments aft
 --config.backend=multihost`` on loopback, each with ``devices_per_process`` CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count``) and gloo collectives, joined through
 ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``
-(:mod:`nbsgd_jax.multihost`). Every line the processes print is forwarded, prefixed with
+(:mod:`nbsgd_jax.core.multihost`). Every line the processes print is forwarded, prefixed with
 ``[pK]``. If one process exits with an error the others are stopped at once and the
 launcher exits with that status (it does not wait for the survivors' collectives to time
 out). On a real cluster, start ``nbsgd_jax.main`` on every host yourself with those three

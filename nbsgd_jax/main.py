@@ -173,7 +173,7 @@ def main(argv):
     print("error: --workdir is required (the run's output directory)", file=sys.stderr)
     sys.exit(2)
   if _CONFIG.value.get("backend") == "multihost":  # join before JAX starts its backend
-    from nbsgd_jax import multihost
+    from nbsgd_jax.core import multihost
     try:
       multihost.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     except ValueError as e:

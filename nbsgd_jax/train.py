@@ -9,8 +9,8 @@ communications (:mod:`nbsgd_jax.communications`) on the device, composed by reci
 loop).
 """
 
-from nbsgd_jax.optim import make_optimizer, make_schedule
-from nbsgd_jax.backends import DEVICE_AXIS, Backend, make_backend, workers_per_device
+from nbsgd_jax.recipes.optim import make_optimizer, make_schedule
+from nbsgd_jax.core.backends import DEVICE_AXIS, Backend, make_backend, workers_per_device
 from nbsgd_jax.run.evaluation import TrainingDiverged, make_eval_fn, make_train_loss_fn
 from nbsgd_jax.run.loop import Run, Stepper, train
 from nbsgd_jax.run.sweep import sweep, train_runs

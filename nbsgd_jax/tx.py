@@ -54,10 +54,11 @@ import numpy as np
 import optax
 from jax import lax
 
-from nbsgd_jax import codecs, collectives
+from nbsgd_jax import codecs
+from nbsgd_jax.communications import collectives
 from nbsgd_jax import topology as topology_lib
 from nbsgd_jax import transforms as T
-from nbsgd_jax.axis import varying_like
+from nbsgd_jax.core.axis import varying_like
 from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
 from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip, SparseAllGather
@@ -148,7 +149,7 @@ def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
     period: for a periodic transform (local SGD, DiLoCo): ``ctx.period_end`` is True after
       every ``period``-th update (``(step + 1) % period == 0``, the framework's fixed
       periods). The framework compiles one program per value; here both are traced and
-      ``lax.cond`` on the step, made one value over the axis (:func:`nbsgd_jax.collectives.
+      ``lax.cond`` on the step, made one value over the axis (:func:`nbsgd_jax.communications.collectives.
       shared`), runs one of them (no collective in a local step).
     needs_params: ``update`` refuses ``params=None``.
     name: the public name in error messages.

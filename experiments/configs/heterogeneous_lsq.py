@@ -5,7 +5,7 @@ which gradient tracking and D^2 / Exact Diffusion reach the optimum and D-PSGD k
         --workdir=runs/gt --config.algorithm=gradient_tracking
 
 8 workers on a ring, 64 examples of dimension 10 each, feature means shifted by h = 2 per
-worker (:mod:`nbsgd_jax.problems`: the local optima differ), every step on the whole shard
+worker (:mod:`nbsgd_jax.models.problems`: the local optima differ), every step on the whole shard
 (``problem.full_batch``), learning rate 0.1 without momentum or decay, 800 steps. The
 records hold ``gap`` = F(x_bar) - F* in float64 (F* = 0.9437). Measured: D-PSGD stalls at a
 gap of 1.6e-3; gradient tracking and D^2 reach 3.5e-13 and 3.7e-13 (``docs/algorithms.md``).

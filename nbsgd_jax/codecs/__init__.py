@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.flatten_util import ravel_pytree
 
-from nbsgd_jax import checks
+from nbsgd_jax.core import checks
 from nbsgd_jax.codecs import quantize, sparse
 from nbsgd_jax.codecs.base import Array, Codec
 # the codecs' functions, also by their old names (codecs.qsgd, codecs.sparse_codec, ...)

@@ -30,7 +30,7 @@ from jax import lax
 from jax.scipy.special import ndtri
 
 from nbsgd_jax.codecs.base import Codec
-from nbsgd_jax.collectives import densify
+from nbsgd_jax.communications.collectives import densify
 
 Array = jax.Array
 Message = tuple[Array, Array]
@@ -351,7 +351,7 @@ def gaussian_k_with_count(x: Array, key: Optional[Array] = None, *, density: flo
     is safe: the message is d long, slot i holds ``(x_i, i)`` when selected and ``(0, d)``
     otherwise (``capacity_factor`` is not used); the bytes counted are those of the
     selected entries, and the sparse all-gather of a d-long message is a ``psum`` of the
-    densified vectors (:func:`nbsgd_jax.collectives.sparse_all_gather`).
+    densified vectors (:func:`nbsgd_jax.communications.collectives.sparse_all_gather`).
 
   Compaction avoids a d-long cumsum/nonzero/top_k (slow on XLA:CPU): per-block
   counts over blocks of ``block_size`` (fused with the counting pass), a cumsum

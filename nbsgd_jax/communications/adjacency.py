@@ -15,7 +15,7 @@ from typing import NamedTuple, Sequence, Union
 
 import numpy as np
 
-from nbsgd_jax import checks
+from nbsgd_jax.core import checks
 
 
 class Neighbours(NamedTuple):

@@ -1,4 +1,4 @@
-"""All-reduce: XLA's ``psum`` or the explicit ring of :mod:`nbsgd_jax.collectives`.
+"""All-reduce: XLA's ``psum`` or the explicit ring of :mod:`nbsgd_jax.communications.collectives`.
 
 Bytes per worker for a message of ``S`` bytes: ``2 (n - 1) / n * S`` (a bandwidth-optimal ring,
 Patarasuk & Yuan 2009, also charged for ``psum``); the clock charges ``2 (n - 1)`` messages
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from nbsgd_jax import collectives
-from nbsgd_jax.axis import AXIS, tree_bytes
+from nbsgd_jax.communications import collectives
+from nbsgd_jax.core.axis import AXIS, tree_bytes
 from nbsgd_jax.communications.base import Communication, Pattern
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from nbsgd_jax.communications import adjacency as adjacency_lib
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.core.axis import AXIS
 
 WEIGHTINGS = ("uniform", "count", "alive")
 

@@ -3,7 +3,7 @@ random matchings.
 
 * :class:`Gossip`: D-PSGD's averaging step (Lian et al., NeurIPS 2017, Eq. (2)) over
   ``W_{t mod P}`` (``P = 1``: a static W) by ``ppermute`` rounds
-  (:func:`nbsgd_jax.collectives.gossip`). Bytes of worker i: the model size times its number
+  (:func:`nbsgd_jax.communications.collectives.gossip`). Bytes of worker i: the model size times its number
   of live neighbours in ``W_t``; it waits for them.
 * :class:`Matchings`: MATCHA (Wang et al. 2019, Sec. 3),
   ``x_i <- x_i - alpha sum_j B_j (x_i - x_{partner_j(i)})`` with ``B_j ~ Bernoulli(p_j)``
@@ -22,9 +22,9 @@ import numpy as np
 from jax import lax
 
 from nbsgd_jax.communications import adjacency as adjacency_lib
-from nbsgd_jax import collectives
-from nbsgd_jax import matchings as matchings_lib
-from nbsgd_jax.axis import AXIS, tree_bytes
+from nbsgd_jax.communications import collectives
+from nbsgd_jax.topology import matchings as matchings_lib
+from nbsgd_jax.core.axis import AXIS, tree_bytes
 from nbsgd_jax.communications.base import Communication, Pattern
 
 
@@ -62,10 +62,10 @@ class Gossip(Communication):
 
   Everything a step needs is built once here, O(n) per round and phase (no ``[n, n]`` array
   reaches the device or a step's host work): the ``ppermute`` rounds of each phase
-  (:func:`nbsgd_jax.collectives.gossip_plan`), each worker's neighbour count (float ``[P, n]``)
+  (:func:`nbsgd_jax.communications.collectives.gossip_plan`), each worker's neighbour count (float ``[P, n]``)
   and neighbour lists (int ``[P, n, D]``, D the largest degree: the live-neighbour count under
   failures and the clock's :class:`~nbsgd_jax.communications.adjacency.Neighbours`). With ``P > 1`` the phase is
-  read as one value (:func:`nbsgd_jax.collectives.shared`), so ``lax.switch`` runs the phase's
+  read as one value (:func:`nbsgd_jax.communications.collectives.shared`), so ``lax.switch`` runs the phase's
   rounds only, also under ``vmap``.
 
   Args:
@@ -118,7 +118,7 @@ class Gossip(Communication):
     the worker itself and a failed worker keeps its model. ``message_bytes`` (float32
     scalar): the bytes of the message sent to each neighbour, when it is not ``tree`` itself
     (CHOCO-SGD sends a compressed difference from which the receivers update ``tree``).
-    ``difference``: ``sum_j W_tij (tree_i - tree_j)`` instead (:func:`~nbsgd_jax.collectives.
+    ``difference``: ``sum_j W_tij (tree_i - tree_j)`` instead (:func:`~nbsgd_jax.communications.collectives.
     gossip`)."""
     alive = None if ctx is None else ctx.alive
 
@@ -168,11 +168,11 @@ class Matchings(Communication):
   Under ``vmap`` the activations are per-worker inputs, so ``lax.cond`` becomes a select: every
   matching's exchange is computed (K ``ppermute`` s, O(K n) model copies; no host constant in
   the branches, so nothing is broadcast to ``[n, n]``) and the inactive ones are dropped. A real
-  branch on the shared activations (:func:`nbsgd_jax.collectives.shared`) measured about 4x
+  branch on the shared activations (:func:`nbsgd_jax.communications.collectives.shared`) measured about 4x
   slower on the CPU (n = 512, MLP 784-16-10: each branch's result is a buffer of its own).
 
   Args:
-    plan: a :class:`nbsgd_jax.matchings.MatchaPlan` (matchings, probabilities, alpha).
+    plan: a :class:`nbsgd_jax.topology.matchings.MatchaPlan` (matchings, probabilities, alpha).
     seed: seed of the shared activations.
     axis_name, key: as :class:`~nbsgd_jax.communications.Communication`.
   """

@@ -5,7 +5,7 @@ NeurIPS 2021, Algorithm 1).
 The peers of a step are a per-worker input (``ctx.per_worker["peer"]``: each worker's partner,
 or itself), drawn on the host by the event clock (:mod:`nbsgd_jax.host.events`). The device
 cannot address an arbitrary peer cheaply, so the graph's edges are split once into matchings
-(:func:`nbsgd_jax.matchings.matching_decomposition`, at most max degree + 1) and each matching
+(:func:`nbsgd_jax.topology.matchings.matching_decomposition`, at most max degree + 1) and each matching
 is one ``ppermute``: worker i keeps the model received in matching m where its peer is its
 partner in m. A step costs one model copy per matching (a ring: 2 or 3), never ``[n, n]``.
 :meth:`PairwiseAverage.read` is the one-sided form (SwarmSGD as ICLR-PopSGD/PopSGD releases
@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nbsgd_jax import collectives
-from nbsgd_jax import matchings as matchings_lib
-from nbsgd_jax.axis import AXIS, tree_bytes
+from nbsgd_jax.communications import collectives
+from nbsgd_jax.topology import matchings as matchings_lib
+from nbsgd_jax.core.axis import AXIS, tree_bytes
 from nbsgd_jax.communications import adjacency as adjacency_lib
 from nbsgd_jax.communications.base import Communication, Pattern
 
@@ -37,7 +37,7 @@ class PairwiseAverage(Communication):
     axis_name, key: as :class:`~nbsgd_jax.communications.Communication`.
 
   Raises:
-    ValueError: bad edges (as :func:`nbsgd_jax.matchings.matching_decomposition`).
+    ValueError: bad edges (as :func:`nbsgd_jax.topology.matchings.matching_decomposition`).
   """
 
   def __init__(self, n: int, edges: Sequence, axis_name: Any = AXIS, key: str = "pairwise"):

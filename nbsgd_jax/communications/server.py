@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from nbsgd_jax.axis import AXIS, tree_bytes
+from nbsgd_jax.core.axis import AXIS, tree_bytes
 from nbsgd_jax.communications.base import Communication, Pattern
 
 

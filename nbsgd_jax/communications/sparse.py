@@ -8,7 +8,7 @@
   2019; code hclhkbu/GaussianK-SGD), all-gathered as ``(values, indices)``.
 
 Every worker all-gathers the ``(values, indices)`` messages of all ``n`` workers and
-scatter-adds them (:func:`nbsgd_jax.collectives.sparse_all_gather`). Bytes of worker i:
+scatter-adds them (:func:`nbsgd_jax.communications.collectives.sparse_all_gather`). Bytes of worker i:
 ``(n - 1) * sent_i * (value_bytes + index_bytes)`` for the ``sent_i`` valid entries of its
 message, forwarded to the ``n - 1`` others; the clock charges ``n - 1`` messages and everyone
 waits for everyone.
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from nbsgd_jax import collectives
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.communications import collectives
+from nbsgd_jax.core.axis import AXIS
 from nbsgd_jax.communications.base import Communication, Pattern
 
 

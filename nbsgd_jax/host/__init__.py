@@ -1,14 +1,14 @@
 """The host side of a run: its parts (:mod:`nbsgd_jax.host.parts`: failures, communication
 draws, periods, the cluster's workload, the simulated clock and totals; consensus targets,
-:mod:`nbsgd_jax.host.targets`), the cluster model and its clock (:mod:`~nbsgd_jax.host.
+:mod:`nbsgd_jax.host.consensus`), the cluster model and its clock (:mod:`~nbsgd_jax.host.
 cluster`, :mod:`~nbsgd_jax.host.clock`), communication periods (:mod:`~nbsgd_jax.host.
-periods`), MATCHA's plan (:mod:`~nbsgd_jax.host.matcha`) and the event clock of asynchronous
+periods`), MATCHA's plan (:mod:`~nbsgd_jax.topology.matcha`) and the event clock of asynchronous
 training (:mod:`~nbsgd_jax.host.events`)."""
 
 from nbsgd_jax.host.events import Event, EventClock, EventTimes, batch_inputs, random_peer
 from nbsgd_jax.host.parts import (Activations, Clock, Failures, Host, HostInputs, HostPart,
                                   Periods, Totals, Workload)
-from nbsgd_jax.host.targets import CriticalTarget, Targets, TargetSchedule
+from nbsgd_jax.host.consensus import CriticalTarget, Targets, TargetSchedule
 
 __all__ = ["Activations", "Clock", "CriticalTarget", "Event", "EventClock", "EventTimes", "Failures", "Host", "HostInputs", "HostPart", "Periods",
            "TargetSchedule", "Targets", "Totals", "Workload", "batch_inputs", "random_peer"]

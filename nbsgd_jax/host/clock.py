@@ -20,7 +20,7 @@ from typing import Union
 
 import numpy as np
 
-from nbsgd_jax import checks
+from nbsgd_jax.core import checks
 from nbsgd_jax.communications.adjacency import (Adjacency, Group, Neighbours, check_adjacency,
                                                  neighbourhood_max)
 

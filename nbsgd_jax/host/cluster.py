@@ -55,7 +55,7 @@ from typing import NamedTuple, Optional, Sequence
 import ml_collections
 import numpy as np
 
-from nbsgd_jax import checks
+from nbsgd_jax.core import checks
 from nbsgd_jax.communications.adjacency import (Adjacency, Group, Neighbours,  # noqa: F401
                                                  live_adjacency)
 # the clock's names, for the callers that read the cluster and its clock together

@@ -10,7 +10,7 @@ A step on the host (:class:`Host`)::
 The parts, in order: :class:`Failures` (``alive``), :class:`Activations` (what the
 communications draw: MATCHA's ``active``), :class:`Periods` (local SGD / DiLoCo:
 ``period_end``), :class:`Workload` (the cluster model: ``count``, ``total`` and the compute
-times; He & Dube 2022), consensus targets (:mod:`nbsgd_jax.host.targets`), :class:`Clock`
+times; He & Dube 2022), consensus targets (:mod:`nbsgd_jax.host.consensus`), :class:`Clock`
 (the simulated clock) and :class:`Totals` (bytes and communication rounds).
 
 ``probe`` gives off-clock measurements of the current models (``probe.train_loss()``,

@@ -48,8 +48,8 @@ from typing import Optional
 
 import ml_collections
 
-from nbsgd_jax import checks
-from nbsgd_jax.problems import PROBLEMS
+from nbsgd_jax.core import checks
+from nbsgd_jax.models.problems import PROBLEMS
 from nbsgd_jax.transforms.wrappers import OPT_STATE_SYNCS
 
 SCHEDULES = ("fixed", "ada_lupa", "linear", "post_local")

@@ -28,7 +28,7 @@ from collections import deque
 import ml_collections
 import numpy as np
 
-from nbsgd_jax import checks
+from nbsgd_jax.core import checks
 from nbsgd_jax.communications.pairwise import PairwiseAverage
 from nbsgd_jax.communications.server import ParameterServer
 from nbsgd_jax.host import async_orders

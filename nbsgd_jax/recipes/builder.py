@@ -9,13 +9,16 @@ from typing import Any, Callable, Optional
 import ml_collections
 import numpy as np
 
-from nbsgd_jax import checks, codecs, consensus, optim
+from nbsgd_jax import codecs
+from nbsgd_jax.core import checks
+from nbsgd_jax.transforms import consensus
+from nbsgd_jax.recipes import optim
 from nbsgd_jax import transforms as T
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.core.axis import AXIS
 from nbsgd_jax.communications import (AllReduce, Gossip, Matchings, MessageAllGather,
                                       SparseAllGather)
 from nbsgd_jax.host import cluster as cluster_lib
-from nbsgd_jax.host import matcha as matcha_lib
+from nbsgd_jax.topology import matcha as matcha_lib
 from nbsgd_jax.host import periods as local_sgd_lib
 from nbsgd_jax.transforms import powersgd  # noqa: F401  (its reducer)
 from nbsgd_jax.transforms.consensus import consensus_control, log_consensus_distance
@@ -43,7 +46,7 @@ class Builder:
 
   def optimizer(self, skip: Optional[str] = None) -> T.WorkerTransform:
     """The local optimizer (weight decay, SGD with momentum), its numbers read from the
-    step's hparams (:func:`nbsgd_jax.optim.hparams`); ``skip`` = ``"local"`` / ``"global"``
+    step's hparams (:func:`nbsgd_jax.recipes.optim.hparams`); ``skip`` = ``"local"`` / ``"global"``
     adds the no-step rule of :func:`~nbsgd_jax.transforms.skip_when_idle` when mini-batches
     may be missing."""
     opt = T.injected(lambda hp: T.from_optax(optim.make_optimizer(self.cfg, hp)),
@@ -81,7 +84,7 @@ class Builder:
     return g
 
   def matchings(self) -> Matchings:
-    """MATCHA's matchings of the topology's graph (:func:`nbsgd_jax.host.matcha.plan`: the
+    """MATCHA's matchings of the topology's graph (:func:`nbsgd_jax.topology.matcha.plan`: the
     decomposition, probabilities and alpha, solved with cvxpy)."""
     plan = matcha_lib.plan(self.n, self.topology.edges, self.cfg.matcha.budget)
     return Matchings(plan, self.n, self.cfg.matcha.seed, self.axis_name)

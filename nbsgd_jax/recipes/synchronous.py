@@ -9,10 +9,11 @@ from typing import Optional
 import ml_collections
 import optax
 
-from nbsgd_jax import checks, codecs
+from nbsgd_jax import codecs
+from nbsgd_jax.core import checks
 from nbsgd_jax import transforms as T
 from nbsgd_jax.communications import CompressedGossip
-from nbsgd_jax.host import matcha as matcha_lib
+from nbsgd_jax.topology import matcha as matcha_lib
 from nbsgd_jax.host import periods as local_sgd_lib
 from nbsgd_jax.transforms import asynchronous
 from nbsgd_jax.transforms import decentralized as D

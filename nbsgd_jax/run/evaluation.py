@@ -10,7 +10,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from nbsgd_jax import metrics as metrics_lib
+from nbsgd_jax.core import metrics as metrics_lib
 
 
 def chunked(images: np.ndarray, labels: np.ndarray, chunk: int):

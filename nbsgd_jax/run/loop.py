@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import naming
+from nbsgd_jax.run import naming
 from nbsgd_jax.run import records as records_lib
 from nbsgd_jax.run import setup as setup_lib
 from nbsgd_jax.run.evaluation import TrainingDiverged
@@ -32,7 +32,7 @@ from nbsgd_jax.run.stepper import Run, Stepper
 
 def open_checkpoints(cfg, workdir, stack, like):
   """``(checkpointer, resume step, state, saved host JSON)`` of the newest checkpoint that
-  can be read whole (:meth:`~nbsgd_jax.checkpoint.Checkpointer.restore_newest`: each
+  can be read whole (:meth:`~nbsgd_jax.core.checkpoint.Checkpointer.restore_newest`: each
   damaged one is one ``warning:`` line and is moved aside); ``(checkpointer, None, like,
   None)`` for a new run and ``(None, None, like, None)`` without checkpoints. Nothing in
   the workdir is cut back before this.
@@ -42,7 +42,7 @@ def open_checkpoints(cfg, workdir, stack, like):
   """
   if not (workdir and cfg.checkpoint_every):
     return None, None, like, None
-  from nbsgd_jax import checkpoint as checkpoint_lib
+  from nbsgd_jax.core import checkpoint as checkpoint_lib
   ckpt = checkpoint_lib.Checkpointer(workdir)  # every process takes part
   stack.callback(ckpt.close)
   main = jax.process_index() == 0

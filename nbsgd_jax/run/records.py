@@ -2,7 +2,7 @@
 ``steps.jsonl`` (one line per step), TensorBoard event files and ``summary.json``.
 
 One process writes a workdir at a time (:func:`lock_workdir`). Every line is written whole in
-one call and fsynced, whole files are written atomically (:mod:`nbsgd_jax.files`); each
+one call and fsynced, whole files are written atomically (:mod:`nbsgd_jax.core.files`); each
 checkpoint keeps its own copy of the evaluation records, and a resumed run rewrites
 ``metrics.jsonl`` from it (:func:`heal_records`: lines lost, cut or torn are restored, with a
 ``warning:`` line) and cuts ``steps.jsonl`` back to the checkpoint's step, so a crash or a
@@ -20,9 +20,9 @@ from typing import Any, Optional
 
 import ml_collections
 
-from nbsgd_jax import checkpoint as checkpoint_lib
+from nbsgd_jax.core import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import files as files_lib
+from nbsgd_jax.core import files as files_lib
 
 STALE = ("summary.json", "steps.jsonl")  # removed when a new run starts in a used workdir
 
@@ -119,7 +119,7 @@ def make_workdir(workdir: str) -> None:
 def heal_records(path: str, records: list, step: int) -> None:
   """Make ``path`` (``metrics.jsonl``) hold exactly ``records``, the evaluation records up to
   the checkpoint of ``step`` as the checkpoint keeps them, byte for byte as the run wrote
-  them (atomically: :func:`nbsgd_jax.files.atomic_write`). When the file did not hold them
+  them (atomically: :func:`nbsgd_jax.core.files.atomic_write`). When the file did not hold them
   whole (missing, cut short, a line torn or changed), one ``warning:`` line says what was
   restored; the records after ``step`` are dropped (the resumed run writes them again), and
   a torn last line among them is named too."""
@@ -149,7 +149,7 @@ LOCK_FILE = ".lock"  # in the workdir: held (fcntl.flock) by the process writing
 
 def lock_workdir(workdir: str, stack: contextlib.ExitStack) -> None:
   """Make ``workdir`` and take its lock (``workdir/.lock``, an OS file lock the process
-  holds until ``stack`` closes or it dies: :func:`nbsgd_jax.files.lock`), before anything
+  holds until ``stack`` closes or it dies: :func:`nbsgd_jax.core.files.lock`), before anything
   in it is read or written: one process per workdir.
 
   Raises:
@@ -242,7 +242,7 @@ class Records:
           os.remove(os.path.join(workdir, stale))
     self.metrics = stack.enter_context(contextlib.closing(MetricsWriter(path, append=resumed)))
     if cfg.tensorboard:
-      from nbsgd_jax import tensorboard as tensorboard_lib
+      from nbsgd_jax.core import tensorboard as tensorboard_lib
       self.tb = stack.enter_context(contextlib.closing(tensorboard_lib.TensorBoardWriter(
           os.path.join(workdir, "tensorboard"),
           purge_step=None if resume_step is None else resume_step + 1)))

@@ -19,19 +19,19 @@ from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax import codecs
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import data as data_lib
-from nbsgd_jax import forms as forms_lib
-from nbsgd_jax import hparams as hparams_lib
+from nbsgd_jax.models import forms as forms_lib
+from nbsgd_jax.run import hparams as hparams_lib
 from nbsgd_jax import host as host_lib
 from nbsgd_jax import models as models_lib
-from nbsgd_jax import multihost
-from nbsgd_jax import optim
-from nbsgd_jax import problems as problems_lib
+from nbsgd_jax.core import multihost
+from nbsgd_jax.recipes import optim
+from nbsgd_jax.models import problems as problems_lib
 from nbsgd_jax import recipes as recipes_lib
 from nbsgd_jax import topology as topology_lib
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.core.axis import AXIS
 from nbsgd_jax.run import task as task_lib
 from nbsgd_jax.run import wallclock
-from nbsgd_jax.backends import Backend, make_backend
+from nbsgd_jax.core.backends import Backend, make_backend
 from nbsgd_jax.run import step as step_lib
 from nbsgd_jax.run.step import TrainState
 
@@ -52,8 +52,8 @@ class Setup(NamedTuple):
   recipe: recipes_lib.Recipe
   backend: Backend
   task: task_lib.Task
-  hparams: Any = None  # the run's hyperparameters (nbsgd_jax.hparams.values), on the devices
-  structure: str = ""  # its structure key (nbsgd_jax.hparams.structure_key): "" shares nothing
+  hparams: Any = None  # the run's hyperparameters (nbsgd_jax.run.hparams.values), on the devices
+  structure: str = ""  # its structure key (nbsgd_jax.run.hparams.structure_key): "" shares nothing
 
 
 def _config_error(prefix: str):
@@ -138,9 +138,9 @@ def _build(cfg: ml_collections.ConfigDict, model: Any, data: Any) -> Setup:
 
 def _init_from(s: Setup) -> Setup:
   """``s`` whose task starts from ``config.init_from``'s averaged model
-  (:func:`nbsgd_jax.checkpoint.read_models`), checked leaf by leaf against the model's own
+  (:func:`nbsgd_jax.core.checkpoint.read_models`), checked leaf by leaf against the model's own
   initialisation (tree, shapes, dtypes)."""
-  from nbsgd_jax import checkpoint  # orbax: only when a run starts from a checkpoint
+  from nbsgd_jax.core import checkpoint  # orbax: only when a run starts from a checkpoint
   field = f"config.init_from={s.cfg.init_from!r}"
   try:
     step, params, model_state = checkpoint.read_models(
@@ -338,7 +338,7 @@ def _partition(cfg, dataset) -> list:
 
 def _problem(cfg):
   """The synthetic problem of ``config.problem``, drawn with ``problem.shards`` shards and
-  regrouped to ``num_workers`` (:func:`nbsgd_jax.problems.regroup`).
+  regrouped to ``num_workers`` (:func:`nbsgd_jax.models.problems.regroup`).
 
   Raises:
     ConfigError: a batch larger than a worker's examples, or a bad problem (named).

@@ -30,7 +30,7 @@ from jax import lax
 
 from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax import transforms
-from nbsgd_jax.axis import varying_like
+from nbsgd_jax.core.axis import varying_like
 from nbsgd_jax.transforms import CONTEXT_AXES, StepContext
 
 
@@ -91,7 +91,7 @@ def make_worker_step(s, period_end: bool = True) -> Callable:
   Returns:
     ``(state, data, ctx, hparams=None) -> (state, (loss, report))`` on one worker's
     (unbatched) state, shard, :class:`~nbsgd_jax.transforms.StepContext` and the run's
-    hyperparameters (:func:`nbsgd_jax.hparams.values`, arrays; None: those the run was built
+    hyperparameters (:func:`nbsgd_jax.run.hparams.values`, arrays; None: those the run was built
     with); ``loss`` is the float32 mini-batch loss before the update, ``report`` the
     recipe's (``bytes_sent`` ...).
   """
@@ -119,7 +119,7 @@ def apply_update(s, state: TrainState, loss, grads, ctx: StepContext):
 
 
 class ProgramCache:
-  """The process's compiled programs, by structure (:func:`nbsgd_jax.hparams.structure_key`):
+  """The process's compiled programs, by structure (:func:`nbsgd_jax.run.hparams.structure_key`):
   a run whose config differs from an earlier one only in its hyperparameters and host keys
   finds its programs here and compiles nothing (``docs/design.md``, "Runs as data"). Least
   recently used structures beyond ``max_structures`` are dropped (a program holds its first

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nbsgd_jax import consensus as consensus_lib
-from nbsgd_jax import forms as forms_lib
-from nbsgd_jax import metrics as metrics_lib
+from nbsgd_jax.transforms import consensus as consensus_lib
+from nbsgd_jax.models import forms as forms_lib
+from nbsgd_jax.core import metrics as metrics_lib
 from nbsgd_jax.run import evaluation as evaluation_lib
 from nbsgd_jax.run import setup as setup_lib
 from nbsgd_jax.run import step as step_lib
@@ -233,7 +233,7 @@ def dispatch_size(setups: list, hooked: bool = False, platform: Optional[str] = 
   ``cluster.clock="wall"`` (each step timed on the host), periodic recipes (each pattern of
   local and synchronising steps in a block is a program of its own: at most one per tau for
   k = 1) and a CPU (``platform``, default ``jax.default_backend()``:
-  :func:`nbsgd_jax.forms.blocks_pay`, measured in ``docs/steps_per_dispatch.md``).
+  :func:`nbsgd_jax.models.forms.blocks_pay`, measured in ``docs/steps_per_dispatch.md``).
 
   A step's results do not depend on k (``tests/run/test_dispatch.py``).
   """
@@ -256,7 +256,7 @@ class Stepper:
   step runs through it.
 
   Args:
-    setups: the runs' set-ups (one structure: :func:`nbsgd_jax.hparams.structure_key`).
+    setups: the runs' set-ups (one structure: :func:`nbsgd_jax.run.hparams.structure_key`).
     hosts: their host parts.
     cache: the :class:`~nbsgd_jax.run.step.ProgramCache` (default: the process's).
     hooked: whether hooks run before each dispatch (:func:`dispatch_size`).
@@ -429,7 +429,7 @@ class Stepper:
             for run, mine in zip(members, inputs) if run.active}
     if len(keys) > 1:
       raise ValueError(f"the runs of one program planned different period ends {keys}: "
-                       "their plans must be structure (nbsgd_jax.sweeps.groups)")
+                       "their plans must be structure (nbsgd_jax.run.grid.groups)")
     return keys.pop() if keys else tuple(i.period_end for i in inputs[0])
 
   def _pending_steps(self):

@@ -1,5 +1,5 @@
 """A sweep: the runs of ``config.sweep`` trained as few programs as their structures allow
-(:mod:`nbsgd_jax.sweeps` reads the grid and groups it).
+(:mod:`nbsgd_jax.run.grid` reads the grid and groups it).
 
 Each group of runs that share a structure is ONE program on the simulate backend
 (``config.sweep_runs="stacked"``, the default on a GPU or TPU): the runs stacked on a runs
@@ -29,8 +29,8 @@ import jax
 import ml_collections
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import files as files_lib
-from nbsgd_jax import sweeps as sweeps_lib
+from nbsgd_jax.core import files as files_lib
+from nbsgd_jax.run import grid as sweeps_lib
 from nbsgd_jax.run import loop as loop_lib
 from nbsgd_jax.run.records import Records
 

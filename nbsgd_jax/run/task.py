@@ -17,12 +17,12 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from nbsgd_jax import data as data_lib
-from nbsgd_jax import augment
-from nbsgd_jax import metrics as metrics_lib
+from nbsgd_jax.data import augment
+from nbsgd_jax.core import metrics as metrics_lib
 from nbsgd_jax import models as models_lib
-from nbsgd_jax import problems as problems_lib
+from nbsgd_jax.models import problems as problems_lib
 from nbsgd_jax import transforms
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.core.axis import AXIS
 from nbsgd_jax.run import evaluation as ev
 
 
@@ -265,9 +265,9 @@ def image_inputs(cfg, dataset_name: str, train_images: np.ndarray) -> tuple[Call
   padding and horizontal flip, drawn from ``key``) and for evaluation ``(images)`` (no
   augmentation). Pixels are scaled to [0, 1], then normalised per channel when
   ``augment.normalize`` is set, with ``augment.stats``: ``"auto"`` the data set's published
-  statistics (:data:`nbsgd_jax.augment.CHANNEL_STATS`) or, for a data set without them, those
+  statistics (:data:`nbsgd_jax.data.augment.CHANNEL_STATS`) or, for a data set without them, those
   of ``train_images [N, H, W, C]``; ``"data"`` always the latter; a name those of that set
-  (:mod:`nbsgd_jax.augment`).
+  (:mod:`nbsgd_jax.data.augment`).
 
   Raises:
     ValueError: named statistics whose channel count differs from the images'.
@@ -354,7 +354,7 @@ def language_model_task(cfg, dataset, worker_tokens: jax.Array, model, backend,
 
 
 def synthetic_task(cfg, problem, backend) -> Task:
-  """A synthetic PL problem (:mod:`nbsgd_jax.problems`) with its known optimum: batches of
+  """A synthetic PL problem (:mod:`nbsgd_jax.models.problems`) with its known optimum: batches of
   ``batch_size`` drawn uniformly with replacement from the worker's shard (i.i.d. unbiased
   stochastic gradients, as in the analysis of Haddadpour et al. 2019); evaluation: F of the
   averaged model in float64 and the gap ``F - F*``."""

@@ -33,8 +33,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from nbsgd_jax import codecs, collectives
-from nbsgd_jax.axis import varying_like as _varying_like
+from nbsgd_jax import codecs
+from nbsgd_jax.communications import collectives
+from nbsgd_jax.core.axis import varying_like as _varying_like
 from nbsgd_jax.communications.sparse import MessageAllGather, SparseAllGather
 from nbsgd_jax.transforms.base import WorkerTransform, merge_reports
 

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from nbsgd_jax.axis import varying_like
+from nbsgd_jax.core.axis import varying_like
 
 __all__ = [
     "AccumulateState",

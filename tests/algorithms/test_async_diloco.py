@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import problems
+from nbsgd_jax.models import problems
 from nbsgd_jax import train
 from nbsgd_jax.transforms.asynchronous import ServerState
 from nbsgd_jax.transforms.wrappers import OuterState

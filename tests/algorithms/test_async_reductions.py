@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import problems
+from nbsgd_jax.models import problems
 from nbsgd_jax import train
 
 from tests.helpers import least_squares_cfg, make_stepper

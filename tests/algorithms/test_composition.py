@@ -179,8 +179,8 @@ class Broadcast(Communication):
     return Pattern(adj, np.where(np.arange(self.n) == 0, self.n - 1.0, 0.0))
 
   def send(self, tree, ctx):
-    from nbsgd_jax import collectives
-    from nbsgd_jax.axis import tree_bytes
+    from nbsgd_jax.communications import collectives
+    from nbsgd_jax.core.axis import tree_bytes
     out = jax.tree.map(lambda x: collectives.all_gather(x, self.axis_name)[0], tree)
     me = self.index()
     sent = (me == 0).astype(np.float32) * (self.n - 1) * tree_bytes(tree)

@@ -9,10 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nbsgd_jax import collectives, consensus, metrics, topology, train
+from nbsgd_jax import topology, train
+from nbsgd_jax.communications import collectives
+from nbsgd_jax.transforms import consensus
+from nbsgd_jax.core import metrics
 from nbsgd_jax import config as config_lib
-from nbsgd_jax.axis import AXIS
-from nbsgd_jax.host import targets
+from nbsgd_jax.core.axis import AXIS
+from nbsgd_jax.host import consensus as targets
 from nbsgd_jax.communications import Gossip
 from nbsgd_jax.transforms.consensus import ControlRounds
 
@@ -322,10 +325,10 @@ def test_critical_distance_paper_form_is_kong_prop_3_1():
     g2, s2, eta, L = rng.exponential(size=4) + 1e-3
     n = int(rng.integers(1, 65))
     ref = _kong_prop_3_1_gamma_sq(g2, s2, eta, L, n)
-    got = consensus.critical_distance_sq(g2, s2, eta, L, n, form="paper")
+    got = targets.critical_distance_sq(g2, s2, eta, L, n, form="paper")
     assert got == pytest.approx(ref, rel=1e-12)
     # the default keeps the derived constants: 1/2 instead of 1/8 on the gradient term
-    assert consensus.critical_distance_sq(g2, s2, eta, L, n) == pytest.approx(
+    assert targets.critical_distance_sq(g2, s2, eta, L, n) == pytest.approx(
         ref + (0.5 - 0.125) * g2 / L ** 2, rel=1e-12)
   crit = targets.CriticalTarget(num_workers=16, scale=1.5, smoothness=2.5, form="paper")
   crit.observe(grad_sq=0.4, noise=3.0)
@@ -334,7 +337,7 @@ def test_critical_distance_paper_form_is_kong_prop_3_1():
   with pytest.raises(ValueError, match="form='kong' is not allowed"):
     targets.CriticalTarget(num_workers=4, form="kong")
   with pytest.raises(ValueError, match="form='kong' is not allowed"):
-    consensus.critical_distance_sq(1.0, 1.0, 0.1, 1.0, 4, form="kong")
+    targets.critical_distance_sq(1.0, 1.0, 0.1, 1.0, 4, form="kong")
 
 
 def test_critical_target_moving_average():

@@ -6,8 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nbsgd_jax import collectives, matchings, topology, train
-from nbsgd_jax.host import matcha
+from nbsgd_jax import topology, train
+from nbsgd_jax.communications import collectives
+from nbsgd_jax.topology import matchings
+from nbsgd_jax.topology import matcha
 from nbsgd_jax.communications import Matchings
 from tests.helpers import run_steps, small_cfg, step_contexts
 

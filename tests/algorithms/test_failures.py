@@ -8,11 +8,13 @@ import numpy as np
 import optax
 import pytest
 
-from nbsgd_jax import collectives, topology, train
-from nbsgd_jax.host import cluster, matcha
+from nbsgd_jax import topology, train
+from nbsgd_jax.communications import collectives
+from nbsgd_jax.host import cluster
+from nbsgd_jax.topology import matcha
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import transforms as T
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.core.axis import AXIS
 from nbsgd_jax.communications import AllReduce, Gossip, Matchings
 
 from tests.helpers import small_cfg, step_contexts

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 from nbsgd_jax import codecs, topology, train
 from nbsgd_jax.codecs import sparse as compression
 from nbsgd_jax import transforms as T
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.core.axis import AXIS
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip
 from nbsgd_jax.transforms import StepContext
 from nbsgd_jax.transforms import decentralized as D

@@ -13,7 +13,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import topology, train
 from nbsgd_jax.host import periods as local_sgd
 from nbsgd_jax import transforms as T
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.core.axis import AXIS
 from nbsgd_jax.communications import AllReduce, Gossip
 
 from tests.helpers import run_steps, small_cfg, step_contexts
@@ -369,12 +369,12 @@ def test_train_ada_lupa_grows_the_period():
 
 
 def _ls(**kw):
-  from nbsgd_jax import problems
+  from nbsgd_jax.models import problems
   return problems.least_squares(16, 64, 8, noise=1.0, seed=0, **kw)
 
 
 def test_regroup_keeps_the_global_problem():
-  from nbsgd_jax import problems
+  from nbsgd_jax.models import problems
   base = _ls()
   x = np.random.default_rng(0).standard_normal(8)
   for p in (1, 4, 16):
@@ -420,7 +420,7 @@ def test_tau_1_local_sgd_equals_allreduce_and_ada_lupa_grows():
 def test_linear_speed_up_on_least_squares():
   """Haddadpour et al. 2019 (PL): with tau = T^(2/3) / p^(1/3), F - F* at p = 16 is at most
   1/8 of that at p = 1 for the same number T of local steps (3 seeds each)."""
-  from nbsgd_jax import problems
+  from nbsgd_jax.models import problems
   base = problems.least_squares(16, 256, 10, noise=1.0, seed=0)
   mu, lip = problems.pl_constants(base)
   a = 8.0 * lip / mu  # eta_t = 2 / (mu (t + a)) = (2 / (mu a)) a / (t + a)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import metrics, recipes, topology, train
+from nbsgd_jax import recipes, topology, train
+from nbsgd_jax.core import metrics
 from tests.helpers import slow_except
 
 from tests.helpers import assert_histories_close, logreg_grads_numpy, run_steps, small_cfg

@@ -15,7 +15,8 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from nbsgd_jax import config, problems, topology, train, tx
+from nbsgd_jax import config, topology, train, tx
+from nbsgd_jax.models import problems
 from nbsgd_jax.codecs import sparse as compression
 
 N = 4

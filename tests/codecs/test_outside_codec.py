@@ -8,7 +8,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from nbsgd_jax import checks, codecs, train
+from nbsgd_jax import codecs, train
+from nbsgd_jax.core import checks
 from nbsgd_jax import config as config_lib
 
 from tests.helpers import registered, small_cfg

@@ -1,4 +1,4 @@
-"""Tests for nbsgd_jax.collectives: ring all-reduce and gossip under vmap and shard_map."""
+"""Tests for nbsgd_jax.communications.collectives: ring all-reduce and gossip under vmap and shard_map."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from nbsgd_jax import collectives
+from nbsgd_jax.communications import collectives
 from nbsgd_jax import topology
 
 AXIS = "workers"

@@ -1,4 +1,4 @@
-"""Tests for nbsgd_jax.augment against independent numpy references."""
+"""Tests for nbsgd_jax.data.augment against independent numpy references."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nbsgd_jax import augment
+from nbsgd_jax.data import augment
 
 # Values copied from epfml/LocalSGD-Code, distributed_code/pcode/datasets/prepare_data.py.
 EPFL_CIFAR10 = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))

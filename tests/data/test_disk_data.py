@@ -16,7 +16,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from nbsgd_jax import augment, config as config_lib, data, disk_data, train
+from nbsgd_jax import config as config_lib, data, train
+from nbsgd_jax.data import augment
+from nbsgd_jax.data import disk as disk_data
 
 from tests.helpers import check_image_arrays, image_folder, png_bytes
 
@@ -294,7 +296,7 @@ def _torch_adamw_reference(params, grads, steps, lr_at, b1, b2, wd, clip, eps=1e
 def test_nanogpt_optimizer_matches_a_transcription_of_torch_adamw():
   import jax.numpy as jnp
   import optax
-  from nbsgd_jax import optim
+  from nbsgd_jax.recipes import optim
   cfg = config_lib.override(config_lib.default_config(), {
       "optimizer": "adamw", "learning_rate": 1e-2, "momentum": 0.9, "adam_b2": 0.99,
       "weight_decay": 0.1, "weight_decay_on": "matrices", "grad_clip": 1.0,

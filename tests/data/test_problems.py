@@ -1,4 +1,4 @@
-"""Tests for nbsgd_jax.problems: seeded synthetic PL problems with a known optimum."""
+"""Tests for nbsgd_jax.models.problems: seeded synthetic PL problems with a known optimum."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import scipy.optimize
 import scipy.special
 
-from nbsgd_jax import problems
+from nbsgd_jax.models import problems
 
 N_WORKERS, M, DIM = 4, 32, 6
 

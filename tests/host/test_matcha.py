@@ -1,4 +1,4 @@
-"""Tests for nbsgd_jax.host.matcha: matchings, activation probabilities, alpha and rho."""
+"""Tests for nbsgd_jax.topology.matcha: matchings, activation probabilities, alpha and rho."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from nbsgd_jax import matchings as matchings_lib
+from nbsgd_jax.topology import matchings as matchings_lib
 from nbsgd_jax import topology
-from nbsgd_jax.host import matcha
+from nbsgd_jax.topology import matcha
 
 import cvxpy  # noqa: F401,E402  (a required dependency: fail, never skip)
 

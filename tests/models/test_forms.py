@@ -1,4 +1,4 @@
-"""The forms the framework picks per platform and workers (:mod:`nbsgd_jax.forms`): the rules,
+"""The forms the framework picks per platform and workers (:mod:`nbsgd_jax.models.forms`): the rules,
 and that every form computes what the plain model computes (the reference: the same model
 without the form, XLA's default compilation)."""
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import forms, models
+from nbsgd_jax import models
+from nbsgd_jax.models import forms
 
 from tests.helpers import run_steps, small_cfg
 

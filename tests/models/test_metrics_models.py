@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nbsgd_jax import metrics, models, topology
+from nbsgd_jax import models, topology
+from nbsgd_jax.core import metrics
 
 
 def _random_tree(rng, n):

@@ -24,9 +24,9 @@ from scipy.special import erf
 
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import data
-from nbsgd_jax import disk_data
+from nbsgd_jax.data import disk as disk_data
 from nbsgd_jax import models
-from nbsgd_jax import text_data
+from nbsgd_jax.data import text as text_data
 
 from tests.helpers import ROOT, experiment_config
 

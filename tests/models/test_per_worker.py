@@ -11,7 +11,8 @@ from jax import lax
 from jax.extend import core as jcore
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import models, per_worker
+from nbsgd_jax import models
+from nbsgd_jax.models import per_worker
 
 from tests.helpers import run_steps, small_cfg
 

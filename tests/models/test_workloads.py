@@ -16,7 +16,7 @@ import tensorflow_datasets as tfds
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import models as models_lib
 from nbsgd_jax import train
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.core.axis import AXIS
 
 from tests.helpers import ROOT, make_stepper, run_python, run_steps, small_cfg
 

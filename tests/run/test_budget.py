@@ -14,9 +14,9 @@ import jax
 import numpy as np
 import pytest
 
-from nbsgd_jax import checkpoint as checkpoint_lib
+from nbsgd_jax.core import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import hparams as hparams_lib
+from nbsgd_jax.run import hparams as hparams_lib
 from nbsgd_jax import recipes
 from nbsgd_jax import train
 from nbsgd_jax.run.stepper import Budget

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from nbsgd_jax import checkpoint as checkpoint_lib
+from nbsgd_jax.core import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
 

@@ -10,7 +10,7 @@ import pytest
 
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import data as data_lib
-from nbsgd_jax import disk_data
+from nbsgd_jax.data import disk as disk_data
 from nbsgd_jax import train
 
 from tests.helpers import check_image_arrays, image_folder, small_cfg

@@ -13,9 +13,9 @@ import textwrap
 
 import pytest
 
-from nbsgd_jax import checkpoint as checkpoint_lib
+from nbsgd_jax.core import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import files as files_lib
+from nbsgd_jax.core import files as files_lib
 from nbsgd_jax import train
 from nbsgd_jax.run import records as records_lib
 
@@ -161,7 +161,7 @@ def test_an_undamaged_resume_warns_nothing(runs, tmp_path, capsys):
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from nbsgd_jax import files
+    from nbsgd_jax.core import files
     handle = files.lock(sys.argv[1])
     print("locked", flush=True)
     time.sleep(120)

@@ -12,9 +12,9 @@ import pytest
 
 import jax
 
-from nbsgd_jax import checkpoint as checkpoint_lib
+from nbsgd_jax.core import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import hparams as hparams_lib
+from nbsgd_jax.run import hparams as hparams_lib
 from nbsgd_jax import train
 
 from tests.helpers import small_cfg

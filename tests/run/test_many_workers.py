@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from nbsgd_jax import collectives, train
+from nbsgd_jax import train
+from nbsgd_jax.communications import collectives
 from nbsgd_jax import config as config_lib
 
 from tests.helpers import (assert_histories_close, hierarchical, run_steps,

@@ -12,7 +12,7 @@ import pytest
 
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import launch
-from nbsgd_jax import multihost
+from nbsgd_jax.core import multihost
 from nbsgd_jax import train
 
 from tests.helpers import launch_processes, read_records, small_cfg, write_config_file

@@ -17,8 +17,8 @@ import pytest
 from jax import monitoring
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import hparams as hparams_lib
-from nbsgd_jax import optim
+from nbsgd_jax.run import hparams as hparams_lib
+from nbsgd_jax.recipes import optim
 from nbsgd_jax import transforms as T
 from nbsgd_jax.run import step as step_lib
 from nbsgd_jax.run.loop import train

@@ -10,7 +10,7 @@ import pytest
 from jax import monitoring
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import sweeps
+from nbsgd_jax.run import grid as sweeps
 from nbsgd_jax.run import loop as loop_lib
 from nbsgd_jax.run import step as step_lib
 from nbsgd_jax.run.loop import train

@@ -19,7 +19,8 @@ import pytest
 pytest.importorskip("tensorboardX")
 from tensorboardX.proto import event_pb2  # noqa: E402
 
-from nbsgd_jax import tensorboard, train  # noqa: E402
+from nbsgd_jax import train  # noqa: E402
+from nbsgd_jax.core import tensorboard
 from tests.helpers import small_cfg  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py

@@ -19,11 +19,12 @@ from jax.extend import core as jcore
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from nbsgd_jax.host import cluster as cl
-from nbsgd_jax import collectives, train
-from nbsgd_jax.host import matcha as matcha_lib
+from nbsgd_jax import train
+from nbsgd_jax.communications import collectives
+from nbsgd_jax.topology import matcha as matcha_lib
 from nbsgd_jax.run import step as step_lib
 from nbsgd_jax import topology as topology_lib
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.core.axis import AXIS
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip, Matchings
 from nbsgd_jax.host import parts as host_parts
 from nbsgd_jax.transforms import CONTEXT_AXES, StepContext

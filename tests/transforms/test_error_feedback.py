@@ -14,7 +14,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from nbsgd_jax import collectives
+from nbsgd_jax.communications import collectives
 from nbsgd_jax import transforms as T
 from nbsgd_jax.transforms import ErrorFeedbackState, densify, error_feedback
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import naming, report, train
+from nbsgd_jax import report, train
+from nbsgd_jax.run import naming
 
 from tests.helpers import run_python, small_cfg
 

@@ -1,4 +1,4 @@
-"""A sweep's report (``nbsgd_jax.sweep_report``, ``python -m nbsgd_jax.report SWEEP_DIR``) on
+"""A sweep's report (``nbsgd_jax.report.sweep``, ``python -m nbsgd_jax.report SWEEP_DIR``) on
 records written by hand in the format a sweep writes: the statistics against numpy on the
 raw arrays, the runs left out, the bands, the refusals and the command line. A real sweep
 through the report: ``tests/run/test_sweeps.py``, the command-line test."""
@@ -9,7 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from nbsgd_jax import report, sweep_report
+from nbsgd_jax import report
+from nbsgd_jax.report import sweep as sweep_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 KEYS = ("train_loss", "test_loss", "test_accuracy")

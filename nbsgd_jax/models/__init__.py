@@ -30,7 +30,7 @@ Logits are float32 whatever the compute ``dtype`` (bfloat16 compute keeps float3
 
 The convolutions of ``"cnn"`` and ``"resnet"`` and the max-pools of ``"cnn"`` have a second
 implementation for many simulated workers on one device (``conv_impl="per_worker"``,
-``pool_impl="reshape"``: :mod:`nbsgd_jax.per_worker`); the parameters and values are the same.
+``pool_impl="reshape"``: :mod:`nbsgd_jax.models.per_worker`); the parameters and values are the same.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ import jax.numpy as jnp
 import ml_collections
 from jax import lax
 
-from nbsgd_jax import checks
-from nbsgd_jax import forms
-from nbsgd_jax import per_worker
+from nbsgd_jax.core import checks
+from nbsgd_jax.models import forms
+from nbsgd_jax.models import per_worker
 
 
 class LogisticRegression(nn.Module):
@@ -129,7 +129,7 @@ def _any_pool(x):
 class BasicBlock(nn.Module):
   """Two 3x3 convolutions with normalisation; shortcut option A (He et al. 2016, Sec. 4.2):
   identity, subsampled by ``stride`` and zero-padded to ``channels``. ``materialize``: the
-  block's output stored once (:func:`nbsgd_jax.forms.materialize`, ``residuals=
+  block's output stored once (:func:`nbsgd_jax.models.forms.materialize`, ``residuals=
   "materialized"``)."""
 
   channels: int
@@ -373,14 +373,14 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
       ``d_model``, ``num_heads`` and optionally :data:`LM_OPTIONS` (``config.lm``; None or an
       absent option: :class:`LMSizes`' defaults).
     conv_impl: ``"batched"`` (``lax.conv_general_dilated``: a grouped convolution under
-      ``vmap``) or ``"per_worker"`` (:func:`nbsgd_jax.per_worker.conv_general_dilated`), the
+      ``vmap``) or ``"per_worker"`` (:func:`nbsgd_jax.models.per_worker.conv_general_dilated`), the
       convolutions of ``"cnn"`` and ``"resnet"``.
     pool_impl: ``"window"`` (``nn.max_pool``), ``"reshape"``
-      (:func:`nbsgd_jax.per_worker.max_pool`) or ``"auto"`` (reshape where the sizes are
+      (:func:`nbsgd_jax.models.per_worker.max_pool`) or ``"auto"`` (reshape where the sizes are
       even, else window), the max-pools of ``"cnn"``.
-    residuals: ``"fused"`` or ``"materialized"`` (:func:`nbsgd_jax.forms.materialize` on
+    residuals: ``"fused"`` or ``"materialized"`` (:func:`nbsgd_jax.models.forms.materialize` on
       each block's output), the residual stream of ``"resnet"``
-      (:mod:`nbsgd_jax.forms`: ``"materialized"`` on a CPU).
+      (:mod:`nbsgd_jax.models.forms`: ``"materialized"`` on a CPU).
 
   Raises:
     ValueError: an unknown name, norm or dtype, or bad sizes or ``lm`` options (named).
@@ -391,7 +391,7 @@ def make_model(name: str, num_classes: int, mlp_hidden: Sequence[int] = (256,),
   if conv_impl not in per_worker.CONV_IMPLS:
     raise ValueError(f"conv_impl={conv_impl!r} is not allowed: use one of "
                      f"{list(per_worker.CONV_IMPLS)} (a run resolves 'auto' with "
-                     "nbsgd_jax.forms.resolve)")
+                     "nbsgd_jax.models.forms.resolve)")
   if pool_impl not in forms.POOL_CHOICES:
     raise ValueError(f"pool_impl={pool_impl!r} is not allowed: use one of "
                      f"{list(forms.POOL_CHOICES)}")

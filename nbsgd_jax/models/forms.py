@@ -6,7 +6,7 @@ PyTorch") with ``benchmarks/peer_pytorch.py`` and ``benchmarks/simulated_workers
 every form computes the same function (tests: ``tests/models/test_forms.py``,
 ``tests/models/test_per_worker.py``).
 
-* ``conv_impl``: ``"per_worker"`` (n ordinary convolutions, :mod:`nbsgd_jax.per_worker`) on
+* ``conv_impl``: ``"per_worker"`` (n ordinary convolutions, :mod:`nbsgd_jax.models.per_worker`) on
   a CPU with 2 to :data:`MAX_UNROLLED` workers per device, else ``"batched"`` (one grouped
   convolution under ``vmap``). XLA:CPU's grouped convolution runs at about half the speed of
   the same arithmetic as ordinary convolutions; the unrolled program's compile time grows
@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from nbsgd_jax import per_worker
+from nbsgd_jax.models import per_worker
 
 AUTO = "auto"
 MAX_UNROLLED = 64  # the most workers per device measured with conv_impl="per_worker"
@@ -94,7 +94,7 @@ def blocks_pay(platform: str) -> bool:
 
 
 def device_workers(backend) -> int:
-  """Workers per device of a :class:`~nbsgd_jax.backends.Backend` (simulate: all n)."""
+  """Workers per device of a :class:`~nbsgd_jax.core.backends.Backend` (simulate: all n)."""
   if backend.mesh is None:
     return backend.num_workers
   return backend.num_workers // backend.mesh.devices.size

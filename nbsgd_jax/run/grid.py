@@ -4,7 +4,7 @@ structures allow (``docs/guide.md``, "Sweeps"; ``docs/design.md``, "Runs as data
 ``config.sweep`` is the grid: axes separated by ``;``, each ``key=v1,v2,...`` (a config
 key, dotted, and its values; ``a:b`` for the integers ``a, ..., b - 1``), e.g.
 ``learning_rate=0.05,0.1;seed=0:3``. The grid is the product of its axes (6 runs here), each
-run a config with ``sweep=""``; runs whose :func:`nbsgd_jax.hparams.structure_key` agree
+run a config with ``sweep=""``; runs whose :func:`nbsgd_jax.run.hparams.structure_key` agree
 form one group, trained as ONE program (a runs axis over the workers); groups run in turn.
 """
 
@@ -17,7 +17,7 @@ from typing import Callable, NamedTuple, Optional
 import ml_collections
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import hparams as hparams_lib
+from nbsgd_jax.run import hparams as hparams_lib
 
 # what a run's own config may not vary within one program, with the reason (grouped instead)
 NOT_SWEPT = {
@@ -173,7 +173,7 @@ def _show(v) -> str:
 
 def groups(runs: list[Run], *given, alone: Optional[Callable[[int], bool]] = None
            ) -> list[list[int]]:
-  """The runs' indices grouped by structure (:func:`nbsgd_jax.hparams.structure_key`;
+  """The runs' indices grouped by structure (:func:`nbsgd_jax.run.hparams.structure_key`;
   ``given``: the objects handed to ``train``), each group in grid order, the groups in the
   order of their first run. ``alone(i)``: run ``i`` is a group of its own (its host plans
   its communication periods from its own losses, ADA-LUPA: its period ends are its

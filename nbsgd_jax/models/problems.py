@@ -52,7 +52,7 @@ reach ``||grad F(x*)|| <= 1e-10``.
 Example::
 
   import jax
-  from nbsgd_jax import problems
+  from nbsgd_jax.models import problems
 
   prob = problems.least_squares(num_workers=4, examples_per_worker=256, dim=10, seed=0)
   loss = problems.loss_fn(prob)                 # (params, (features, targets)) -> scalar
@@ -75,7 +75,7 @@ import scipy.optimize
 import scipy.special
 import ml_collections
 
-from nbsgd_jax import checks
+from nbsgd_jax.core import checks
 
 PROBLEMS = ("least_squares", "logistic")
 
@@ -454,7 +454,7 @@ def problem_defaults() -> ml_collections.ConfigDict:
 
 
 def check_config(cfg, errs: list) -> None:
-  """problem.*: the synthetic problem's size and data (:mod:`nbsgd_jax.problems`)."""
+  """problem.*: the synthetic problem's size and data (:mod:`nbsgd_jax.models.problems`)."""
   for key, lo in (("examples_per_worker", 1), ("shards", 0), ("dim", 1), ("seed", 0)):
     checks.integer(cfg, errs, f"problem.{key}", lo)
   for key in ("noise", "l2", "heterogeneity"):

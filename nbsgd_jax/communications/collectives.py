@@ -37,7 +37,7 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from nbsgd_jax.matchings import matching_decomposition, matching_permutation
+from nbsgd_jax.topology.matchings import matching_decomposition, matching_permutation
 
 PyTree = Any
 MatrixLike = Union[np.ndarray, Any]  # a numpy [n, n] array or an object with ``.mixing_matrix``

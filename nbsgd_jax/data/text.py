@@ -9,7 +9,7 @@ Corpora (:func:`load_text_dataset`, :class:`TextDataset`):
   ``"text_file"`` (a UTF-8 text file at ``data_path``), split as nanoGPT's
   ``shakespeare_char`` (:func:`split_text`);
 * ``"tfds:<name>"``: a TFDS text set with a ``text`` feature and ``train``/``test`` splits
-  (e.g. ``"tfds:tiny_shakespeare"``), read through :mod:`nbsgd_jax.tfds_data` the same way as
+  (e.g. ``"tfds:tiny_shakespeare"``), read through :mod:`nbsgd_jax.data.tfds` the same way as
   the image sets, with a vocabulary built from the train split.
 
 Tokenisation: characters to ids and back (:func:`encode_text`, :func:`decode_text`), with a
@@ -25,10 +25,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from nbsgd_jax import checks
-from nbsgd_jax import disk_data
-from nbsgd_jax import tfds_data
-from nbsgd_jax.tfds_data import TEXT_FEATURE  # noqa: F401  (re-exported)
+from nbsgd_jax.core import checks
+from nbsgd_jax.data import disk as disk_data
+from nbsgd_jax.data import tfds as tfds_data
+from nbsgd_jax.data.tfds import TEXT_FEATURE  # noqa: F401  (re-exported)
 
 TEXT_DATASETS = ("tiny_shakespeare", "text_file")  # besides "tfds:<name>"
 TEXT_TRAIN_FRACTION = 0.9  # nanoGPT's shakespeare_char split: first 90 % train, rest validation
@@ -168,7 +168,7 @@ def load_text_dataset(name: str, data_dir: str | None = None,
 
   Raises:
     ValueError: ``name`` is none of these; the ``"text_file"`` at ``data_path`` is missing,
-      unreadable, not UTF-8 or empty (:func:`nbsgd_jax.disk_data.read_text`); a split of
+      unreadable, not UTF-8 or empty (:func:`nbsgd_jax.data.disk.read_text`); a split of
       :func:`split_text` would hold fewer than 2 characters; a ``"tfds:*"`` data set is
       unknown, not prepared locally in ``data_dir`` or unreadable (nothing is downloaded at
       run time: prepare it beforehand, e.g. ``tfds build tiny_shakespeare

@@ -5,6 +5,30 @@ not controlled) from a :class:`TargetSchedule` (absolute, ratio of a
 reference run, until a step) or a :class:`CriticalTarget` (``c Gamma_t``
 from the measured gradient statistics, observed after every controlled step, and the
 smoothness L estimated off the clock every ``smoothness_every`` steps).
+
+The critical consensus distance (Kong et al. 2021, Sec. 3, Prop. 3.1: below it D-SGD
+converges like centralized mini-batch SGD). With ``x_bar`` the mean model, ``g_bar`` the mean
+stochastic gradient, L-smooth ``f`` and per-worker gradient noise ``sigma^2``, the descent
+lemma for ``x_bar_{t+1} = x_bar_t - eta g_bar_t`` (eta <= 1/L) gives
+
+    E f(x_bar_{t+1}) <= f(x_bar_t) - eta/2 ||grad f(x_bar_t)||^2 + L eta^2 sigma^2 / (2n)
+                        + eta L^2 / 2 Xi_t^2,
+
+the centralized bound plus the consensus term. That term costs at most half the progress term
+plus the noise term, i.e. D-SGD keeps the centralized rate up to a factor 2, when
+
+    Xi_t^2 <= Gamma_t^2 = ||grad f(x_bar_t)||^2 / (2 L^2) + eta sigma^2 / (L n).
+
+This is the form of Kong et al.'s critical value (gradient-norm term over L^2 plus a noise term
+eta sigma^2 / (L n)) with the constants of the derivation above (``form="derived"``). Kong et al.'s Proposition 3.1 states the critical consensus distance as
+
+    Gamma_t^2 := (1 / (L n)) eta sigma^2 + (1 / (8 L^2)) ||grad f(x_bar_t)||^2
+
+(``form="paper"``, the config's default ``consensus.critical_form``: a gradient term 4x
+smaller, the noise term the same). That statement is
+taken from a secondary source quoting Prop. 3.1 (and agrees with our reading of the paper);
+the paper's own text (arXiv 2102.04828) could not be retrieved here, so check it before
+relying on the constant. ``eta`` is the effective step ``lr_t / (1 - momentum)``.
 """
 
 from __future__ import annotations
@@ -14,9 +38,10 @@ import math
 import os
 from typing import Callable, Optional
 
+import ml_collections
 import numpy as np
 
-from nbsgd_jax import consensus as consensus_lib
+from nbsgd_jax.core import checks
 from nbsgd_jax.host.parts import HostPart
 
 
@@ -119,8 +144,8 @@ class CriticalTarget:
 
   def __init__(self, num_workers: int, scale: float = 1.0, smoothness: float = 0.0,
                until_step: int = 0, ema: float = 0.0, form: str = "derived"):
-    if form not in consensus_lib.CRITICAL_FORMS:
-      raise ValueError(f"form={form!r} is not allowed: use one of {list(consensus_lib.CRITICAL_FORMS)}")
+    if form not in CRITICAL_FORMS:
+      raise ValueError(f"form={form!r} is not allowed: use one of {list(CRITICAL_FORMS)}")
     self.form = form
     if not 0 <= ema < 1:
       raise ValueError(f"consensus.critical_ema={ema!r} is not allowed: it must be in [0, 1)")
@@ -172,7 +197,7 @@ class CriticalTarget:
       return math.inf
     if self._stats is None or self.smoothness is None:
       return NO_CONSTRAINT
-    return self.scale * math.sqrt(consensus_lib.critical_distance_sq(*self._stats, step_size,
+    return self.scale * math.sqrt(critical_distance_sq(*self._stats, step_size,
                                                        self.smoothness, self.n, self.form))
 
 
@@ -245,3 +270,101 @@ class Targets(HostPart):
     self.extra_gossip = int(d["extra_gossip"])
     if self.critical:
       self.schedule.load_state_dict(d["critical"])
+
+
+# ----------------------------------------------------------------------------- Gamma_t
+
+
+CRITICAL_FORMS = ("derived", "paper")
+# the coefficient c of ||grad f||^2 / L^2 in Gamma^2 = c ||grad f||^2 / L^2 + eta sigma^2 / (L n)
+_GRAD_COEF = {"derived": 1.0 / 2.0, "paper": 1.0 / 8.0}
+
+
+def critical_distance_sq(grad_sq: float, noise: float, step_size: float, smoothness: float,
+                         num_workers: int, form: str = "derived") -> float:
+  """The critical consensus distance squared, in squared parameter units.
+
+  * ``"derived"``: ``Gamma^2 = ||grad f||^2 / (2 L^2) + eta sigma^2 / (L n)`` (the descent-lemma
+    derivation in the module docstring; Kong et al.'s form, our constants);
+  * ``"paper"``: ``Gamma^2 = eta sigma^2 / (L n) + ||grad f||^2 / (8 L^2)``, Kong et al. 2021,
+    Proposition 3.1 (as quoted, see the module docstring).
+
+  Args:
+    grad_sq: ``||grad f(x_bar)||^2``; noise: ``sigma^2`` (per-worker gradient variance);
+    step_size: eta; smoothness: L > 0; num_workers: n >= 1; form: one of CRITICAL_FORMS.
+  Raises:
+    ValueError: smoothness <= 0, num_workers < 1 or an unknown form.
+  """
+  if not smoothness > 0:
+    raise ValueError(f"smoothness={smoothness!r} is not allowed: it must be > 0")
+  if num_workers < 1:
+    raise ValueError(f"num_workers={num_workers!r} is not allowed: it must be >= 1")
+  if form not in CRITICAL_FORMS:
+    raise ValueError(f"form={form!r} is not allowed: use one of {list(CRITICAL_FORMS)}")
+  return (_GRAD_COEF[form] * grad_sq / smoothness ** 2
+          + step_size * noise / (smoothness * num_workers))
+
+
+# The target while no gradient statistics exist yet (the first controlled step): finite, so
+# the step measures Xi and the gradients, but never binding.
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def consensus_defaults() -> ml_collections.ConfigDict:
+  """``config.consensus.*`` with their defaults: consensus distance (Kong et al. 2021)."""
+  s = ml_collections.ConfigDict()
+  s.control = False              # recipes that gossip every step (recipes.gossip_recipes():
+                                 # D-PSGD, MATCHA, CHOCO, gradient tracking, D^2, Gossip-PGA):
+                                 # gossip again while Xi > target
+  s.target = 0.0                 # absolute target Xi (parameter units); 0: use target_ratio
+  s.target_ratio = 0.0           # target = ratio x reference run's Xi at each step
+  s.reference_workdir = ""       # the reference run (its steps.jsonl or metrics.jsonl)
+  s.critical = False             # target = critical_scale x the critical consensus distance
+                                 # Gamma_t, estimated on the fly (nbsgd_jax.host.consensus.CriticalTarget)
+  s.critical_scale = 1.0         # c in target = c Gamma_t
+  s.critical_form = "paper"      # Gamma_t's constants: paper (Kong et al. Prop. 3.1,
+                                 # ||grad f||^2 / (8 L^2) + eta sigma^2 / (L n)) | derived
+  s.critical_ema = 0.9           # moving-average decay of the gradient statistics behind
+                                  # Gamma_t, in [0, 1) (0: the last step's only)
+  s.smoothness = 0.0             # L of Gamma_t; 0: estimated (Hessian power iteration)
+  s.smoothness_every = 100       # re-estimate L every this many steps
+  s.smoothness_iters = 20        # power iterations (Hessian-vector products) per estimate
+  s.until_step = 0               # control only steps < until_step (0: always)
+  s.max_gossip_steps = 5         # K: extra gossip steps per training step at most
+  s.measure = "exact"            # exact (all-reduce of the model) | sketch (r coordinates)
+  s.sketch_size = 1024           # r, coordinates of a sketch measurement
+  s.log_every_step = False       # write workdir/steps.jsonl (Xi of every step)
+  s.per_layer = False            # add consensus_distance_layers to every evaluation
+  return s
+
+
+def check_config(cfg, errs: list) -> None:
+  """consensus.*; with control on, exactly one target (and target_ratio's reference run)."""
+  for key in ("control", "log_every_step", "per_layer", "critical"):
+    checks.boolean(cfg, errs, f"consensus.{key}")
+  for key, lo in (("max_gossip_steps", 1), ("sketch_size", 1), ("until_step", 0),
+                  ("smoothness_every", 1), ("smoothness_iters", 1)):
+    checks.integer(cfg, errs, f"consensus.{key}", lo)
+  for key in ("target", "target_ratio", "smoothness"):
+    checks.number(cfg, errs, f"consensus.{key}", 0)
+  checks.number(cfg, errs, "consensus.critical_ema", 0, hi=1, hi_open=True)
+  checks.number(cfg, errs, "consensus.critical_scale", 0, lo_open=True)
+  checks.choice(cfg, errs, "consensus.measure", ("exact", "sketch"))
+  checks.choice(cfg, errs, "consensus.critical_form", CRITICAL_FORMS)
+  checks.string(cfg, errs, "consensus.reference_workdir")
+  cs = cfg.consensus
+  if cs.get("control") is not True:
+    return
+  given = [checks.is_num(cs.target) and cs.target > 0,
+           checks.is_num(cs.target_ratio) and cs.target_ratio > 0, cs.critical is True]
+  if sum(given) != 1:
+    errs.append(f"config.consensus.target={cs.target!r}, config.consensus.target_ratio="
+                f"{cs.target_ratio!r} and config.consensus.critical={cs.critical!r} are not "
+                "allowed: give exactly one target (target > 0, target_ratio > 0 or "
+                "critical=True)")
+  elif given[1] and not cs.reference_workdir:
+    errs.append(f"config.consensus.target_ratio={cs.target_ratio!r} is not allowed with "
+                f"config.consensus.reference_workdir={cs.reference_workdir!r}: it needs "
+                "config.consensus.reference_workdir (a finished run's workdir)")

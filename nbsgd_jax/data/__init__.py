@@ -3,11 +3,11 @@
 Everything here is host-side numpy; the trainer moves the stacked shards to devices. This
 module holds the image classification sets, your own data (:class:`ArrayDataset`,
 :class:`TokenDataset`, :func:`register_dataset`) and the partition of examples; it
-re-exports the text data sets of :mod:`nbsgd_jax.text_data` (:func:`load_text_dataset`,
+re-exports the text data sets of :mod:`nbsgd_jax.data.text` (:func:`load_text_dataset`,
 :class:`TextDataset`, :func:`encode_text`, :func:`decode_text`, :func:`partition_text`, ...)
-and the synthetic problems of :mod:`nbsgd_jax.problems`, so ``nbsgd_jax.data.X`` names them
-all. TFDS reading lives in :mod:`nbsgd_jax.tfds_data`, image folders and the CIFAR pickles in
-:mod:`nbsgd_jax.disk_data`.
+and the synthetic problems of :mod:`nbsgd_jax.models.problems`, so ``nbsgd_jax.data.X`` names them
+all. TFDS reading lives in :mod:`nbsgd_jax.data.tfds`, image folders and the CIFAR pickles in
+:mod:`nbsgd_jax.data.disk`.
 
 Data sets (:func:`load_dataset`):
 
@@ -19,7 +19,7 @@ Data sets (:func:`load_dataset`):
   which must stay next to the ``.npz`` wherever it is copied.
 * ``"tfds:<name>"``: any TensorFlow Datasets image classification set with ``image`` and
   ``label`` features and ``train``/``test`` splits, read through ``tfds.data_source``
-  (ArrayRecord random access, no TensorFlow needed; :mod:`nbsgd_jax.tfds_data`). Nothing is
+  (ArrayRecord random access, no TensorFlow needed; :mod:`nbsgd_jax.data.tfds`). Nothing is
   downloaded at run time: the data set must already be prepared in ``data_dir`` in
   ``array_record`` format.
 
@@ -43,11 +43,11 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from nbsgd_jax import checks
-from nbsgd_jax import disk_data
-from nbsgd_jax import tfds_data
-# The text data sets (nbsgd_jax.text_data), re-exported: the package names them from here.
-from nbsgd_jax.text_data import (  # noqa: F401
+from nbsgd_jax.core import checks
+from nbsgd_jax.data import disk as disk_data
+from nbsgd_jax.data import tfds as tfds_data
+# The text data sets (nbsgd_jax.data.text), re-exported: the package names them from here.
+from nbsgd_jax.data.text import (  # noqa: F401
     TEXT_DATASETS,
     TEXT_DATASETS_HELP,
     TEXT_FEATURE,
@@ -63,7 +63,7 @@ from nbsgd_jax.text_data import (  # noqa: F401
 )
 
 # The names load_dataset takes besides "tfds:<name>" (TEXT_DATASETS: load_text_dataset's), and
-# the image and text sources read from config.data_path (nbsgd_jax.disk_data).
+# the image and text sources read from config.data_path (nbsgd_jax.data.disk).
 PATH_IMAGE_DATASETS = ("image_folder", "cifar10", "cifar100")
 IMAGE_DATASETS = ("mnist10k",) + PATH_IMAGE_DATASETS
 PATH_DATASETS = PATH_IMAGE_DATASETS + ("text_file",)
@@ -266,8 +266,8 @@ def load_dataset(name: str, data_dir: str | None = None, data_path: str | None =
   Args:
     name: ``"mnist10k"`` (the embedded default); ``"image_folder"`` (``data_path``: a
       directory or archive laid out ``train/<class>/<image>``, ``test/<class>/<image>``:
-      :func:`nbsgd_jax.disk_data.load_image_folder`); ``"cifar10"`` / ``"cifar100"``
-      (``data_path``: the python-pickle release, :func:`nbsgd_jax.disk_data.load_cifar_pickle`);
+      :func:`nbsgd_jax.data.disk.load_image_folder`); ``"cifar10"`` / ``"cifar100"``
+      (``data_path``: the python-pickle release, :func:`nbsgd_jax.data.disk.load_cifar_pickle`);
       or ``"tfds:<name>"`` (e.g. ``"tfds:mnist"``, ``"tfds:fashion_mnist"``,
       ``"tfds:cifar10"``).
     data_dir: TFDS data directory for ``"tfds:*"`` (``None``: the TFDS default,
@@ -290,7 +290,7 @@ def load_dataset(name: str, data_dir: str | None = None, data_path: str | None =
 
   Raises:
     ValueError: ``name`` is none of these; a ``data_path`` source is missing or unreadable
-      (:mod:`nbsgd_jax.disk_data`, one line naming the path); a TFDS data set is unknown, not prepared
+      (:mod:`nbsgd_jax.data.disk`, one line naming the path); a TFDS data set is unknown, not prepared
       locally in ``data_dir`` or unreadable (nothing is downloaded at run time: prepare it
       beforehand, e.g. ``tfds build mnist --file_format=array_record``); its images are not
       uint8 ``[H, W]`` / ``[H, W, C]`` of one fixed shape, or its labels are not
@@ -550,7 +550,7 @@ def label_histogram(
 
 
 # Synthetic PL problems with a known optimum F* (least squares, l2-regularised logistic
-# regression) live in nbsgd_jax.problems, with their objective and loss; the training loop
+# regression) live in nbsgd_jax.models.problems, with their objective and loss; the training loop
 # runs them as tasks (config.dataset='least_squares' | 'logistic', nbsgd_jax.run.task); the
 # builders are re-exported here, next to the other data sets.
-from nbsgd_jax.problems import least_squares, logistic  # noqa: E402,F401
+from nbsgd_jax.models.problems import least_squares, logistic  # noqa: E402,F401

@@ -18,7 +18,7 @@ progress) and, once the run has finished, ``summary.json``. The report reads onl
   event clock their events or pushes and staleness, with a note on what their steps applied)
   with the figures embedded.
 
-Runs are labelled by the algorithm as run where it differs (:mod:`nbsgd_jax.naming`, e.g.
+Runs are labelled by the algorithm as run where it differs (:mod:`nbsgd_jax.run.naming`, e.g.
 ``dpsgd + non-blocking (M = 4)``), then by the other configuration keys that differ between
 them (nested keys flattened with dots, e.g. ``learning_rate=0.1``; a key counts only among
 the runs that read it: ``diloco.inner_steps`` not for ``dpsgd``; logging-only keys such as
@@ -39,9 +39,9 @@ from typing import Any, Sequence
 import ml_collections
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import files as files_lib
-from nbsgd_jax import naming
-from nbsgd_jax import sweep_report
+from nbsgd_jax.core import files as files_lib
+from nbsgd_jax.run import naming
+from nbsgd_jax.report import sweep as sweep_report
 
 # Keys that change logging or bookkeeping, not training: never used to tell runs apart.
 NOISE_KEYS = ("progress", "tensorboard", "data_dir", "checkpoint_every", "eval_every",
@@ -91,7 +91,7 @@ class Run:
     summary: ``summary.json``, or None while the run is in progress (or if it crashed).
     unused: the dotted config keys the run does not read (a section that is off, another
       algorithm's section: :func:`nbsgd_jax.config.inactive_keys`).
-    as_run: the algorithm as run (:func:`nbsgd_jax.naming.algorithm_as_run`), e.g.
+    as_run: the algorithm as run (:func:`nbsgd_jax.run.naming.algorithm_as_run`), e.g.
       ``"dpsgd + non-blocking (M = 4)"``.
     named: the dotted config keys whose values ``as_run`` states.
   """
@@ -560,7 +560,7 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
   """Command line; returns the exit status (0; 2 for bad arguments or no run directory;
   1 when the report cannot be written). One directory holding ``sweep.json``: that sweep's
-  report, :func:`nbsgd_jax.sweep_report.main` (``--out`` optional there)."""
+  report, :func:`nbsgd_jax.report.sweep.main` (``--out`` optional there)."""
   argv = sys.argv[1:] if argv is None else list(argv)
   if sweep_report.sweep_dir_of(argv):  # python -m nbsgd_jax.report SWEEP_DIR [--out OUT]
     return sweep_report.main(argv)
@@ -588,7 +588,3 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"wrote {result['report']} ({len(result['rows'])} run(s), "
         f"{len(result['figures'])} figure(s))")
   return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -1,7 +1,7 @@
 """Reading prepared TensorFlow Datasets sets into host numpy arrays and strings.
 
 Shared by the ``"tfds:<name>"`` sets of :mod:`nbsgd_jax.data` (images,
-:func:`read_image_splits`) and of :mod:`nbsgd_jax.text_data` (text, :func:`read_text_splits`).
+:func:`read_image_splits`) and of :mod:`nbsgd_jax.data.text` (text, :func:`read_text_splits`).
 Each ``train``/``test`` split is read through ``tfds.data_source`` (ArrayRecord random access,
 no TensorFlow needed), ``_TFDS_CHUNK`` records at a time. Nothing is downloaded at run time:
 the data set must already be prepared in ``data_dir`` in ``array_record`` format; a data set

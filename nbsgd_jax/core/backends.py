@@ -2,7 +2,7 @@
 
 ``"simulate"``: ``jax.vmap(..., axis_name="workers")`` on one device; ``"mesh"``:
 ``jax.shard_map`` over a device mesh (k workers per device with a ``vmap`` inside);
-``"multihost"``: the mesh over every device of every process (:mod:`nbsgd_jax.multihost`).
+``"multihost"``: the mesh over every device of every process (:mod:`nbsgd_jax.core.multihost`).
 The same worker program gives the same numbers on each.
 """
 
@@ -14,9 +14,9 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from nbsgd_jax import checks
-from nbsgd_jax import multihost
-from nbsgd_jax.axis import AXIS
+from nbsgd_jax.core import checks
+from nbsgd_jax.core import multihost
+from nbsgd_jax.core.axis import AXIS
 
 BACKENDS = ("simulate", "mesh", "multihost")  # config.backend
 
@@ -87,8 +87,8 @@ def make_backend(name: str, num_workers: int, per_device: int = 0) -> Backend:
   (:func:`workers_per_device`; ``per_device`` = 0 picks k). With k = 1 the mesh axis is
   ``"workers"``; with k > 1 it is ``"devices"`` and each device runs
   ``vmap(..., axis_name="workers")`` over its k workers: the worker program's axis is the pair
-  ``("devices", "workers")`` (:mod:`nbsgd_jax.collectives`). ``"multihost"``: the mesh
-  backend over every device of every process (``jax.distributed``, :mod:`nbsgd_jax.multihost`),
+  ``("devices", "workers")`` (:mod:`nbsgd_jax.communications.collectives`). ``"multihost"``: the mesh
+  backend over every device of every process (``jax.distributed``, :mod:`nbsgd_jax.core.multihost`),
   n / devices workers per device; each process holds the workers of its own devices.
 
   Raises:

@@ -8,7 +8,7 @@ The host-side graph facts the device's communications need (numpy only, no solve
   ``ppermute`` with the involution :func:`matching_permutation`;
 * :func:`matching_laplacians`: the Laplacians ``L_j`` (``L_j^2 = 2 L_j``);
 * :class:`MatchaPlan` and :func:`sample_activations`: MATCHA's plan (built by
-  :func:`nbsgd_jax.host.matcha.plan`, which solves for the probabilities and ``alpha``) and the
+  :func:`nbsgd_jax.topology.matcha.plan`, which solves for the probabilities and ``alpha``) and the
   activations ``B_j ~ Bernoulli(p_j)`` every worker draws alike from a shared seed (Wang et
   al. 2019).
 """

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax import lax
 
-from nbsgd_jax import checks
+from nbsgd_jax.core import checks
 
 Array = jax.Array
 Augment = Callable[[Array, Array], Array]

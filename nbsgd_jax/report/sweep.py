@@ -33,7 +33,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from nbsgd_jax import files as files_lib
+from nbsgd_jax.core import files as files_lib
 
 INDEX = "sweep.json"
 SEED = "seed"  # the axis averaged over

@@ -19,9 +19,9 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from nbsgd_jax import checks
+from nbsgd_jax.core import checks
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import optim
+from nbsgd_jax.recipes import optim
 from nbsgd_jax import recipes
 
 # top-level keys read as the step's inputs (their structural facts: optim.structure)
@@ -46,7 +46,7 @@ def keys(cfg: ml_collections.ConfigDict) -> list[str]:
 
 
 def values(cfg: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
-  """The step's hyperparameter input: :func:`nbsgd_jax.optim.hparams` (float32 scalars, the
+  """The step's hyperparameter input: :func:`nbsgd_jax.recipes.optim.hparams` (float32 scalars, the
   step schedule's int32 ``lr_bounds [len(lr_milestones)]``), ``seed`` (int32) and every
   declared section key by its dotted name (``"diloco.outer_lr"``: float32)."""
   out: dict[str, Any] = {**optim.hparams(cfg), "seed": checks.as_input(cfg, "seed")}
@@ -59,7 +59,7 @@ def values(cfg: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
 
 def structure(cfg: ml_collections.ConfigDict) -> dict:
   """The config without its hyperparameters and host keys, plus what of the hyperparameters
-  is structure (:func:`nbsgd_jax.optim.structure`, the sections' ``structure``)."""
+  is structure (:func:`nbsgd_jax.recipes.optim.structure`, the sections' ``structure``)."""
   d = cfg.to_dict()
   for k in TOP_LEVEL + HOST_KEYS:
     d.pop(k, None)

@@ -50,7 +50,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from nbsgd_jax import checks
+from nbsgd_jax.core import checks
 
 WEIGHTS = MIXING_WEIGHTS = ("metropolis_hastings", "uniform", "best_constant")
 

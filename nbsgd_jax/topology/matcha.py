@@ -53,8 +53,8 @@ from typing import Sequence
 import ml_collections
 import numpy as np
 
-from nbsgd_jax import checks
-from nbsgd_jax.matchings import (MatchaPlan, _check_alpha, _check_budget, _check_matchings,
+from nbsgd_jax.core import checks
+from nbsgd_jax.topology.matchings import (MatchaPlan, _check_alpha, _check_budget, _check_matchings,
                                  _check_n, _check_probs, matching_decomposition,
                                  matching_laplacians)
 
@@ -69,7 +69,7 @@ def _cvxpy():
   try:
     import cvxpy as cp  # pylint: disable=import-outside-toplevel
   except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("nbsgd_jax.host.matcha needs cvxpy (pip install cvxpy) to solve the "
+    raise ImportError("nbsgd_jax.topology.matcha needs cvxpy (pip install cvxpy) to solve the "
                       "activation-probability and mixing-weight programs") from e
   return cp
 
