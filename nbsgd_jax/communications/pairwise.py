@@ -2,7 +2,7 @@
 2`` (Lian et al., ICML 2018, Algorithm 1, line 3) and SwarmSGD's interaction (Nadiradze et al.,
 NeurIPS 2021, Algorithm 1).
 
-The peers of a step are a per-worker input (``ctx.per_worker["peer"]``: each worker's partner,
+The peers of a step are a per-worker input (``ctx.events.peer``: each worker's partner,
 or itself), drawn on the host by the event clock (:mod:`nbsgd_jax.host.events`). The device
 cannot address an arbitrary peer cheaply, so the graph's edges are split once into matchings
 (:func:`nbsgd_jax.topology.matchings.matching_decomposition`, at most max degree + 1) and each matching

@@ -61,6 +61,7 @@ from nbsgd_jax.communications import Round
 from nbsgd_jax.communications.adjacency import Neighbours
 from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax.host import events as events_lib
+from nbsgd_jax.transforms.asynchronous import Events
 
 STALENESS = ("staleness_s", "staleness_tau", "staleness_tau_max", "staleness_own_steps",
              "staleness_own_steps_max")
@@ -69,7 +70,7 @@ STALENESS = ("staleness_s", "staleness_tau", "staleness_tau_max", "staleness_own
 class GossipLoopTimes(events_lib.EventTimes):
   """The released AD-PSGD's cadence as the run's clock (module docstring).
 
-  Inputs: ``per_worker`` ``start`` (the worker read its model after the last step's event),
+  Inputs: ``events`` ``start`` (the worker read its model after the last step's event),
   ``fire`` (its gossip iteration is in the batch), ``peer``, ``apply`` (the iteration applies
   its in-flight gradient). Record: ``sim_time``, ``events`` (gossip iterations so far),
   ``grads_per_worker`` (gradients applied, mean over workers) and the staleness of the module
@@ -148,8 +149,8 @@ class GossipLoopTimes(events_lib.EventTimes):
         apply[i] = True
         self.read_version[i], self.read_event[i] = self.version[i], self.events
         self.read_time[i] = e.time
-    inputs.per_worker.update(start=self.started, fire=masks["fire"], peer=masks["peer"],
-                             apply=apply)
+    inputs.events = Events(fire=masks["fire"], start=self.started, peer=masks["peer"],
+                           apply=apply)
     self.started = apply
 
   def _stale(self, i: int, t: float) -> None:
@@ -193,7 +194,7 @@ class OneSidedTimes(events_lib.EventTimes):
   def rounds(self, step, inputs, report) -> list:
     del step, report
     n = self.cluster.n
-    peer, fire = np.asarray(inputs.per_worker["peer"]), np.asarray(inputs.per_worker["fire"])
+    peer, fire = np.asarray(inputs.events.peer), np.asarray(inputs.events.fire)
     sends = ((peer != np.arange(n)) & ~fire).astype(np.float64)
     return [Round(Neighbours(np.stack([np.arange(n), peer], 1)), sends,
                   sends * self.message_bytes)]

@@ -55,6 +55,7 @@ from nbsgd_jax.communications.adjacency import Neighbours
 from nbsgd_jax.host import clock as clock_lib
 from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax.host.parts import HostPart
+from nbsgd_jax.transforms.asynchronous import Events
 
 
 class Event(NamedTuple):
@@ -268,7 +269,8 @@ class EventClock:
 
 
 def batch_inputs(batch: list, n: int) -> dict:
-  """A batch's per-worker masks for the device step (``HostInputs.per_worker``).
+  """A batch's per-worker masks, from which the event clocks write the device step's
+  :class:`~nbsgd_jax.transforms.asynchronous.Events` (``HostInputs.events``).
 
   Returns:
     ``{"fire": bool [n]`` (the worker's own event is in the batch), ``"peer": int32 [n]`` (for
@@ -356,8 +358,8 @@ class EventTimes(HostPart):
   it from step 0 (:meth:`steps_for`: the events depend on the cluster and the seeds alone,
   not on the model, so a fresh clock replays them).
 
-  Inputs: ``per_worker`` ``start``, ``fire``, ``peer`` (:mod:`nbsgd_jax.transforms.
-  asynchronous`). Record: ``sim_time`` (s, the last event's time), ``events`` (applied so far),
+  Inputs: ``events`` (:class:`~nbsgd_jax.transforms.asynchronous.Events`) ``start``, ``fire``,
+  ``peer``, ``apply`` (``fire``: every event applies its gradient). Record: ``sim_time`` (s, the last event's time), ``events`` (applied so far),
   ``grads_per_worker`` (the workers' mean gradient computations applied so far), and over
   the applied events (module docstring; a worker reads its model at its previous event):
   ``staleness_tau`` / ``staleness_tau_max`` (mean and max of the paper's tau: every worker's
@@ -396,7 +398,8 @@ class EventTimes(HostPart):
   def inputs(self, step, inputs, probe):
     batch = self.clock.next_batch()
     masks = batch_inputs(batch, self.cluster.n)
-    inputs.per_worker.update(start=self.started, fire=masks["fire"], peer=masks["peer"])
+    inputs.events = Events(fire=masks["fire"], start=self.started, peer=masks["peer"],
+                           apply=masks["fire"])
     self.started = masks["fire"]
     self.events += len(batch)
     for e in batch:  # stale_steps, stale_max: the own-model count
@@ -428,7 +431,7 @@ class EventTimes(HostPart):
     must report."""
     del step, report
     n = self.cluster.n
-    peer = np.asarray(inputs.per_worker["peer"])
+    peer = np.asarray(inputs.events.peer)
     paired = (peer != np.arange(n)).astype(np.float64)
     return [Round(Neighbours(np.stack([np.arange(n), peer], 1)), paired,
                   paired * self.message_bytes)]
@@ -482,7 +485,7 @@ class ServerEventTimes(EventTimes):
     messages of zero seconds a pull of the same time may come before a later worker's push
     (the clock's ties go by worker): that worker's read misses the push.
 
-  Inputs: ``per_worker`` ``fire``, ``pull``, ``push``, ``read`` (the worker reads the
+  Inputs: ``events`` ``fire``, ``pull``, ``push``, ``read`` (the worker reads the
   server's model after this step's push, if any), ``staleness`` (at a push: the server
   updates since the worker's read). Record: as :class:`EventTimes`, ``pushes`` for
   ``events``, and over the pushes: ``staleness_tau`` / ``staleness_tau_max`` (mean and max of
@@ -550,14 +553,14 @@ class ServerEventTimes(EventTimes):
         self.stale_max = max(self.stale_max, int(stale[e.worker]))
     self.asked[pull] = -1.0  # none (a push's time is > 0)
     self.pulled[read], self.pulled_at[read] = self.pushes, now  # the version and time read
-    inputs.per_worker.update(fire=batch_inputs(batch, n)["fire"], pull=pull, push=push,
-                             read=read, staleness=stale)
+    inputs.events = Events(fire=batch_inputs(batch, n)["fire"], pull=pull, push=push, read=read,
+                           staleness=stale)
 
   def rounds(self, step, inputs, report) -> list:
     """Each push and pull moves one model."""
     del step, report
     n = self.cluster.n
-    moved = (inputs.per_worker["pull"] | inputs.per_worker["push"]).astype(np.float64)
+    moved = (inputs.events.pull | inputs.events.push).astype(np.float64)
     return [Round(Neighbours(np.arange(n)[:, None]), moved, moved * self.message_bytes)]
 
   def record(self):

@@ -56,6 +56,9 @@ class HostInputs:
     per_worker: the open per-worker context, ``{key: array [n, ...]}`` (``StepContext.
       per_worker``: worker i reads row i), e.g. a worker's own step count or the age of its
       gradient.
+    events: the event clock's masks of the step, a
+      :class:`~nbsgd_jax.transforms.asynchronous.Events` of ``[n]`` arrays (``StepContext.
+      events``), or None on the lockstep clock.
   """
 
   step: int
@@ -71,6 +74,7 @@ class HostInputs:
   wall_step_s: Optional[float] = None
   shared: dict = dataclasses.field(default_factory=dict)
   per_worker: dict = dataclasses.field(default_factory=dict)
+  events: Any = None
 
   def update(self, **values) -> None:
     """Set fields by name.

@@ -216,8 +216,7 @@ def ad_psgd(b: Builder) -> Recipe:
                        "has an odd cycle (not bipartite); use pairing='random' or a bipartite "
                        "graph (a ring of even n, a torus of even sides)")
   if cfg.ad_psgd.order == "released":  # gradient first, on the gossip loop's cadence
-    return Recipe(A.pairwise_events(b.optimizer(), pairwise, "gradient_first",
-                                    gradient="apply"),
+    return Recipe(A.pairwise_events(b.optimizer(), pairwise, "gradient_first"),
                   decentralized=True, primary=pairwise,
                   clock=_event_clock(cfg, pairwise, cfg.ad_psgd.seed, active,
                                      times=async_orders.GossipLoopTimes))

@@ -284,25 +284,33 @@ def host_context(s, inputs) -> StepContext:
   """The host inputs of a step as numpy arrays: ``count`` per worker (int32 ``[n]``), the
   other values once, the same for every worker (:data:`~nbsgd_jax.transforms.CONTEXT_AXES`;
   None stays None); the open parts (``inputs.shared``, ``inputs.per_worker``) as dicts of
-  arrays, None when empty.
+  arrays, None when empty; the event masks (``inputs.events``) as arrays.
 
   Raises:
-    ValueError: a ``per_worker`` entry whose leading axis is not the n workers (named).
+    ValueError: a ``per_worker`` entry or an event mask whose leading axis is not the n
+      workers (named).
   """
   n = s.cfg.num_workers
 
   def once(x, dtype):
     return None if x is None else np.asarray(x, dtype)
 
-  for key, value in inputs.per_worker.items():
+  def rows(name, value):
     if np.ndim(value) == 0 or np.shape(value)[0] != n:
-      raise ValueError(f"HostInputs.per_worker[{key!r}] has shape {np.shape(value)}: "
-                       f"[n = {n}, ...] is allowed (one row per worker)")
-  arrays = lambda d: {k: np.asarray(v) for k, v in d.items()} or None
+      raise ValueError(f"HostInputs.{name} has shape {np.shape(value)}: [n = {n}, ...] is "
+                       "allowed (one row per worker)")
+    return np.asarray(value)
+
+  per_worker = {k: rows(f"per_worker[{k!r}]", v) for k, v in inputs.per_worker.items()}
+  events = inputs.events
+  if events is not None:
+    events = type(events)(*(None if v is None else rows(f"events.{f}", v)
+                            for f, v in zip(events._fields, events)))
   return StepContext(once(inputs.step, np.int32), np.asarray(inputs.count, np.int32),
                      once(inputs.total, np.int32), once(inputs.active, bool),
                      once(inputs.alive, bool), once(inputs.target, np.float32),
-                     shared=arrays(inputs.shared), per_worker=arrays(inputs.per_worker))
+                     shared={k: np.asarray(v) for k, v in inputs.shared.items()} or None,
+                     per_worker=per_worker or None, events=events)
 
 
 def _place_context(s, ctx: StepContext) -> StepContext:

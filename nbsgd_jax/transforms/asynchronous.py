@@ -1,7 +1,7 @@
 """The device side of asynchronous training on the event clock (:mod:`nbsgd_jax.host.events`).
 
-A device step applies one batch of events. Its per-worker masks (``ctx.per_worker``, drawn on
-the host by :class:`nbsgd_jax.host.events.EventTimes`):
+A device step applies one batch of events. Its per-worker masks (``ctx.events``, an
+:class:`Events` drawn on the host by :class:`nbsgd_jax.host.events.EventTimes`):
 
 * ``start``: bool, the worker started a new computation since the last step (its event was in
   the last batch; every worker at step 0). Its read of the model is its current parameters,
@@ -11,7 +11,9 @@ the host by :class:`nbsgd_jax.host.events.EventTimes`):
 * ``fire``: bool, the worker's own event is in this batch: it applies its in-flight gradient,
   computed on a read that other workers' events may have changed since (the staleness);
 * ``peer``: int32, the worker its event averages with (itself: none); a worker touched by a
-  peer's event averages too, without firing.
+  peer's event averages too, without firing;
+* ``apply``: bool, the events that apply the in-flight gradient (``fire``, except in the
+  released AD-PSGD's gossip loop, :class:`nbsgd_jax.host.async_orders.GossipLoopTimes`).
 
 :func:`pairwise_events` is AD-PSGD's and SwarmSGD's device half; :func:`server_rounds`
 asynchronous DiLoCo's, whose events are pulls, inner steps and pushes (masks ``pull``,
@@ -31,6 +33,33 @@ import numpy as np
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
                                        replace_params, tree_where)
 from nbsgd_jax.transforms.wrappers import OuterState
+
+
+class Events(NamedTuple):
+  """One device step's per-worker event masks (``StepContext.events``; on the host
+  ``HostInputs.events``, each field an array ``[n]``, worker i reading row i), written by the
+  recipe's event clock (module docstring). A field the family does not use is None (a
+  different structure compiles its own program; the values never do).
+
+  Attributes:
+    fire: bool, the worker's own event is in this batch.
+    start: bool, the worker started a new computation since the last step (pairwise).
+    peer: int32, the worker its event averages with, itself for none (pairwise).
+    apply: bool, the events that apply the in-flight gradient (pairwise).
+    pull: bool, the worker's event is a pull of the server's model (server).
+    push: bool, the worker's event pushes its pseudo-gradient (server).
+    read: bool, the worker reads the server's model after this step's push (server).
+    staleness: int32, server updates since the worker's read (server).
+  """
+
+  fire: Any
+  start: Any = None
+  peer: Any = None
+  apply: Any = None
+  pull: Any = None
+  push: Any = None
+  read: Any = None
+  staleness: Any = None
 
 
 class InFlightState(NamedTuple):
@@ -65,7 +94,7 @@ AVERAGING = ("symmetric", "one_sided")
 
 
 def pairwise_events(inner, pairwise, order: str = "average_first",
-                    averaging: str = "symmetric", gradient: str = "fire") -> WorkerTransform:
+                    averaging: str = "symmetric") -> WorkerTransform:
   """A batch of events that each apply a worker's in-flight gradient and may average it with
   a peer (module docstring): the device half of AD-PSGD and SwarmSGD.
 
@@ -93,14 +122,10 @@ def pairwise_events(inner, pairwise, order: str = "average_first",
     pairwise: a :class:`~nbsgd_jax.communications.pairwise.PairwiseAverage`.
     order: one of :data:`ORDERS`.
     averaging: one of :data:`AVERAGING`.
-    gradient: the per-worker mask of the events that apply the in-flight gradient:
-      ``"fire"``, every event of the worker's own; ``"apply"`` (the released AD-PSGD's gossip
-      loop, :class:`nbsgd_jax.host.async_orders.GossipLoopTimes`), some of them.
-
   Returns:
     A :class:`~nbsgd_jax.transforms.WorkerTransform` with state :class:`InFlightState`
-    (:class:`PublishedState` one-sided); it reads ``ctx.per_worker`` ``start``, ``fire``,
-    ``peer`` and ``gradient`` (KeyError without them: the recipe's event clock writes them).
+    (:class:`PublishedState` one-sided); it reads ``ctx.events`` (:class:`Events`) ``start``,
+    ``fire``, ``peer`` and ``apply``, which the recipe's event clock writes.
 
   Raises:
     ValueError: an unknown ``order`` or ``averaging``, or one-sided averaging first.
@@ -123,24 +148,24 @@ def pairwise_events(inner, pairwise, order: str = "average_first",
 
   def local_step(held, state, params, ctx):
     step, new_inner, report = inner.update(held, state.inner, params, ctx)
-    due = ctx.per_worker[gradient]
+    due = ctx.events.apply
     moved = tree_where(due, jax.tree.map(lambda p, u: p + u, params, step), params)
     return moved, tree_where(due, new_inner, state.inner), report
 
   def update(grads, state, params, ctx):
-    events = ctx.per_worker
-    held = tree_where(events["start"], grads, state.grads)
+    events = ctx.events
+    held = tree_where(events.start, grads, state.grads)
     if order == "average_first":
-      x, report = pairwise.average(params, events["peer"], ctx)
+      x, report = pairwise.average(params, events.peer, ctx)
       x, new_inner, inner_report = local_step(held, state, x, ctx)
     else:
       x, new_inner, inner_report = local_step(held, state, params, ctx)
       if one_sided:
-        published = tree_where(events[gradient], x, state.published)
-        x, report = pairwise.read(x, published, events["peer"], events["fire"], ctx)
+        published = tree_where(events.apply, x, state.published)
+        x, report = pairwise.read(x, published, events.peer, events.fire, ctx)
         state = PublishedState(held, new_inner, published)
         return replace_params(params, x), state, merge_reports(report, inner_report)
-      x, report = pairwise.average(x, events["peer"], ctx)
+      x, report = pairwise.average(x, events.peer, ctx)
     state = InFlightState(held, new_inner)
     return replace_params(params, x), state, merge_reports(report, inner_report)
 
@@ -221,8 +246,8 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
   SGD on each push; N = n with equal speeds is DiLoCo's outer step on the mean (the n
   displacements add up to it, ``tests/algorithms/test_async_diloco.py``).
 
-  Reads ``ctx.per_worker``: ``fire`` (the worker's event), ``pull``, ``push`` (its kind),
-  ``read`` (the worker reads the server's model as it is after this step's push, if any: its
+  Reads ``ctx.events`` (:class:`Events`): ``fire`` (the worker's event), ``pull``, ``push``
+  (its kind), ``read`` (the worker reads the server's model as it is after this step's push, if any: its
   model and anchor become it, and with ``reset_inner`` its inner optimizer restarts; the host
   says when, :class:`~nbsgd_jax.host.events.ServerEventTimes` ``pull``) and ``staleness``
   (server updates since its read, for the weight).
@@ -256,14 +281,13 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
             tree_where(any_push, clear, state.pushed), state.pushes + any_push.astype(jnp.int32))
 
   def update(grads, state, params, ctx):
-    ev = ctx.per_worker
-    pull, push = ev["fire"] & ev["pull"], ev["fire"] & ev["push"]
-    step = ev["fire"] & ~ev["pull"]
-    read = ev["read"]
+    ev = ctx.events
+    pull, push, step = ev.fire & ev.pull, ev.fire & ev.push, ev.fire & ~ev.pull
+    read = ev.read
     u, new_inner, report = inner.update(grads, state.inner, params, ctx)
     x = tree_where(step, jax.tree.map(lambda p, d: p + d, params, u), params)
     inner_state = tree_where(step, new_inner, state.inner)
-    w = staleness_weight(weight, ev["staleness"], server.n)
+    w = staleness_weight(weight, ev.staleness, server.n)
     delta = jax.tree.map(lambda a, b: w * (a - b), state.anchor, x)
     g, any_push, comm = server.push(delta, push, pull, ctx)
     srv, m, pushed, pushes = outer(state, g, any_push)
@@ -277,5 +301,5 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
   return WorkerTransform(init, update, (server,) + inner.communications)
 
 
-__all__ = ["AVERAGING", "InFlightState", "ORDERS", "PublishedState", "ServerState", "WEIGHTS",
-           "outer_models", "pairwise_events", "server_rounds", "staleness_weight"]
+__all__ = ["AVERAGING", "Events", "InFlightState", "ORDERS", "PublishedState", "ServerState",
+           "WEIGHTS", "outer_models", "pairwise_events", "server_rounds", "staleness_weight"]

@@ -60,6 +60,9 @@ class StepContext(NamedTuple):
       per_worker``, ``[n, ...]`` on the host), each worker reading its own row (a worker's
       own step count, the age of its gradient); None when no part adds one. Its keys and
       shapes are the program's structure (a new key compiles), its values are not.
+    events: the event clock's per-worker masks of this step, an
+      :class:`~nbsgd_jax.transforms.asynchronous.Events` (``HostInputs.events``), each worker
+      reading its own row; None on the lockstep clock.
   """
 
   step: jax.Array
@@ -72,14 +75,16 @@ class StepContext(NamedTuple):
   hparams: Any = None
   shared: Any = None
   per_worker: Any = None
+  events: Any = None
 
 
 # ``jax.vmap`` in_axes of a context given to the backends (``Backend.spmd``): ``count`` and
-# the ``per_worker`` dict are per worker, every other field is the same on every worker and
+# the ``per_worker`` dict and the ``events`` masks are per worker, every other field is the same on every worker and
 # goes in as one value (an unbatched / replicated input), not n copies (``alive`` would be
 # ``[n, n]``). An entry covers a whole subtree (a prefix, as ``jax.vmap``'s in_axes).
 CONTEXT_AXES = StepContext(step=None, count=0, total=None, active=None, alive=None, target=None,
-                           period_end=None, hparams=None, shared=None, per_worker=0)
+                           period_end=None, hparams=None, shared=None, per_worker=0,
+                           events=0)
 
 
 class WorkerTransform(NamedTuple):

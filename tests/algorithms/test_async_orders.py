@@ -235,12 +235,12 @@ def test_released_clock_resumes_from_its_state():
   clocks = [make_stepper(_cfg(**{"ad_psgd.order": "released"})).runs[0]
             .host.part("clock") for _ in range(2)]
   for _ in range(60):
-    clocks[0].inputs(0, types.SimpleNamespace(per_worker={}), None)
+    clocks[0].inputs(0, types.SimpleNamespace(events=None), None)
   clocks[1].load_state_dict(json.loads(json.dumps(clocks[0].state_dict())))
   for _ in range(60):
-    got = [types.SimpleNamespace(per_worker={}) for _ in clocks]
+    got = [types.SimpleNamespace(events=None) for _ in clocks]
     for c, inputs in zip(clocks, got):
       c.inputs(0, inputs, None)
     for key in ("start", "fire", "peer", "apply"):
-      np.testing.assert_array_equal(got[0].per_worker[key], got[1].per_worker[key])
+      np.testing.assert_array_equal(getattr(got[0].events, key), getattr(got[1].events, key))
   assert clocks[0].record() == clocks[1].record() and clocks[0].record()["grads_per_worker"] > 0

@@ -84,7 +84,7 @@ def test_equals_the_sequential_event_loop(algorithm, over, ref):
   steps = stepper.steps(30)
   clock = stepper.runs[0].host.part("clock")
   done = clock.clock.steps
-  assert sum(int(inputs.per_worker["fire"].sum()) for _, inputs, _, _ in steps) == done.sum()
+  assert sum(int(inputs.events.fire.sum()) for _, inputs, _, _ in steps) == done.sum()
   keep = {(i, k) for i in range(N) for k in range(int(done[i]))}
   want, stale = sequential(x0, keep, **ref)
   got = np.asarray(stepper.state.params["w"], np.float64)
@@ -101,7 +101,7 @@ def test_bipartite_pairing_pairs_an_active_with_a_passive_worker():
   side = recipes.two_colouring(N, s.topology.edges)
   pairs = 0
   for _, inputs, _, _ in train.Stepper.of(s).steps(20):
-    peer = inputs.per_worker["peer"]
+    peer = inputs.events.peer
     for i in np.flatnonzero(peer != np.arange(N)):
       assert side[i] != side[peer[i]]
       pairs += 1

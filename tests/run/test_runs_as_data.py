@@ -367,6 +367,23 @@ def test_a_per_worker_entry_of_the_wrong_length_is_refused_by_name():
     step_lib.host_context(s, inputs)
 
 
+def test_event_masks_are_typed_and_one_of_the_wrong_length_is_refused_by_name():
+  from nbsgd_jax import host as host_lib
+  from nbsgd_jax import train as train_api
+  from nbsgd_jax.transforms.asynchronous import Events
+  s = train_api.setup(_cfg(algorithm="dpsgd"))
+  inputs = host_lib.HostInputs(0, count=np.ones(4, np.int32))
+  with pytest.raises(TypeError):  # a mask that is not a field of Events
+    Events(fire=np.zeros(4, bool), touched=np.zeros(4, bool))
+  inputs.events = Events(fire=np.zeros(4, bool), peer=np.arange(3))
+  with pytest.raises(ValueError, match=r"events.peer has shape \(3,\)"):
+    step_lib.host_context(s, inputs)
+  inputs.events = Events(fire=np.ones(4, bool), peer=np.arange(4))
+  ctx = step_lib.host_context(s, inputs)
+  assert isinstance(ctx.events, Events) and ctx.events.apply is None
+  np.testing.assert_array_equal(ctx.events.peer, np.arange(4))
+
+
 # ------------------------------------------------------------------ start-up
 
 
