@@ -107,7 +107,7 @@ class GossipLoopTimes(events_lib.EventTimes):
   def _duration(self, k: int) -> np.ndarray:
     return np.full(self.cluster.n, self.message_s)  # every iteration: one message
 
-  def _comm(self, i: int, k: int) -> float:
+  def _comm(self, i: int, k: int, touched: tuple) -> float:
     return 0.0
 
   def compute_s(self, c: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The event clock (``nbsgd_jax/host/events.py``) against a plain sequential event loop.
+"""The event clock (``nbsgd_jax/host/event_clock.py``) against a plain sequential event loop.
 
 The reference below is written from the definition, not from the module: a heap of finish
 times popped one event at a time (ties by worker index), each event applied at once, on a toy
@@ -326,3 +326,64 @@ def test_the_straggler_grid_s_staleness_is_its_replay():
     assert nb.staleness_of(history, key) == pytest.approx(r[key]["per_seed"][0], rel=1e-12)
   assert a.workers - 1.1 < r["staleness_tau"]["per_seed"][0] < a.workers - 1
   assert r["staleness_tau_max"]["per_seed"][0] > 2 * a.workers  # slow workers, stragglers
+
+
+# ------------------------------------------------------------------ an event rule with state
+
+
+def _walk_in_order(toy, seed, count):
+  """The first ``count`` events of a token walk, one by one in time order, from the
+  definition: the holder's event touches a neighbour drawn by ``draw_index(seed, i, k)``,
+  which takes the token; another worker's event touches itself alone. ``[(time, worker, step,
+  touched)]``."""
+  holder, steps, out = 0, [0] * toy.n, []
+  heap = [(toy.duration(0)[i], i) for i in range(toy.n)]
+  heapq.heapify(heap)
+  while len(out) < count:
+    t, i = heapq.heappop(heap)
+    k, touched = steps[i], (i,)
+    if i == holder:
+      nb = toy.nb[i]
+      holder = nb[events_lib.draw_index(seed, i, k, len(nb))]
+      touched = (i, holder)
+    out.append((t, i, k, touched))
+    steps[i] = k + 1
+    heapq.heappush(heap, (t + toy.comm(i, k) + toy.duration(k + 1)[i], i))
+  return out
+
+
+def _token_clock(toy, seed):
+  rule = events_lib.RandomWalkToken(lambda i: toy.nb[i], seed)
+  return events_lib.EventClock(toy.n, toy.duration, rule, toy.comm)
+
+
+@pytest.mark.parametrize("name", ["ring of 8, 3 speeds", "star of 7"])
+def test_an_event_rule_with_state_runs_in_the_sequential_order(name):
+  """A token walk depends on the events before it: the clock's batches, end to end, are the
+  sequential order itself, each batch's events touch distinct workers, and most batches
+  still hold several events."""
+  toy = TOYS[name]
+  clock, got, sizes = _token_clock(toy, 4), [], []
+  while len(got) < 120:
+    batch = clock.next_batch()
+    workers = [j for e in batch for j in e.touched]
+    assert len(workers) == len(set(workers))
+    got += [(e.time, e.worker, e.step, e.touched) for e in batch]
+    sizes.append(len(batch))
+  want = _walk_in_order(toy, 4, len(got))
+  assert [g[1:] for g in got] == [w[1:] for w in want]
+  np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], rtol=1e-12)
+  assert sum(len(g[3]) == 2 for g in got) >= 10  # the token moved
+  assert np.mean(sizes) > 1.2
+
+
+def test_an_event_rule_with_state_continues_from_a_checkpoint():
+  """The token's holder and the drawn but not yet applied event travel in the clock's JSON
+  state: a fresh clock and rule continue with the same events."""
+  a = _token_clock(TOY, 9)
+  for _ in range(7):
+    a.next_batch()
+  b = _token_clock(TOY, 9)
+  b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+  for _ in range(15):
+    assert a.next_batch() == b.next_batch()
