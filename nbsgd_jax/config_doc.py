@@ -22,7 +22,7 @@ Every key of :func:`nbsgd_jax.config.default_config` (dotted, nested sections in
 * **unit**: read off the comment by the rules of :data:`UNIT_RULES` (``s``, ``bytes/s``,
   ``steps``, ...; ``-`` when the comment names none).
 
-The output depends only on ``nbsgd_jax/config.py`` (and the modules whose tuples it uses),
+The output depends only on ``nbsgd_jax/config/`` (and the modules whose tuples it uses),
 so ``tests/user/test_docs.py`` regenerates it and compares it with the committed file.
 """
 
@@ -295,7 +295,7 @@ def render(docs: Sequence[KeyDoc]) -> str:
   out = [
       "# Configuration reference",
       "",
-      f"Generated from `nbsgd_jax/config.py` by `{COMMAND}`; do not edit by hand "
+      f"Generated from `nbsgd_jax/config/` by `{COMMAND}`; do not edit by hand "
       "(`tests/user/test_docs.py` fails when this file and the code disagree).",
       "",
       "Every key of `default_config()`. Set a key on the command line with "

@@ -1,5 +1,6 @@
 """Simulated cluster: worker speeds, straggler delays, mini-batch finish times and failures
-(the deadlines and the clock: :mod:`nbsgd_jax.host.clock`).
+(the deadlines and the clock: :mod:`nbsgd_jax.host.clock`; the failures' model:
+:mod:`nbsgd_jax.host.failures`).
 
 Host-side numpy, evaluated once per training step (never inside ``jit``).
 
@@ -56,6 +57,7 @@ import ml_collections
 import numpy as np
 
 from nbsgd_jax.core import checks
+from nbsgd_jax.host.failures import Failure, alive_mask, parse_failures  # noqa: F401
 from nbsgd_jax.communications.adjacency import (Adjacency, Group, Neighbours,  # noqa: F401
                                                  live_adjacency)
 # the clock's names, for the callers that read the cluster and its clock together
@@ -264,50 +266,6 @@ def minibatch_finish_times(cluster: Cluster, step: int) -> np.ndarray:
   """
   d = delays(cluster, step)
   return np.cumsum(cluster.minibatch_time[:, None] + d, axis=1)
-
-
-# ----------------------------------------------------------------------------- failures
-
-
-class Failure(NamedTuple):
-  """Worker ``worker`` is down for the (0-based) steps ``start .. start + duration - 1``."""
-
-  worker: int
-  start: int
-  duration: int
-
-
-def parse_failures(spec: str, n: int) -> list[Failure]:
-  """``"W:S:D,W:S:D,..."`` (worker, first step, number of steps) as :class:`Failure` s.
-
-  Raises:
-    ValueError: a malformed entry, a worker outside ``[0, n)``, ``S < 0`` or ``D < 1``
-      (the message names ``cluster.failures``).
-  """
-  out = []
-  for item in (spec or "").replace(" ", "").split(","):
-    if not item:
-      continue
-    parts = item.split(":")
-    try:
-      w, s, d = (int(p) for p in parts)
-    except ValueError:
-      raise checks.not_allowed("cluster.failures", spec, "write worker:start:duration entries separated "
-                 "by commas, e.g. '3:100:50,5:200:20'") from None
-    if not 0 <= w < n or s < 0 or d < 1:
-      raise checks.not_allowed("cluster.failures", spec, f"entry {item!r} needs 0 <= worker < {n}, "
-                 "start >= 0 and duration >= 1")
-    out.append(Failure(w, s, d))
-  return out
-
-
-def alive_mask(failures: list[Failure], step: int, n: int) -> np.ndarray:
-  """bool ``[n]``: the workers up at (0-based) ``step``."""
-  alive = np.ones(n, bool)
-  for f in failures:
-    if f.start <= step < f.start + f.duration:
-      alive[f.worker] = False
-  return alive
 
 
 # ----------------------------------------------------------------------------- config

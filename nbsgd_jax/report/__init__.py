@@ -24,155 +24,63 @@ them (nested keys flattened with dots, e.g. ``learning_rate=0.1``; a key counts 
 the runs that read it: ``diloco.inner_steps`` not for ``dpsgd``; logging-only keys such as
 ``progress`` are ignored), or by their directory name when nothing differs. Every file is
 written to a temporary name and then renamed, so a crash never leaves a half-written report.
+
+The run directories as read live in :mod:`nbsgd_jax.report.runs`, the figures in
+:mod:`nbsgd_jax.report.plots`, the markdown of ``report.md`` in :mod:`nbsgd_jax.report.table`
+(their names re-exported here) and a sweep's report in :mod:`nbsgd_jax.report.sweep`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
-import ml_collections
-
-from nbsgd_jax import config as config_lib
 from nbsgd_jax.core import files as files_lib
-from nbsgd_jax.run import naming
 from nbsgd_jax.report import sweep as sweep_report
+# The figures (nbsgd_jax.report.plots), the markdown (nbsgd_jax.report.table) and the run
+# directories as read (nbsgd_jax.report.runs), re-exported: the package names them from here.
+from nbsgd_jax.report.plots import (  # noqa: F401
+    _atomic_savefig,
+    _new_figure,
+    _series,
+    _style,
+    has_consensus,
+    plot_consensus,
+    plot_loss_accuracy,
+)
+from nbsgd_jax.report.runs import NotARunError, Run, _num, flatten, load_run  # noqa: F401
+from nbsgd_jax.report.table import (  # noqa: F401
+    ASYNC_COLUMNS,
+    EVENT_CLOCK_DOC,
+    KEY_SETTINGS,
+    NO_EVAL,
+    _f,
+    _fmt_value,
+    _markdown,
+    _md_cell,
+    _notes,
+    _table,
+    event_note,
+)
 
 # Keys that change logging or bookkeeping, not training: never used to tell runs apart.
 NOISE_KEYS = ("progress", "tensorboard", "data_dir", "checkpoint_every", "eval_every",
               "consensus.log_every_step", "consensus.per_layer")
-# Shown as "shared settings" in report.md when they do not differ.
-KEY_SETTINGS = ("algorithm", "num_workers", "topology", "backend", "model", "dataset",
-                "batch_size", "learning_rate", "num_steps")
 # x axes of the loss / accuracy figures: (metrics key, axis label, scale applied to values).
 X_AXES = (("sim_time", "simulated time (s)", 1.0),
           ("wall_time", "wall time of training steps (s)", 1.0),
           ("bytes_sent", "MB sent per worker", 1e-6),
           ("step", "step", 1.0))
-# The event clock's record keys (nbsgd_jax.host.events: EventTimes.record, ServerEventTimes
-# .record): (key, column of report.md, format); a column is shown when some run has its key.
-# Staleness: tau is the paper's (every worker's updates between a gradient's read and its
-# application; asynchronous DiLoCo: server updates between pull and push), own steps the
-# changes to the worker's own model in between (AD-PSGD, SwarmSGD).
-ASYNC_COLUMNS = (("events", "events", ".0f"), ("pushes", "pushes", ".0f"),
-                 ("staleness_tau", "staleness tau mean", ".3g"),
-                 ("staleness_tau_max", "staleness tau max", ".0f"),
-                 ("staleness_own_steps", "own-model staleness mean", ".3g"))
-EVENT_CLOCK_DOC = "docs/algorithms.md, \"The event clock\""
 CONSENSUS_FIGURE = "consensus_distance.png"
-NO_EVAL = "no evaluation yet"
 _ABSENT = "(absent)"
 _LABEL_FIELDS = 4  # at most this many differing fields in a legend label (all in the table)
 
 
-class NotARunError(ValueError):
-  """A directory that is not a run directory (no readable ``config.json``)."""
-
-
-@dataclasses.dataclass
-class Run:
-  """One run directory as read from disk.
-
-  Attributes:
-    path: the directory, as given.
-    name: its base name (the ``run`` column of the table).
-    config: ``config.json`` (nested dict).
-    flat_config: ``config`` flattened with dotted keys (``"nonblocking.enabled"``).
-    records: the complete evaluations of ``metrics.jsonl`` in file order; ``step``,
-      ``sim_time`` (s), ``wall_time`` (s), ``bytes_sent`` (bytes per worker, cumulative),
-      ``train_loss``, ``test_accuracy``, ... Empty when the run has no evaluation yet.
-    skipped_lines: lines of ``metrics.jsonl`` that are not a JSON object with a ``step``
-      (a torn last line of a run in progress or crashed).
-    summary: ``summary.json``, or None while the run is in progress (or if it crashed).
-    unused: the dotted config keys the run does not read (a section that is off, another
-      algorithm's section: :func:`nbsgd_jax.config.inactive_keys`).
-    as_run: the algorithm as run (:func:`nbsgd_jax.run.naming.algorithm_as_run`), e.g.
-      ``"dpsgd + non-blocking (M = 4)"``.
-    named: the dotted config keys whose values ``as_run`` states.
-  """
-  path: str
-  name: str
-  config: dict
-  flat_config: dict
-  records: list
-  skipped_lines: int
-  summary: dict | None
-  unused: frozenset = frozenset()
-  as_run: str = ""
-  named: frozenset = frozenset()
-
-  @property
-  def finished(self) -> bool:
-    return self.summary is not None
-
-
-flatten = config_lib.flatten_dict
-
-
-def load_run(path: str) -> Run:
-  """Read a run directory.
-
-  Unparsable lines of ``metrics.jsonl`` (a torn last line) are skipped and counted; a missing
-  ``metrics.jsonl`` reads as no evaluation; an unreadable ``summary.json`` as a run in
-  progress.
-
-  Args:
-    path: a directory written by :func:`nbsgd_jax.train.train`.
-
-  Returns:
-    the :class:`Run`.
-
-  Raises:
-    NotARunError: ``path`` is not a directory, has no ``config.json`` or an unreadable one.
-  """
-  if not os.path.isdir(path):
-    raise NotARunError("no such directory")
-  cfg_path = os.path.join(path, "config.json")
-  if not os.path.isfile(cfg_path):
-    raise NotARunError("not a run directory (no config.json)")
-  try:
-    with open(cfg_path) as f:
-      config = json.load(f)
-  except (OSError, ValueError) as e:
-    raise NotARunError(f"unreadable config.json ({e})") from None
-  if not isinstance(config, dict):
-    raise NotARunError("unreadable config.json (not a JSON object)")
-
-  records, skipped = files_lib.read_records(os.path.join(path, "metrics.jsonl"))
-  summary = None
-  try:
-    with open(os.path.join(path, "summary.json")) as f:
-      summary = json.load(f)
-  except (OSError, ValueError):
-    summary = None
-  name = os.path.basename(os.path.normpath(path))
-  cfg = ml_collections.ConfigDict(config)
-  return Run(path=path, name=name, config=config, flat_config=flatten(config),
-             records=records, skipped_lines=skipped, summary=summary,
-             unused=frozenset(config_lib.inactive_keys(cfg)),
-             as_run=naming.algorithm_as_run(cfg), named=frozenset(naming.named_keys(cfg)))
-
-
 # ----------------------------------------------------------------------------- table
-
-
-def _num(x: Any) -> float | None:
-  """A finite float, or None (null, NaN, inf, not a number)."""
-  if isinstance(x, bool) or not isinstance(x, (int, float)):
-    return None
-  x = float(x)
-  return x if math.isfinite(x) else None
-
-
-def _fmt_value(v: Any) -> str:
-  if isinstance(v, (list, dict)):
-    return json.dumps(v, separators=(",", ":"))
-  return str(v)
 
 
 def differing_keys(runs: Sequence[Run]) -> list[str]:
@@ -266,198 +174,7 @@ def _labels(runs: Sequence[Run], keys: Sequence[str]) -> list[str]:
   return [f"{lab} ({idn})" if labels.count(lab) > 1 else lab for lab, idn in zip(labels, ident)]
 
 
-# ----------------------------------------------------------------------------- figures
-
-
-def _atomic_savefig(fig, path: str) -> None:
-  files_lib.atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-
-
 _atomic_write = files_lib.atomic_write
-
-
-def _style(i: int) -> dict:
-  return {"color": f"C{i % 10}", "linestyle": ("-", "--", ":", "-.")[(i // 10) % 4],
-          "marker": "o", "markersize": 3, "linewidth": 1.5}
-
-
-def _series(records: Sequence[dict], xkey: str, ykey: str, xscale: float = 1.0,
-            positive: bool = False) -> tuple[list, list]:
-  xs, ys = [], []
-  for rec in records:
-    x, y = _num(rec.get(xkey)), _num(rec.get(ykey))
-    if x is None or y is None or (positive and y <= 0):
-      continue
-    xs.append(x * xscale)
-    ys.append(y)
-  return xs, ys
-
-
-def _new_figure(size):
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-  fig = Figure(figsize=size, layout="constrained")  # no pyplot: no global backend state
-  FigureCanvasAgg(fig)
-  return fig
-
-
-def plot_loss_accuracy(runs: Sequence[Run], labels: Sequence[str], xkey: str, xlabel: str,
-                       xscale: float, path: str) -> None:
-  """One figure, two panels: ``train_loss`` (log scale) and ``test_accuracy`` against
-  ``xkey`` (values times ``xscale``); one line per run, written atomically to ``path``."""
-  fig = _new_figure((11, 4.2))
-  ax_loss, ax_acc = fig.subplots(1, 2)
-  for i, (run, label) in enumerate(zip(runs, labels)):
-    ax_loss.plot(*_series(run.records, xkey, "train_loss", xscale, positive=True),
-                 label=label, **_style(i))
-    ax_acc.plot(*_series(run.records, xkey, "test_accuracy", xscale), label=label,
-                **_style(i))
-  ax_loss.set_yscale("log")
-  ax_loss.set_ylabel("training loss (averaged model)")
-  ax_acc.set_ylabel("test accuracy")
-  for ax in (ax_loss, ax_acc):
-    ax.set_xlabel(xlabel)
-    ax.grid(True, which="both", alpha=0.3)
-  ax_loss.set_title(f"training loss vs {xlabel}")
-  ax_acc.set_title(f"test accuracy vs {xlabel}")
-  ax_acc.legend(fontsize="small", loc="lower right")
-  _atomic_savefig(fig, path)
-
-
-def plot_consensus(runs: Sequence[Run], labels: Sequence[str], path: str,
-                   colors: Sequence[int] | None = None) -> None:
-  """Consensus distance Xi against step (log scale), one line per run, written atomically;
-  ``colors``: each run's style index (its colour in the loss / accuracy figures)."""
-  fig = _new_figure((6.5, 4.2))
-  ax = fig.subplots()
-  colors = range(len(runs)) if colors is None else colors
-  for i, run, label in zip(colors, runs, labels):
-    ax.plot(*_series(run.records, "step", "consensus_distance", positive=True), label=label,
-            **_style(i))
-  ax.set_yscale("log")
-  ax.set_xlabel("step")
-  ax.set_ylabel("consensus distance Xi")
-  ax.set_title("consensus distance vs step")
-  ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize="small")
-  _atomic_savefig(fig, path)
-
-
-def has_consensus(run: Run) -> bool:
-  """Whether any evaluation has a positive, finite ``consensus_distance`` (decentralized)."""
-  return any((_num(r.get("consensus_distance")) or 0.0) > 0 for r in run.records)
-
-
-# ----------------------------------------------------------------------------- markdown
-
-
-def _f(x: Any, spec: str = ".4g", none: str = "-") -> str:
-  return none if x is None else format(x, spec)
-
-
-def _md_cell(s: str) -> str:
-  return s.replace("|", "\\|")
-
-
-def _table(rows: list, target: float | None) -> list[str]:
-  """The lines of report.md's table: one row per run; the algorithm as run, the differing
-  settings it does not state, and the event clock's columns (:data:`ASYNC_COLUMNS`) that
-  some run has ("-" for the others)."""
-  extra = [c for c in ASYNC_COLUMNS if any(row[c[0]] is not None for row in rows)]
-  head = ["run", "algorithm", "settings (differing)", "steps", "final test acc",
-          "final train loss", "sim time (s)", "wall time (s)", "MB sent", "sim s to target",
-          "wall s to target", "MB to target", "samples/s"] + [title for _, title, _ in extra]
-  out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for row in rows:
-    settings = ", ".join(f"{k}={_fmt_value(v)}" for k, v in row["settings"].items()
-                         if k not in row["named"]) or "-"  # the algorithm column states them
-    if row["status"] == NO_EVAL:
-      steps = f"0 / {row['num_steps']} ({NO_EVAL})"
-    else:
-      steps = f"{row['step']} / {row['num_steps']}"
-      if row["budget_unit"] == "grads_per_worker" and row["grads_per_worker"] is not None:
-        steps = (f"{row['grads_per_worker']:.0f} / {row['num_steps']} gradients per worker "
-                 f"({row['step']} steps)")
-      if not row["finished"]:
-        steps += " (in progress)"
-    reached = row["status"] != NO_EVAL and row["target_step"] is not None
-    nr = "not reached" if row["status"] != NO_EVAL and target is not None else "-"
-    cells = [row["run"], str(row["algorithm_as_run"]), settings, steps,
-             _f(row["final_test_accuracy"], ".4f"), _f(row["final_train_loss"]),
-             _f(row["sim_time"]), _f(row["wall_time"]), _f(row["mb_sent"], ".4g"),
-             _f(row["target_sim_time"]) if reached else nr,
-             _f(row["target_wall_time"]) if reached else nr,
-             _f(row["target_mb_sent"]) if reached else nr,
-             _f(row["samples_per_second"], ".0f")] + [_f(row[k], spec) for k, _, spec in extra]
-    out.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
-  return out
-
-
-def event_note(row: dict) -> str | None:
-  """What the device steps of an event-clock run applied (its ``events`` or ``pushes``), or
-  None for a run without them: a step is one batch of events, not one step of every worker
-  (``docs/algorithms.md``, "The event clock")."""
-  steps, events, pushes, n = row["step"], row["events"], row["pushes"], row["num_workers"]
-  if not steps or (events is None and pushes is None):
-    return None
-  if events is not None:
-    per = events / steps
-    what = f"{events:.0f} events ({per:.3g} a step"
-    if isinstance(n, int) and n > 0:  # an event is one worker's gradient step
-      what += f": {per / n:.2g} of a gradient step per worker a step"
-    what += ")"
-  else:
-    what = f"{pushes:.0f} pushes to the server ({pushes / steps:.3g} a step)"
-  return (f"{row['run']}: its {steps} steps applied {what}; on the event clock a step applies "
-          f"one batch of events that commute ({EVENT_CLOCK_DOC}).")
-
-
-def _notes(rows: list, skipped: list, consensus_note: str | None) -> list[str]:
-  """The lines of report.md's notes: runs in progress or without evaluations, torn lines,
-  skipped directories, the event clock's steps, the consensus distance."""
-  notes = []
-  for row in rows:
-    if row["status"] == NO_EVAL:
-      notes.append(f"- {row['run']} ({row['dir']}): {NO_EVAL}; not plotted.")
-    elif not row["finished"]:
-      notes.append(f"- {row['run']} ({row['dir']}): in progress (no summary.json), "
-                   f"{row['step']} of {row['num_steps']} steps.")
-    if row["skipped_lines"]:
-      notes.append(f"- {row['run']}: skipped {row['skipped_lines']} unparsable line(s) of "
-                   "metrics.jsonl (torn last line?).")
-    if event_note(row):
-      notes.append(f"- {event_note(row)}")
-  for path, reason in skipped:
-    notes.append(f"- skipped {path}: {reason}")
-  if consensus_note:
-    notes.append(f"- {consensus_note}")
-  return notes
-
-
-def _markdown(rows: list, runs: list, skipped: list, keys: list, target: float | None,
-              target_given: bool, figures: list, consensus_note: str | None) -> str:
-  out = ["# Run comparison", ""]
-  if target is None:
-    out.append("Target training loss: none (no run has a finite final training loss).")
-  elif target_given:
-    out.append(f"Target training loss: {target:.4g} (`--target_loss`).")
-  else:
-    out.append(f"Target training loss: {target:.4g} (the highest final training loss among "
-               "the runs, so every run reaches it).")
-  out.append("Time and MB to target: at the first evaluation with train_loss <= target.")
-  shared = [f"{k}={_fmt_value(runs[0].flat_config[k])}" for k in KEY_SETTINGS
-            if k in runs[0].flat_config and k not in keys]
-  if shared:
-    out.append(f"Shared settings: {_md_cell(', '.join(shared))}.")
-  out += [""] + _table(rows, target)
-  notes = _notes(rows, skipped, consensus_note)
-  if notes:
-    out += ["", "## Notes", ""] + notes
-  if figures:
-    out += ["", "## Figures", ""]
-    for fname, title in figures:
-      out += [f"![{title}]({fname})", ""]
-  return "\n".join(out).rstrip() + "\n"
 
 
 # ----------------------------------------------------------------------------- entry points
