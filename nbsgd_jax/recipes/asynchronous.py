@@ -34,7 +34,7 @@ from nbsgd_jax.communications.server import ParameterServer
 from nbsgd_jax.host import async_orders
 from nbsgd_jax.host import events as events_lib
 from nbsgd_jax.transforms import asynchronous as A
-from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
+from nbsgd_jax.transforms import algorithms
 from nbsgd_jax.recipes.builder import Builder
 from nbsgd_jax.recipes.registry import GOSSIP_REASON, Recipe, Section, register
 from nbsgd_jax.recipes.synchronous import DILOCO
@@ -43,6 +43,8 @@ PAIRINGS = ("random", "bipartite")
 AD_PSGD_ORDERS = ("paper", "released")
 NO_COMPRESSION = ("the asynchronous recipes average models: a compressed average needs "
                   "CHOCO-SGD's public copies (SwarmSGD's quantized averaging is not built)")
+EVENT_NO_FACE = ("a device step applies a batch of events that the host's event clock draws "
+                 "for all workers; a user's loop has no event clock")
 
 
 def ad_psgd_defaults() -> ml_collections.ConfigDict:
@@ -196,7 +198,7 @@ SWARM_SGD = Section(swarm_sgd_defaults, check_swarm_sgd_config,
 
 
 @register("ad_psgd", no_compression=NO_COMPRESSION, sections={"ad_psgd": AD_PSGD},
-          clock="event")
+          clock="event", no_face=EVENT_NO_FACE)
 def ad_psgd(b: Builder) -> Recipe:
   """AD-PSGD (Lian et al. 2018, Algorithm 1) on the event clock over the topology's graph;
   ``ad_psgd.order='released'``: the reference code's gossip loop, gradient first
@@ -226,7 +228,7 @@ def ad_psgd(b: Builder) -> Recipe:
 
 
 @register("swarm_sgd", no_compression=NO_COMPRESSION,
-          sections={"swarm_sgd": SWARM_SGD}, clock="event")
+          sections={"swarm_sgd": SWARM_SGD}, clock="event", no_face=EVENT_NO_FACE)
 def swarm_sgd(b: Builder) -> Recipe:
   """SwarmSGD (Nadiradze et al. 2021) on the event clock: each event is one local SGD step of
   a worker; after every H-th (``swarm_sgd.local_steps``) it averages with a neighbour drawn
@@ -263,7 +265,7 @@ def inner_steps(cfg, cluster) -> np.ndarray:
 @register("async_diloco", no_compression="a compressed push (with its error feedback "
           "across asynchronous rounds) is not built",
           sections={"diloco": DILOCO, "async_diloco": ASYNC_DILOCO},
-          check=check_async_diloco, clock="event")
+          check=check_async_diloco, clock="event", no_face=EVENT_NO_FACE)
 def async_diloco(b: Builder) -> Recipe:
   """Asynchronous DiLoCo (Liu, Douillard et al. 2024) on the event clock (module
   docstring); an evaluation reads the server's model, as DiLoCo's reads its outer model
@@ -282,13 +284,13 @@ def async_diloco(b: Builder) -> Recipe:
 
 
 @register("sgp", no_compression=GOSSIP_REASON, sections={"sgp": SGP},
-          check=check_sgp)
+          check=check_sgp, face="sgp")
 def sgp(b: Builder) -> Recipe:
   """SGP / Overlap-SGP (Assran et al. 2019) over the topology's W_t (``one_peer_exponential``
   is the paper's graph: every phase (I + P_t) / 2, doubly stochastic, so without overlap SGP
   is D-PSGD over the same W_t)."""
   sg = b.cfg.sgp
-  t = stochastic_gradient_push(b.optimizer("local"), b.gossip(), sg.overlap, sg.synch_freq)
+  t = algorithms.sgp(b.optimizer("local"), b.gossip(), sg.overlap, sg.synch_freq)
   return Recipe(t, decentralized=True, primary=t.communications[-1])
 
 

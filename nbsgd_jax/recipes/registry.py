@@ -85,6 +85,8 @@ class Entry(NamedTuple):
   check: Optional[Callable[[ml_collections.ConfigDict, list], None]] = None
   ignores: tuple[str, ...] = ()
   clock: str = "lockstep"
+  face: Optional[str] = None
+  no_face: Optional[str] = None
 
 
 CLOCKS = ("lockstep", "event")  # register(clock=...): the kind of time the recipe runs on
@@ -97,7 +99,8 @@ GOSSIP_REASON = ("gossip exchanges models, not gradients; compressed gossip need
 def register(name: str, gossips: bool = False, no_compression: Reason = None,
              sections: Optional[dict[str, Section]] = None,
              check: Optional[Callable[[ml_collections.ConfigDict, list], None]] = None,
-             ignores: tuple[str, ...] = (), clock: str = "lockstep") -> Callable:
+             ignores: tuple[str, ...] = (), clock: str = "lockstep",
+             face: Optional[str] = None, no_face: Optional[str] = None) -> Callable:
   """Decorator: register ``build`` (``Builder -> Recipe``) as ``config.algorithm=name``.
 
   Args:
@@ -119,13 +122,19 @@ def register(name: str, gossips: bool = False, no_compression: Reason = None,
       Non-blocking SGD, failures and the wall clock) or ``"event"`` (the asynchronous family:
       the recipe returns ``Recipe.clock``, one device step applies a batch of events, and
       :func:`event_clock_errors` holds: ``docs/design.md``, "The event clock").
+    face: the name of the :mod:`nbsgd_jax.tx` constructor that adapts the same composition
+      (:mod:`nbsgd_jax.transforms.algorithms`) for a user's own optax loop, or None.
+    no_face: why the algorithm has no optax constructor (one line), when ``face`` is None.
 
   Raises:
     ValueError: ``name`` registered with another ``build``, a section name registered
-      with another :class:`Section`, or a ``clock`` not in :data:`CLOCKS`.
+      with another :class:`Section`, a ``clock`` not in :data:`CLOCKS`, or both ``face`` and
+      ``no_face``.
   """
   if clock not in CLOCKS:
     raise ValueError(f"register({name!r}, clock={clock!r}): use one of {list(CLOCKS)}")
+  if face is not None and no_face is not None:
+    raise ValueError(f"register({name!r}): give face={face!r} or a no_face reason, not both")
 
   def wrap(build):
     if name in REGISTRY and REGISTRY[name].build is not build:
@@ -135,7 +144,7 @@ def register(name: str, gossips: bool = False, no_compression: Reason = None,
         raise ValueError(f"config section {section!r} is already registered")
     SECTIONS.update(sections or {})
     REGISTRY[name] = Entry(build, gossips, no_compression, tuple(sections or ()), check, ignores,
-                           clock)
+                           clock, face, no_face)
     return build
 
   return wrap

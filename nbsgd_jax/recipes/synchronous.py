@@ -15,6 +15,7 @@ from nbsgd_jax import transforms as T
 from nbsgd_jax.communications import CompressedGossip
 from nbsgd_jax.topology import matcha as matcha_lib
 from nbsgd_jax.host import periods as local_sgd_lib
+from nbsgd_jax.transforms import algorithms as A
 from nbsgd_jax.transforms import asynchronous
 from nbsgd_jax.transforms import decentralized as D
 from nbsgd_jax.transforms.decentralized import check_d2_mixing
@@ -151,43 +152,47 @@ GOSSIP_PGA = Section(gossip_pga_defaults, check_gossip_pga_config, "Gossip-PGA (
 LOCAL_SGD = Section(local_sgd_lib.local_sgd_defaults, local_sgd_lib.check_config,
                     "LUPA-SGD (Haddadpour et al. 2019)")
 MATCHA = Section(matcha_lib.matcha_defaults, matcha_lib.check_config, "MATCHA (Wang et al. 2019)")
+MATCHA_NO_FACE = ("its matchings are activated by one draw for all workers each step, which "
+                  "the host makes (Activations); a user's loop has no host")
+STREAMING_NO_FACE = ("its fragments synchronise on the host's plan (FragmentPlanner: P + 1 "
+                     "programs of period_end), not yet drawn from a step counter")
 
 
 # ----------------------------------------------------------------------------- recipes
 
 def _centralized(b: Builder, ring: bool) -> Recipe:
   comm = b.allreduce(ring=ring)
-  return Recipe(T.chain(b.gradient_reducer(comm), b.optimizer("global")), decentralized=False,
-                primary=comm)
+  return Recipe(A.allreduce_sgd(b.optimizer("global"), b.gradient_reducer(comm)),
+                decentralized=False, primary=comm)
 
 
-@register("allreduce")
+@register("allreduce", face="allreduce_mean")
 def allreduce(b: Builder) -> Recipe:
   """All-Reduce SGD, ``g = (1/n) sum_i g_i`` by ``lax.psum`` (or compressed with EF)."""
   return _centralized(b, ring=False)
 
 
-@register("allreduce_ring")
+@register("allreduce_ring", face="allreduce_mean")
 def allreduce_ring(b: Builder) -> Recipe:
   """All-Reduce SGD by the explicit ring (reduce-scatter + all-gather of ``ppermute`` s)."""
   return _centralized(b, ring=True)
 
 
-@register("dpsgd", gossips=True, no_compression=GOSSIP_REASON)
+@register("dpsgd", gossips=True, no_compression=GOSSIP_REASON, face="gossip")
 def dpsgd(b: Builder) -> Recipe:
   """D-PSGD (Lian et al. 2017) over the topology's W or W_t."""
   g = b.gossip()
-  return Recipe(T.gossip_step(b.optimizer("local"), g, b.cfg.dpsgd.order), decentralized=True,
+  return Recipe(A.dpsgd(b.optimizer("local"), g, b.cfg.dpsgd.order), decentralized=True,
                 gossip=g, primary=g)
 
 
 @register("matcha", gossips=True, no_compression=GOSSIP_REASON, sections={"matcha": MATCHA},
-          check=matcha_lib.check_static_graph)
+          check=matcha_lib.check_static_graph, no_face=MATCHA_NO_FACE)
 def matcha(b: Builder) -> Recipe:
   """MATCHA (Wang et al. 2019): gossip over randomly activated matchings; consensus control
   gossips over the static base graph."""
   m = b.matchings()
-  return Recipe(T.gossip_step(b.optimizer("local"), m, b.cfg.dpsgd.order), decentralized=True,
+  return Recipe(A.dpsgd(b.optimizer("local"), m, b.cfg.dpsgd.order), decentralized=True,
                 gossip=b.gossip(), primary=m)
 
 
@@ -201,42 +206,42 @@ def _choco_reason(cfg) -> Optional[str]:
 
 
 @register("choco_sgd", gossips=True, no_compression=_choco_reason, sections={"choco": CHOCO},
-          ignores=("compression.error_feedback",))
+          ignores=("compression.error_feedback",), face="choco")
 def choco_sgd(b: Builder) -> Recipe:
   """CHOCO-SGD (Koloskova et al. 2019, Algorithm 2): gossip of compressed model differences
   with public copies; consensus control repeats a plain gossip round."""
   c = b.cfg
   g, opt, codec = b.gossip("choco", kind=CompressedGossip), b.optimizer("local"), b.codec()
-  t = b.injected(lambda gamma: D.choco_sgd(opt, g, codec, gamma, c.compression.flatten, c.seed,
+  t = b.injected(lambda gamma: A.choco_sgd(opt, g, codec, gamma, c.compression.flatten, c.seed,
                                            c.choco.order), "choco.gamma")
   return Recipe(t, decentralized=True, gossip=b.gossip(), primary=g)
 
 
-@register("gradient_tracking", gossips=True, no_compression=GOSSIP_REASON)
+@register("gradient_tracking", gossips=True, no_compression=GOSSIP_REASON,
+          face="gradient_tracking")
 def gradient_tracking(b: Builder) -> Recipe:
   """Gradient tracking, DIGing (Nedic et al. 2017): the optimizer follows the tracked mean
   gradient ``y``; two gossip rounds a step (``y`` and the model)."""
   g = b.gossip()
-  t = T.chain(D.gradient_tracking(b.gossip("tracking")),
-              T.gossip_step(b.optimizer("local"), g, b.cfg.dpsgd.order))
+  t = A.gradient_tracking(b.optimizer("local"), b.gossip("tracking"), g, b.cfg.dpsgd.order)
   return Recipe(t, decentralized=True, gossip=g, primary=g)
 
 
-@register("d2", gossips=True, no_compression=GOSSIP_REASON, sections={"d2": D2})
+@register("d2", gossips=True, no_compression=GOSSIP_REASON, sections={"d2": D2}, face="d2")
 def d2(b: Builder) -> Recipe:
   """D^2 (Tang et al. 2018) over W, or Exact Diffusion over (I + W) / 2 (``d2.mixing``)."""
   g = b.gossip(lazy=b.cfg.d2.mixing == "lazy")
   check_d2_mixing(g.phases, b.cfg.d2.mixing)
-  return Recipe(D.d2(b.optimizer("local"), g), decentralized=True, gossip=g, primary=g)
+  return Recipe(A.d2(b.optimizer("local"), g), decentralized=True, gossip=g, primary=g)
 
 
 @register("gossip_pga", gossips=True, no_compression=GOSSIP_REASON,
-          sections={"gossip_pga": GOSSIP_PGA})
+          sections={"gossip_pga": GOSSIP_PGA}, face="gossip_pga")
 def gossip_pga(b: Builder) -> Recipe:
   """Gossip-PGA (Chen et al. 2021): D-PSGD with a global average every ``gossip_pga.period``
   steps."""
   g, avg = b.gossip(), b.allreduce()
-  t = D.gossip_pga(b.optimizer("local"), g, avg, b.cfg.dpsgd.order)
+  t = A.gossip_pga(b.optimizer("local"), g, avg, b.cfg.dpsgd.order)
   return Recipe(t, decentralized=True, gossip=g, primary=g,
                 planner=b.fixed_periods(b.cfg.gossip_pga.period))
 
@@ -248,7 +253,7 @@ def _local_sgd_reason(cfg) -> Optional[str]:
 
 
 @register("local_sgd", no_compression=_local_sgd_reason, sections={"local_sgd": LOCAL_SGD},
-          check=local_sgd_lib.check_period)
+          check=local_sgd_lib.check_period, face="local_sgd")
 def local_sgd(b: Builder) -> Recipe:
   """Local SGD / LUPA-SGD (Haddadpour et al. 2019): local steps, a model average (or one
   gossip round) at every period end."""
@@ -256,8 +261,8 @@ def local_sgd(b: Builder) -> Recipe:
   comm = b.gossip() if c.averaging == "gossip" else b.allreduce()
   plain = T.gossip_of(comm) if c.averaging == "gossip" else T.mean_of(comm, "alive")
   reducer = plain if c.averaging == "gossip" else b.model_reducer(comm)
-  sync = T.average_models(reducer, c.opt_state, local_init=opt.init, opt_reducer=plain)
-  return Recipe(T.periodic(opt, sync), decentralized=True, primary=comm,
+  t = A.local_sgd(opt, reducer, c.opt_state, local_init=opt.init, opt_reducer=plain)
+  return Recipe(t, decentralized=True, primary=comm,
                 planner=lambda offset: local_sgd_lib.make_planner(b.cfg, offset))
 
 
@@ -268,20 +273,20 @@ def _outer(cfg, lr, momentum) -> optax.GradientTransformation:
   return optax.sgd(lr, momentum=momentum if on else None, nesterov=on and cfg.diloco.outer_nesterov)
 
 
-@register("diloco", sections={"diloco": DILOCO}, check=_check_diloco_period)
+@register("diloco", sections={"diloco": DILOCO}, check=_check_diloco_period, face="diloco")
 def diloco(b: Builder) -> Recipe:
   """DiLoCo (Douillard et al. 2023): H inner steps, then an outer optimizer step on the
   averaged pseudo-gradient; an evaluation reads the outer model (``docs/algorithms.md``)."""
   comm = b.allreduce()
   reducer, opt = b.delta_reducer(comm), b.optimizer("local")
-  t = b.injected(lambda lr, m: T.periodic(opt, T.outer_step(reducer, _outer(b.cfg, lr, m))),
+  t = b.injected(lambda lr, m: A.diloco(opt, reducer, _outer(b.cfg, lr, m)),
                  "diloco.outer_lr", "diloco.outer_momentum")
   return Recipe(t, decentralized=True, primary=comm, evaluated=asynchronous.outer_models,
                 planner=b.fixed_periods(b.cfg.diloco.inner_steps))
 
 
 @register("streaming_diloco", sections={"diloco": DILOCO, "streaming_diloco": STREAMING_DILOCO},
-          check=_check_streaming)
+          check=_check_streaming, no_face=STREAMING_NO_FACE)
 def streaming_diloco(b: Builder) -> Recipe:
   """Streaming DiLoCo (Douillard et al. 2025): DiLoCo whose P fragments synchronise in turn,
   one every H / P steps (``diloco.*`` as DiLoCo, ``streaming_diloco.fragments`` = P), each
@@ -290,8 +295,8 @@ def streaming_diloco(b: Builder) -> Recipe:
   h, c = b.cfg.diloco.inner_steps, b.cfg.streaming_diloco
   comm = b.allreduce()
   reducer, opt = b.delta_reducer(comm), b.optimizer("local")
-  t = b.injected(lambda lr, m: T.periodic(opt, T.streaming_outer_step(
-      reducer, _outer(b.cfg, lr, m), c.fragments, c.delay, c.alpha)),
+  t = b.injected(lambda lr, m: A.streaming_diloco(opt, reducer, _outer(b.cfg, lr, m),
+                                                  c.fragments, c.delay, c.alpha),
                  "diloco.outer_lr", "diloco.outer_momentum")
   return Recipe(t, decentralized=True, primary=comm,
                 planner=lambda offset: local_sgd_lib.FragmentPlanner(h, c.fragments, c.delay))

@@ -21,9 +21,12 @@ turns ``params`` into the new model, so they come *after* the optimizer and need
 all-reduce, error feedback, PowerSGD and gradient tracking map gradients to gradients and come
 *before* it, as BlueFog's and PyTorch DDP's communication hooks do.
 
-**One implementation.** Each function builds the framework's own worker transform
-(:mod:`nbsgd_jax.transforms`) and communication (:mod:`nbsgd_jax.communications`) and adapts
-it with :func:`to_optax`, which supplies the step context the framework's host would draw
+**One implementation.** Each algorithm is one composition
+(:mod:`nbsgd_jax.transforms.algorithms`), which its recipe calls with the config's pieces and
+the function here with the user's (``optax.identity()`` for the optimizer, which comes before
+it in ``optax.chain``; the registry names each algorithm's function, ``register(face=...)``,
+or why it has none). The function builds the framework's own communication
+(:mod:`nbsgd_jax.communications`) and adapts the composition with :func:`to_optax`, which supplies the step context the framework's host would draw
 (:func:`context`): the step from the state's counter, ``count`` from the extra argument of the
 same name (Non-blocking SGD), every worker up. ``train()`` and these transformations run the
 same code (``tests/algorithms/test_tx.py`` checks them step for step).
@@ -54,15 +57,15 @@ import optax
 from nbsgd_jax import codecs
 from nbsgd_jax import transforms as T
 from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip
+from nbsgd_jax.transforms import algorithms as A
 from nbsgd_jax.transforms import decentralized as D
 from nbsgd_jax.transforms.powersgd import powersgd as _powersgd
-from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
 from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS
 
 __all__ = [
     "TxState", "allreduce_mean", "bytes_sent", "choco", "context", "d2", "diloco",
-    "error_feedback", "gossip", "gradient_tracking", "local_sgd", "nonblocking_accumulate",
-    "powersgd", "to_optax",
+    "error_feedback", "gossip", "gossip_pga", "gradient_tracking", "local_sgd",
+    "nonblocking_accumulate", "powersgd", "sgp", "to_optax",
 ]
 
 from nbsgd_jax.tx.adapter import (  # noqa: F401 (the adapter's names, re-exported)
@@ -87,8 +90,10 @@ def allreduce_mean(*, axis_name: Any, ring: bool = False,
     ValueError (at update): ``axis_name`` is not bound.
   """
   owner = "tx.allreduce_mean"
-  make = lambda n: T.mean_of(AllReduce(n, axis_name, weighted=weighted, ring=ring), "count")
-  return to_optax(_sized(make, T.no_state, axis_name, owner), axis_name=axis_name, name=owner)
+  build = lambda comm: A.allreduce_sgd(optax.identity(), T.mean_of(comm, "count"))
+  make = lambda n: build(AllReduce(n, axis_name, weighted=weighted, ring=ring))
+  return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
+                  name=owner)
 
 
 def error_feedback(compressor: Any, *, axis_name: Any = None, flatten: bool = True,
@@ -160,8 +165,9 @@ def gossip(topology: Topologyish, *, axis_name: Any, order: str = "atc",
   phases = _phases(topology, owner, weights)
   if order not in DPSGD_ORDERS:
     raise ValueError(f"{owner}(order={order!r}) is not allowed: use one of {list(DPSGD_ORDERS)}")
-  make = lambda n: T.gossip_step(optax.identity(), Gossip(phases(n), axis_name), order)
-  return to_optax(_sized(make, T.no_state, axis_name, owner), axis_name=axis_name,
+  init = A.dpsgd(optax.identity(), None, order).init
+  make = lambda n: A.dpsgd(optax.identity(), Gossip(phases(n), axis_name), order)
+  return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name,
                   needs_params=True, name=owner)
 
 
@@ -184,8 +190,7 @@ def sgp(topology: Topologyish = "one_peer_exponential", *, axis_name: Any,
   """
   owner = "tx.sgp"
   phases = _phases(topology, owner, "metropolis_hastings")
-  make = lambda n: stochastic_gradient_push(optax.identity(), Gossip(phases(n), axis_name),
-                                            overlap, synch_freq)
+  make = lambda n: A.sgp(optax.identity(), Gossip(phases(n), axis_name), overlap, synch_freq)
   make(2)  # the arguments' checks, at once
   init = make(1).init
   return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name,
@@ -220,7 +225,7 @@ def choco(compressor: Any, *, gamma: float, topology: Topologyish, axis_name: An
   """
   owner = "tx.choco"
   codec, phases = _codec(compressor, owner), _phases(topology, owner, "metropolis_hastings")
-  build = lambda g: D.choco_sgd(optax.identity(), g, codec, gamma, flatten, seed, order)
+  build = lambda g: A.choco_sgd(optax.identity(), g, codec, gamma, flatten, seed, order)
   init = build(None).init
   make = lambda n: build(CompressedGossip(phases(n), axis_name))
   return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name, needs_params=True,
@@ -232,7 +237,8 @@ def gradient_tracking(topology: Topologyish, *, axis_name: Any
   """Gradient tracking, DIGing (Nedic, Olshevsky, Shi 2017, Eq. (3)), before the optimizer:
   ``y_i <- sum_j W_ij y_j + g_i - g_i^prev`` replaces the gradient; chain it with the optimizer
   and :func:`gossip` of the models: ``optax.chain(gradient_tracking(W, axis_name=a),
-  optax.sgd(lr), gossip(W, axis_name=a))``.
+  optax.sgd(lr), gossip(W, axis_name=a))`` is the composition
+  :func:`nbsgd_jax.transforms.algorithms.gradient_tracking` (the recipe's).
 
   Raises:
     as :func:`gossip`.
@@ -265,10 +271,32 @@ def d2(topology: Topologyish, *, axis_name: Any, mixing: str = "lazy"
     D.check_d2_mixing(ws, mixing)
     if mixing == "lazy":
       ws = [(w + np.eye(n)) / 2 for w in ws]
-    return D.d2(optax.identity(), Gossip(ws, axis_name))
+    return A.d2(optax.identity(), Gossip(ws, axis_name))
 
   return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name, needs_params=True,
                   name=owner)
+
+
+def gossip_pga(period: int, topology: Topologyish, *, axis_name: Any, order: str = "atc"
+               ) -> optax.GradientTransformationExtraArgs:
+  """Gossip-PGA (Chen, Yuan, Zhang, Pan, Yin, Yan, ICML 2021, Algorithm 1) after the
+  optimizer: D-PSGD's gossip (:func:`gossip`) on every update, and after every ``period``-th
+  one a global average of the models (an all-reduce) in its place. Bytes: the gossip's, and a
+  ring all-reduce of the model at each period end.
+
+  Raises:
+    ValueError: ``period`` < 1, and as :func:`gossip`.
+  """
+  owner = "tx.gossip_pga"
+  period = _check_period(period, owner)
+  phases = _phases(topology, owner, "metropolis_hastings")
+  if order not in DPSGD_ORDERS:
+    raise ValueError(f"{owner}(order={order!r}) is not allowed: use one of {list(DPSGD_ORDERS)}")
+  init = A.gossip_pga(optax.identity(), None, None, order).init
+  make = lambda n: A.gossip_pga(optax.identity(), Gossip(phases(n), axis_name),
+                                AllReduce(n, axis_name), order)
+  return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name,
+                  period=period, needs_params=True, name=owner)
 
 
 # ----------------------------------------------------------------------------- periodic
@@ -285,7 +313,7 @@ def local_sgd(period: int, *, axis_name: Any) -> optax.GradientTransformationExt
   """
   owner = "tx.local_sgd"
   period = _check_period(period, owner)
-  build = lambda comm: T.periodic(optax.identity(), T.average_models(T.mean_of(comm, "alive")))
+  build = lambda comm: A.local_sgd(optax.identity(), T.mean_of(comm, "alive"))
   make = lambda n: build(AllReduce(n, axis_name))
   return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
                   period=period, needs_params=True, name=owner)
@@ -304,7 +332,7 @@ def diloco(outer: optax.GradientTransformation, period: int, *, axis_name: Any
   """
   owner = "tx.diloco"
   period = _check_period(period, owner)
-  build = lambda comm: T.periodic(optax.identity(), T.outer_step(T.mean_of(comm, "alive"), outer))
+  build = lambda comm: A.diloco(optax.identity(), T.mean_of(comm, "alive"), outer)
   make = lambda n: build(AllReduce(n, axis_name))
   return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
                   period=period, needs_params=True, name=owner)

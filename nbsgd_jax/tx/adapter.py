@@ -146,10 +146,20 @@ def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
 def _sized(make: Callable[[int], T.WorkerTransform], init: Callable, axis_name: Any,
            owner: str) -> T.WorkerTransform:
   """A worker transform built for the axis size ``n`` at trace time (a topology name or an
-  all-reduce needs ``n``); ``init`` does not depend on ``n``."""
+  all-reduce needs ``n``); ``init`` does not depend on ``n``.
+
+  Raises:
+    ValueError (at trace time): ``init``'s state is not the structure the transform built for
+      ``n`` initialises (a constructor's bug, which would otherwise run silently).
+  """
 
   def update(updates, state, params, ctx):
-    return make(axis_size(axis_name, owner)).update(updates, state, params, ctx)
+    t = make(axis_size(axis_name, owner))
+    want = jax.tree.structure(jax.eval_shape(t.init, updates))
+    if jax.tree.structure(state) != want:
+      raise ValueError(f"{owner}: its state {jax.tree.structure(state)} is not the state its "
+                       f"transform initialises, {want}")
+    return t.update(updates, state, params, ctx)
 
   return T.WorkerTransform(init, update)
 

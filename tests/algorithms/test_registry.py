@@ -63,3 +63,10 @@ def test_register_refuses_an_unknown_clock():
                                        r"\['lockstep', 'event'\]"):
     recipes.register("x", clock="wall")
   assert "x" not in recipes.REGISTRY
+
+
+def test_register_refuses_both_a_face_and_a_reason_for_none():
+  with pytest.raises(ValueError, match=r"register\('x'\): give face='gossip' or a no_face "
+                                       "reason, not both"):
+    recipes.register("x", face="gossip", no_face="because")
+  assert "x" not in recipes.REGISTRY

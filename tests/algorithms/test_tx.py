@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from nbsgd_jax import config, topology, train, tx
 from nbsgd_jax.models import problems
+from nbsgd_jax import recipes
 from nbsgd_jax.codecs import sparse as compression
 
 N = 4
@@ -88,6 +89,11 @@ MORE = {  # the other recipes that fit, on vmap only
     "d2": ({}, lambda: optax.chain(optax.sgd(0.05), tx.d2("ring", axis_name="w"))),
     "local_sgd": ({"local_sgd.tau": 3},
                   lambda: optax.chain(optax.sgd(0.05), tx.local_sgd(3, axis_name="w"))),
+    "allreduce_ring": ({}, lambda: optax.chain(tx.allreduce_mean(axis_name="w", ring=True),
+                                               optax.sgd(0.05))),
+    "gossip_pga": ({"gossip_pga.period": 3},
+                   lambda: optax.chain(optax.sgd(0.05), tx.gossip_pga(3, "ring", axis_name="w"))),
+    "sgp": ({}, lambda: optax.chain(optax.sgd(0.05), tx.sgp("ring", axis_name="w"))),
 }
 
 
@@ -103,7 +109,20 @@ def test_user_loop_equals_train(name, backend):
   for a, b in zip(want, got):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
   spread = max(np.ptp(g, axis=0).max() for g in got)  # the workers' models differ at times
-  assert (spread == 0) == (name in ("allreduce", "ef_allreduce"))
+  assert (spread == 0) == (name in ("allreduce", "allreduce_ring", "ef_allreduce"))
+
+
+def test_every_algorithm_has_an_optax_face_or_says_why():
+  """The registry names each algorithm's optax constructor (which the cases above hold to
+  train()) or the reason it has none; every lockstep algorithm but two has one."""
+  faces = {name: e.face for name, e in recipes.REGISTRY.items()}
+  assert all(e.face is not None or (e.no_face and len(e.no_face) > 20)
+             for e in recipes.REGISTRY.values())
+  assert {f for f in faces.values() if f} <= set(tx.__all__)
+  checked = {name for name in {**CASES, **MORE} if name in faces}
+  assert checked == {name for name, f in faces.items() if f is not None}
+  assert {name for name, e in recipes.REGISTRY.items()
+          if e.clock == "lockstep" and e.face is None} == {"matcha", "streaming_diloco"}
 
 
 def test_gossip_after_sgd_is_dpsgd_closed_form():
@@ -254,3 +273,19 @@ def test_init_outside_the_axis_is_refused_with_how_to_map_it():
     opt.init(stacked)
   state = jax.vmap(opt.init, axis_name="w")(stacked)  # once per worker
   assert state[1].step.shape == (4,)
+
+
+def test_a_constructor_whose_init_is_not_its_transforms_is_refused_at_trace_time():
+  """An optax face whose ``init`` is not its transform's (a chain's update would zip its
+  transforms with a state of no parts, run none of them, and return the local gradient)."""
+  from nbsgd_jax import transforms as T
+  from nbsgd_jax.communications import AllReduce
+  from nbsgd_jax.transforms import algorithms as A
+  from nbsgd_jax.tx import adapter
+  make = lambda n: A.allreduce_sgd(optax.identity(), T.mean_of(AllReduce(n, "w"), "count"))
+  bad = adapter.to_optax(adapter._sized(make, T.no_state, "w", "tx.bad"), axis_name="w",
+                         name="tx.bad")
+  grads = jnp.arange(N * 3, dtype=jnp.float32).reshape(N, 3)
+  state = jax.vmap(bad.init, axis_name="w")(grads)
+  with pytest.raises(ValueError, match="tx.bad: its state"):
+    jax.vmap(lambda g, s: bad.update(g, s), axis_name="w")(grads, state)

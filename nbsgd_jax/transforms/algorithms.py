@@ -1,0 +1,86 @@
+"""Each lockstep algorithm's worker transform from its pieces, written once.
+
+An algorithm here is a function of its pieces: the local optimizer ``opt`` (a worker transform
+or an optax transformation), its communications (:mod:`nbsgd_jax.communications`) and its
+numbers. Both faces call the same function (optax's alias pattern, ``optax/_src/alias.py``: an
+alias is a few lines over ``combine.chain``):
+
+* a recipe (:mod:`nbsgd_jax.recipes`) is the adapter from config keys: it builds the pieces
+  from the config (the Builder's optimizer, with Non-blocking SGD's skip rule and the
+  hyperparameters as inputs; the topology's gossip; the codec) and calls the function;
+* an optax constructor (:mod:`nbsgd_jax.tx`) builds the pieces from a user's arguments and the
+  bound axis, with ``opt = optax.identity()`` (the user's optimizer comes before it in
+  ``optax.chain``), and adapts the result with :func:`nbsgd_jax.tx.to_optax`.
+
+The registry records which optax constructor adapts each algorithm (``register(face=...)``) or
+why none does (``no_face``); ``tests/algorithms/test_tx.py`` holds every face to ``train()``
+step for step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import optax
+
+from nbsgd_jax.transforms import decentralized as D
+from nbsgd_jax.transforms.base import WorkerTransform, chain
+from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
+from nbsgd_jax.transforms.wrappers import (average_models, gossip_step, outer_step, periodic,
+                                           streaming_outer_step)
+
+# the compositions the decentralized module already is, under the algorithms' names
+choco_sgd = D.choco_sgd
+d2 = D.d2
+gossip_pga = D.gossip_pga
+sgp = stochastic_gradient_push
+
+
+def allreduce_sgd(opt, reducer: WorkerTransform) -> WorkerTransform:
+  """All-Reduce SGD: the workers' mean gradient by ``reducer`` (an all-reduce, count-weighted
+  under Non-blocking SGD, He & Dube 2022; or compressed with error feedback, Stich et al.
+  2018), then the optimizer's step on it."""
+  return chain(reducer, opt)
+
+
+def dpsgd(opt, gossip, order: str = "atc") -> WorkerTransform:
+  """D-PSGD (Lian et al., NeurIPS 2017, Algorithm 1): the local step and one gossip round over
+  ``gossip`` (a static W, W_t, or MATCHA's activated matchings, Wang et al. 2019), in
+  ``order`` (:data:`~nbsgd_jax.transforms.wrappers.ORDERS`)."""
+  return gossip_step(opt, gossip, order)
+
+
+def gradient_tracking(opt, tracking, gossip, order: str = "atc") -> WorkerTransform:
+  """Gradient tracking, DIGing (Nedic, Olshevsky, Shi 2017, Eq. (3)): the gradient replaced by
+  the tracked mean ``y`` (one gossip round of ``y`` over ``tracking``), then D-PSGD's step."""
+  return chain(D.gradient_tracking(tracking), dpsgd(opt, gossip, order))
+
+
+def local_sgd(opt, reducer: WorkerTransform, opt_state: str = "keep",
+              local_init: Optional[Any] = None,
+              opt_reducer: Optional[WorkerTransform] = None) -> WorkerTransform:
+  """Local SGD / LUPA-SGD (Haddadpour et al. 2019, Algorithm 1): local steps, and at a period
+  end (``ctx.period_end``) the models averaged by ``reducer`` (the optimizer's state kept,
+  reset or averaged: :func:`~nbsgd_jax.transforms.average_models`)."""
+  return periodic(opt, average_models(reducer, opt_state, local_init=local_init,
+                                      opt_reducer=opt_reducer))
+
+
+def diloco(opt, reducer: WorkerTransform, outer: optax.GradientTransformation
+           ) -> WorkerTransform:
+  """DiLoCo (Douillard et al. 2023, Algorithm 1): H inner steps of ``opt``, then at a period
+  end the mean pseudo-gradient (``reducer``) through the ``outer`` optimizer, every worker
+  restarting from the outer model."""
+  return periodic(opt, outer_step(reducer, outer))
+
+
+def streaming_diloco(opt, reducer: WorkerTransform, outer: optax.GradientTransformation,
+                     fragments: int, delay: int, alpha: float) -> WorkerTransform:
+  """Streaming DiLoCo (Douillard et al. 2025): DiLoCo whose ``fragments`` synchronise in turn,
+  each all-reduce overlapping ``delay`` inner steps, merged with mixing factor ``alpha``
+  (:func:`~nbsgd_jax.transforms.streaming_outer_step`)."""
+  return periodic(opt, streaming_outer_step(reducer, outer, fragments, delay, alpha))
+
+
+__all__ = ["allreduce_sgd", "choco_sgd", "d2", "diloco", "dpsgd", "gossip_pga",
+           "gradient_tracking", "local_sgd", "sgp", "streaming_diloco"]
