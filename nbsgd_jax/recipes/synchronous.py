@@ -152,10 +152,6 @@ GOSSIP_PGA = Section(gossip_pga_defaults, check_gossip_pga_config, "Gossip-PGA (
 LOCAL_SGD = Section(local_sgd_lib.local_sgd_defaults, local_sgd_lib.check_config,
                     "LUPA-SGD (Haddadpour et al. 2019)")
 MATCHA = Section(matcha_lib.matcha_defaults, matcha_lib.check_config, "MATCHA (Wang et al. 2019)")
-MATCHA_NO_FACE = ("its matchings are activated by one draw for all workers each step, which "
-                  "the host makes (Activations); a user's loop has no host")
-STREAMING_NO_FACE = ("its fragments synchronise on the host's plan (FragmentPlanner: P + 1 "
-                     "programs of period_end), not yet drawn from a step counter")
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -187,7 +183,7 @@ def dpsgd(b: Builder) -> Recipe:
 
 
 @register("matcha", gossips=True, no_compression=GOSSIP_REASON, sections={"matcha": MATCHA},
-          check=matcha_lib.check_static_graph, no_face=MATCHA_NO_FACE)
+          check=matcha_lib.check_static_graph, face="matcha")
 def matcha(b: Builder) -> Recipe:
   """MATCHA (Wang et al. 2019): gossip over randomly activated matchings; consensus control
   gossips over the static base graph."""
@@ -286,7 +282,7 @@ def diloco(b: Builder) -> Recipe:
 
 
 @register("streaming_diloco", sections={"diloco": DILOCO, "streaming_diloco": STREAMING_DILOCO},
-          check=_check_streaming, no_face=STREAMING_NO_FACE)
+          check=_check_streaming, face="streaming_diloco")
 def streaming_diloco(b: Builder) -> Recipe:
   """Streaming DiLoCo (Douillard et al. 2025): DiLoCo whose P fragments synchronise in turn,
   one every H / P steps (``diloco.*`` as DiLoCo, ``streaming_diloco.fragments`` = P), each

@@ -38,11 +38,12 @@ the neighbours); :func:`bytes_sent` reads them from any state (a chain's include
 **Randomness** (top-k needs none; random-k, Gaussian-k and QSGD do) comes from a key in the
 state, seeded by ``seed`` and folded with the worker index.
 
-What does not fit: MATCHA's activations and consensus control are drawn by the host for all
-workers (``active``, ``target`` of :class:`~nbsgd_jax.transforms.StepContext`), Streaming
-DiLoCo's fragment schedule and ADA-LUPA's loss-driven periods are host plans, and AD-PSGD,
-SwarmSGD and asynchronous DiLoCo step on the host's event clock (a device step is a batch of
-events): use ``train()``. SGP (:func:`sgp`) fits: its rounds follow the step counter.
+What the host draws for all workers comes in as data: MATCHA's activations as the ``active``
+extra argument (:func:`matcha_activations`, the draw ``train()`` makes), fixed periods and
+Streaming DiLoCo's fragments as a schedule on the step counter. What does not fit: consensus
+control's targets and ADA-LUPA's loss-driven periods are host plans that follow the run, and
+AD-PSGD, SwarmSGD and asynchronous DiLoCo step on the host's event clock (a device step is a
+batch of events): use ``train()``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ import optax
 
 from nbsgd_jax import codecs
 from nbsgd_jax import transforms as T
-from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip
+from nbsgd_jax import topology as topology_lib
+from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip, Matchings
+from nbsgd_jax.host import periods as periods_lib
+from nbsgd_jax.topology import matcha as matcha_lib
+from nbsgd_jax.topology import matchings as matchings_lib
 from nbsgd_jax.transforms import algorithms as A
 from nbsgd_jax.transforms import decentralized as D
 from nbsgd_jax.transforms.powersgd import powersgd as _powersgd
@@ -64,8 +69,9 @@ from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS
 
 __all__ = [
     "TxState", "allreduce_mean", "bytes_sent", "choco", "context", "d2", "diloco",
-    "error_feedback", "gossip", "gossip_pga", "gradient_tracking", "local_sgd",
-    "nonblocking_accumulate", "powersgd", "sgp", "to_optax",
+    "error_feedback", "gossip", "gossip_pga", "gradient_tracking", "local_sgd", "matcha",
+    "matcha_activations", "matcha_plan",
+    "nonblocking_accumulate", "powersgd", "sgp", "streaming_diloco", "to_optax",
 ]
 
 from nbsgd_jax.tx.adapter import (  # noqa: F401 (the adapter's names, re-exported)
@@ -169,6 +175,52 @@ def gossip(topology: Topologyish, *, axis_name: Any, order: str = "atc",
   make = lambda n: A.dpsgd(optax.identity(), Gossip(phases(n), axis_name), order)
   return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name,
                   needs_params=True, name=owner)
+
+
+def matcha_plan(topology: Topologyish, budget: float, num_workers: int):
+  """MATCHA's plan (Wang, Sahu, Yang, Joshi, Kar, 2019, Sec. 3-4): the topology's matchings,
+  their activation probabilities for the communication ``budget`` in (0, 1] and the mixing
+  weight alpha (cvxpy), for :func:`matcha` and :func:`matcha_activations`.
+
+  Raises:
+    ValueError: a bad topology, budget or number of workers (named); RuntimeError: a solver
+      failed.
+  """
+  owner = "tx.matcha_plan"
+  if isinstance(topology, str):
+    edges = topology_lib.make(topology, num_workers).edges
+  elif isinstance(topology, topology_lib.Topology):
+    edges = topology.edges
+  else:
+    w = check_mixing_matrix(topology, owner)
+    edges = [(i, j) for i in range(len(w)) for j in range(i + 1, len(w)) if w[i, j] > 0]
+  return matcha_lib.plan(num_workers, edges, budget)
+
+
+def matcha_activations(plan, seed: int, step: int) -> np.ndarray:
+  """The activations of step ``step``, bool ``[M]``, drawn on the host as ``train()`` draws
+  them (``np.random.default_rng([seed, step])``): give the same array to every worker as
+  :func:`matcha`'s ``active`` extra argument."""
+  return matchings_lib.sample_activations(plan, seed, step)
+
+
+def matcha(plan, *, axis_name: Any, order: str = "atc") -> optax.GradientTransformationExtraArgs:
+  """MATCHA (Wang et al. 2019, Algorithm 1) after the optimizer: D-PSGD's step over the
+  matchings of ``plan`` (:func:`matcha_plan`) that this step activates, ``x_i <- x_i - alpha
+  sum_j B_j (x_i - x_partner_j(i))``. ``update`` takes the activations as the extra argument
+  ``active`` (bool ``[M]``, the same on every worker: :func:`matcha_activations`); without
+  it no matching is active. Bytes: the model's times the active matchings the worker is in.
+
+  Raises:
+    ValueError: an unknown order; (at update) ``axis_name`` not bound, ``params`` missing.
+  """
+  owner = "tx.matcha"
+  if order not in DPSGD_ORDERS:
+    raise ValueError(f"{owner}(order={order!r}) is not allowed: use one of {list(DPSGD_ORDERS)}")
+  init = A.dpsgd(optax.identity(), None, order).init
+  make = lambda n: A.dpsgd(optax.identity(), Matchings(plan, n, 0, axis_name), order)
+  return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name, needs_params=True,
+                  name=owner)
 
 
 def sgp(topology: Topologyish = "one_peer_exponential", *, axis_name: Any,
@@ -336,6 +388,32 @@ def diloco(outer: optax.GradientTransformation, period: int, *, axis_name: Any
   make = lambda n: build(AllReduce(n, axis_name))
   return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
                   period=period, needs_params=True, name=owner)
+
+
+def streaming_diloco(outer: optax.GradientTransformation, period: int, fragments: int, *,
+                     axis_name: Any, delay: int = 0, alpha: float = 0.0
+                     ) -> optax.GradientTransformationExtraArgs:
+  """Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512, Sec. 2.2-2.3) after the inner
+  optimizer: DiLoCo (:func:`diloco`) whose ``fragments`` (contiguous groups of the parameter
+  arrays) synchronise in turn, one every ``period / fragments`` updates, each all-reduce
+  launched ``delay`` updates before it lands, merged with mixing factor ``alpha`` (0: the
+  outer model's fragment). The schedule is the framework's
+  (:class:`~nbsgd_jax.host.periods.FragmentPlanner`), drawn from the step counter.
+
+  Raises:
+    ValueError: ``period`` < 1, ``fragments`` not dividing it, ``delay`` not in ``[0, period
+      / fragments)``, ``alpha`` outside [0, 1]; (at update) ``axis_name`` not bound,
+      ``params`` missing, fewer parameter arrays than fragments.
+  """
+  owner = "tx.streaming_diloco"
+  period = _check_period(period, owner)
+  planner = periods_lib.FragmentPlanner(period, _check_period(fragments, owner), delay)
+  schedule = [planner.sync_now(step) for step in range(period)]  # one cycle: it repeats
+  build = lambda comm: A.streaming_diloco(optax.identity(), T.mean_of(comm, "alive"), outer,
+                                          fragments, delay, alpha)
+  make = lambda n: build(AllReduce(n, axis_name))
+  return to_optax(_sized(make, make(1).init, axis_name, owner), axis_name=axis_name,
+                  schedule=schedule, needs_params=True, name=owner)
 
 
 class NonblockingState(NamedTuple):

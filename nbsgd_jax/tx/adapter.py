@@ -67,11 +67,12 @@ def axis_size(axis_name: Any, owner: str, where: str = "update") -> int:
 
 
 def context(step: jax.Array, count: Any = None, axis_name: Any = None,
-            period_end: bool = True) -> T.StepContext:
+            period_end: bool = True, active: Any = None) -> T.StepContext:
   """The step context a user's loop implies: step ``step`` (int32), ``count`` mini-batches
   finished by this worker (the ``count`` extra argument; 1 when None) and their sum ``total``
-  over ``axis_name`` (``lax.psum``; ``n`` when ``count`` is None), no MATCHA activations, every worker up, no consensus
-  target."""
+  over ``axis_name`` (``lax.psum``; ``n`` when ``count`` is None), MATCHA's activations
+  ``active`` (bool ``[M]``, the ``active`` extra argument, the same on every worker; none when
+  None), every worker up, no consensus target."""
   if count is None:
     c = jnp.ones((), jnp.int32)
     total = jnp.asarray(collectives.axis_size(axis_name) if axis_name is not None else 1,
@@ -79,17 +80,19 @@ def context(step: jax.Array, count: Any = None, axis_name: Any = None,
   else:
     c = jnp.asarray(count, jnp.int32)
     total = lax.psum(c, axis_name) if axis_name is not None else c
-  return T.StepContext(jnp.asarray(step, jnp.int32), c, total, jnp.zeros((1,), bool),
-                       period_end=period_end)
+  active = jnp.zeros((1,), bool) if active is None else jnp.asarray(active, bool)
+  return T.StepContext(jnp.asarray(step, jnp.int32), c, total, active, period_end=period_end)
 
 
 def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
              period: Optional[int] = None, needs_params: bool = False,
-             name: str = "to_optax") -> optax.GradientTransformationExtraArgs:
+             name: str = "to_optax", schedule: Optional[Sequence[Any]] = None
+             ) -> optax.GradientTransformationExtraArgs:
   """A framework :class:`~nbsgd_jax.transforms.WorkerTransform` as an optax transformation.
 
-  ``update(updates, state, params=None, *, count=None, **extra)`` builds the step's
-  :func:`context` from the state's step counter and runs ``transform.update``; the report's
+  ``update(updates, state, params=None, *, count=None, active=None, **extra)`` builds the
+  step's :func:`context` from the state's step counter (and the extra arguments ``count`` and
+  ``active``) and runs ``transform.update``; the report's
   ``bytes_sent`` is added to :attr:`TxState.bytes_sent`, the rest is dropped.
 
   Args:
@@ -102,6 +105,10 @@ def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
       shared`), runs one of them (no collective in a local step).
     needs_params: ``update`` refuses ``params=None``.
     name: the public name in error messages.
+    schedule: the general form of ``period``: ``ctx.period_end`` of update ``t`` is
+      ``schedule[t % len(schedule)]`` (static hashable values, e.g. Streaming DiLoCo's
+      :class:`~nbsgd_jax.host.periods.FragmentSync`); each distinct value is traced once
+      and ``lax.switch`` on the step runs one. ``period`` p is ``[False] * (p - 1) + [True]``.
 
   Returns:
     an ``optax.GradientTransformationExtraArgs`` with state :class:`TxState`.
@@ -110,6 +117,11 @@ def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
     ValueError (at init or update): ``axis_name`` is not bound; (at update) ``params`` is
       None and needed.
   """
+
+  cycle = schedule if period is None else [False] * (period - 1) + [True]
+  if cycle is not None:
+    values = list(dict.fromkeys(cycle))  # the distinct values, one program each
+    table = np.asarray([values.index(v) for v in cycle], np.int32)
 
   def init(params):
     if axis_name is not None:  # once per worker: on stacked [n, ...] params it would build
@@ -121,23 +133,23 @@ def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
     sent = jnp.asarray(report.get("bytes_sent", 0.0), jnp.float32)
     return u, inner, varying_like(sent, updates)
 
-  def update(updates, state, params=None, *, count=None, **extra):
+  def update(updates, state, params=None, *, count=None, active=None, **extra):
     del extra
     if axis_name is not None:
       axis_size(axis_name, name)
     if needs_params and params is None:
       raise ValueError(f"{name} returns the change to the parameters: call "
                        "update(updates, state, params) with this worker's params")
-    ctx = context(state.step, count, axis_name)
-    if period is None:
+    ctx = context(state.step, count, axis_name, active=active)
+    if cycle is None:
       u, inner, sent = run(updates, state.inner, params, ctx)
     else:
-      end = (state.step + 1) % period == 0
+      index = jnp.asarray(table)[state.step % len(cycle)]
       if axis_name is not None:
-        end = collectives.shared(end, axis_name)
+        index = collectives.shared(index, axis_name)
       branches = [functools.partial(lambda flag, ops: run(*ops, ctx._replace(period_end=flag)),
-                                    flag) for flag in (False, True)]
-      u, inner, sent = lax.cond(end, branches[1], branches[0], (updates, state.inner, params))
+                                    flag) for flag in values]
+      u, inner, sent = lax.switch(index, branches, (updates, state.inner, params))
     return u, TxState(inner, state.step + 1, state.bytes_sent + sent)
 
   return optax.GradientTransformationExtraArgs(init, update)

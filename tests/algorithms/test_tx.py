@@ -42,8 +42,9 @@ def _framework(cfg) -> list:
   return seen[1:]  # after steps 1, 2, ...
 
 
-def _user(cfg, opt, backend) -> list:
-  """A user's loop: one full-batch gradient per worker, ``opt`` from nbsgd_jax.tx."""
+def _user(cfg, opt, backend, extra=lambda step: {}) -> list:
+  """A user's loop: one full-batch gradient per worker, ``opt`` from nbsgd_jax.tx (its update
+  given ``extra(step)``'s extra arguments, the same on every worker)."""
   s = train.setup(cfg)
   prob = s.dataset
   loss = problems.loss_fn(prob)
@@ -51,21 +52,22 @@ def _user(cfg, opt, backend) -> list:
   params = jax.tree.map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), problems.init_params(prob))
   state = jax.vmap(opt.init, axis_name="w")(params)
 
-  def worker(p, st, d):
-    u, st = opt.update(jax.grad(loss)(p, d), st, p)
+  def worker(p, st, d, kw):
+    u, st = opt.update(jax.grad(loss)(p, d), st, p, **kw)
     return optax.apply_updates(p, u), st
 
   if backend == "simulate":
-    step = jax.jit(jax.vmap(worker, axis_name="w"))
+    step = jax.jit(jax.vmap(worker, axis_name="w", in_axes=(0, 0, 0, None)))
   else:
     mesh = jax.make_mesh((N,), ("w",), devices=jax.devices()[:N])
     one = lambda t: jax.tree.map(lambda a: a[0], t)
-    step = jax.jit(jax.shard_map(lambda *a: jax.tree.map(lambda x: x[None], worker(*map(one, a))),
-                                 mesh=mesh, in_specs=P("w"), out_specs=P("w")))
+    step = jax.jit(jax.shard_map(
+        lambda p, st, d, kw: jax.tree.map(lambda x: x[None], worker(*map(one, (p, st, d)), kw)),
+        mesh=mesh, in_specs=(P("w"), P("w"), P("w"), P()), out_specs=P("w")))
     params, state, data = jax.device_put((params, state, data), NamedSharding(mesh, P("w")))
   out = []
-  for _ in range(cfg.num_steps):
-    params, state = step(params, state, data)
+  for t in range(cfg.num_steps):
+    params, state = step(params, state, data, extra(t))
     out.append(np.asarray(jax.device_get(params["w"])))
   return out
 
@@ -94,7 +96,26 @@ MORE = {  # the other recipes that fit, on vmap only
     "gossip_pga": ({"gossip_pga.period": 3},
                    lambda: optax.chain(optax.sgd(0.05), tx.gossip_pga(3, "ring", axis_name="w"))),
     "sgp": ({}, lambda: optax.chain(optax.sgd(0.05), tx.sgp("ring", axis_name="w"))),
+    "streaming_diloco": (  # one parameter array, so one fragment; launch and land apart
+        {"diloco.inner_steps": 4, "diloco.outer_lr": 0.7, "diloco.outer_momentum": 0.9,
+         "streaming_diloco.fragments": 1, "streaming_diloco.delay": 1,
+         "streaming_diloco.alpha": 0.5, "num_steps": 9},
+        lambda: optax.chain(optax.sgd(0.05), tx.streaming_diloco(
+            optax.sgd(0.7, momentum=0.9, nesterov=True), 4, 1, axis_name="w", delay=1,
+            alpha=0.5))),
 }
+
+
+def test_matcha_with_the_hosts_activations_equals_train():
+  """MATCHA's face, given the activations train() draws (tx.matcha_activations), is MATCHA."""
+  cfg = _cfg("matcha", "simulate", **{"matcha.budget": 0.5, "matcha.seed": 3, "num_steps": 6})
+  plan = tx.matcha_plan("ring", 0.5, N)
+  opt = optax.chain(optax.sgd(0.05), tx.matcha(plan, axis_name="w"))
+  got = _user(cfg, opt, "simulate", lambda t: {"active": tx.matcha_activations(plan, 3, t)})
+  want = _framework(cfg)
+  for a, b in zip(want, got):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+  assert 0 < sum(tx.matcha_activations(plan, 3, t).sum() for t in range(6)) < 6 * 3
 
 
 @pytest.mark.parametrize("backend,name", [  # the mesh cases in the slow tier
@@ -114,15 +135,15 @@ def test_user_loop_equals_train(name, backend):
 
 def test_every_algorithm_has_an_optax_face_or_says_why():
   """The registry names each algorithm's optax constructor (which the cases above hold to
-  train()) or the reason it has none; every lockstep algorithm but two has one."""
+  train()) or the reason it has none; every lockstep algorithm has one."""
   faces = {name: e.face for name, e in recipes.REGISTRY.items()}
   assert all(e.face is not None or (e.no_face and len(e.no_face) > 20)
              for e in recipes.REGISTRY.values())
   assert {f for f in faces.values() if f} <= set(tx.__all__)
-  checked = {name for name in {**CASES, **MORE} if name in faces}
+  checked = {name for name in {**CASES, **MORE} if name in faces} | {"matcha"}
   assert checked == {name for name, f in faces.items() if f is not None}
   assert {name for name, e in recipes.REGISTRY.items()
-          if e.clock == "lockstep" and e.face is None} == {"matcha", "streaming_diloco"}
+          if e.clock == "lockstep" and e.face is None} == set()
 
 
 def test_gossip_after_sgd_is_dpsgd_closed_form():
