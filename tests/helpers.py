@@ -79,6 +79,22 @@ def registered(module_name=None):
 # ----------------------------------------------------------------------------- configurations
 
 
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_COMPILED: list = []  # the function name of every backend compilation of this process
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, secs, **kw: _COMPILED.append(kw.get("fun_name")) if name == COMPILE_EVENT
+    else None)
+
+
+def backend_compiles(fn):
+  """``(fn(), the names of the backend compilations it made)`` (``jax.monitoring``; a
+  persistent-cache hit is no backend compilation: give the run ``compilation_cache="none"``
+  to count every program)."""
+  start = len(_COMPILED)
+  out = fn()
+  return out, _COMPILED[start:]
+
+
 def small_cfg(**overrides):
   """The small MNIST-10k run most tests start from: an MLP with 32 hidden units, 4 workers of
   batch 8, 5 steps evaluated at step 5 on 64 training examples, constant learning rate, no

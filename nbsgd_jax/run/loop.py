@@ -13,6 +13,8 @@ starve XLA:CPU's collective rendezvous.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import sys
 import time
 from typing import Optional, Sequence
@@ -163,41 +165,90 @@ def per_step_records(cfg) -> bool:
 
 def _run(cfg, workdir, hooks, stack, model=None, data=None) -> dict:
   start = time.perf_counter()
-  s, host = prepare(cfg, model, data)
-  main_process = jax.process_index() == 0
-  if workdir:
-    finished = open_workdir(cfg, workdir, stack)
-    if finished is not None:
-      if main_process:
-        print(f"workdir {workdir!r} holds this run, finished at step {finished['step']}: "
-              "nothing to train (config.overwrite=True trains it again)", file=sys.stderr)
-      return {**finished, "finished_before": True}
-  stepper = Stepper([s], [host], hooked=bool(hooks))
-  ckpt, resume, stepper.state, saved = open_checkpoints(cfg, workdir, stack, stepper.state)
-  records = Records(cfg, workdir if main_process else None, resume, per_step_records(cfg),
-                    stack, workdir, saved and saved.get("records"))
-  (run,) = stepper.attach([records])
+  parts = [prepare(cfg, model, data)]
+  (summary,), runs = drive([cfg], parts, [workdir], workdir, stack, [tuple(hooks)],
+                           raise_errors=True,
+                           extra=lambda: {"run_seconds": time.perf_counter() - start})
+  if runs is None and jax.process_index() == 0:
+    print(f"workdir {workdir!r} holds this run, finished at step {summary['step']}: "
+          "nothing to train (config.overwrite=True trains it again)", file=sys.stderr)
+  return summary
+
+
+def drive(cfgs: list, parts: list, dirs: list, checkpoints: Optional[str],
+          stack: contextlib.ExitStack, hooks: Sequence[tuple] = (), bar=None,
+          raise_errors: bool = False, extra=None) -> tuple:
+  """The one driver of training: runs of one structure stepped by one
+  :class:`~nbsgd_jax.run.stepper.Stepper` (:func:`train` is one run, a sweep's group
+  (:mod:`nbsgd_jax.run.sweep`) several): each run's workdir opened (its lock, a finished run
+  read back, another run's files cleared), the checkpoints opened and resumed, the records
+  attached, the loop run and every run summarised.
+
+  Args:
+    cfgs, parts: the runs' configs and ``(setup, host)`` (:func:`prepare`).
+    dirs: each run's records directory, or None to write nothing.
+    checkpoints: the checkpoint directory of the runs (one stacked state), or None.
+    stack: closes the checkpoints, writers and locks on any exit.
+    hooks: per run, a tuple of ``hook(step, state, setup)`` (:func:`train`).
+    bar: the progress bar to advance (a sweep's), or None for one of the run's own.
+    raise_errors: raise a run's :class:`TrainingDiverged` (before its summary is written)
+      instead of recording it in the summary.
+    extra: ``() -> dict`` of facts added to each summary when it is made, or None.
+
+  Returns:
+    ``(summaries, runs)``: one summary per run, in order, and the :class:`Run` s; when every
+    run's directory holds it finished, its stored summaries (``finished_before: True``) and
+    None (nothing trained or written).
+
+  Raises:
+    ConfigError: a workdir or checkpoint that cannot be used (named); TrainingDiverged (with
+      ``raise_errors``).
+  """
+  main = jax.process_index() == 0
+  finished = [open_workdir(c, d, stack) if d else None for c, d in zip(cfgs, dirs)]
+  if all(f is not None for f in finished):
+    return [{**f, "finished_before": True} for f in finished], None
+  if checkpoints and checkpoints not in dirs and cfgs[0].overwrite and main \
+      and os.path.isdir(checkpoints):  # a group's own checkpoints: the group starts again
+    shutil.rmtree(checkpoints)
+  stepper = Stepper([p[0] for p in parts], [p[1] for p in parts], hooked=any(hooks))
+  ckpt, resume, stepper.state, saved = open_checkpoints(cfgs[0], checkpoints, stack,
+                                                        stepper.full_state())
+  saved = _upgrade(cfgs[0], resume, saved)
+  kept = [None] * len(cfgs) if saved is None else [r.get("records") for r in saved["runs"]]
+  records = [Records(c, d if main else None, resume, per_step_records(c), stack, d, mine)
+             for c, d, mine in zip(cfgs, dirs, kept)]
+  runs = stepper.attach(records)
   if resume is not None:
-    host.load_state_dict(saved["host"])
-    stepper.watch.seconds, run.done = saved["wall"], resume
-    run.rec = records.history[-1]
-    run.stopped = stop_reason(cfg, run.rec)
+    stepper.load_state_dict(saved)
   else:
-    host.begin(run)
-    run.evaluate(0, None)
-  bar = stack.enter_context(progress_bar(run.num_steps, run.done, naming.algorithm_as_run(cfg),
-                                         cfg.progress and main_process))
+    for run in runs:
+      run.host.begin(run)
+      run.evaluate(0, None)
+  if bar is None:
+    bar = stack.enter_context(progress_bar(runs[0].num_steps, runs[0].done,
+                                           naming.algorithm_as_run(cfgs[0]),
+                                           cfgs[0].progress and main))
+  save = ckpt and (lambda step: ckpt.save(step, stepper.full_state(), stepper.state_dict()))
+  loop(stepper, bar, save, cfgs[0].checkpoint_every, [tuple(h) for h in hooks])
+  if raise_errors:
+    for run in runs:
+      if run.error is not None:
+        raise run.error
+  return [summarize(c, r.s, r, r.rec, r.done, r.stopped,
+                    {**({"error": str(r.error)} if r.error is not None else {}),
+                     **(extra() if extra else {})}) for c, r in zip(cfgs, runs)], runs
 
-  def save(done):
-    ckpt.save(done, stepper.state, {"host": host.state_dict(), "wall": stepper.watch.seconds,
-                                    "records": records.history})
 
-  loop(stepper, bar, ckpt and save, cfg.checkpoint_every, [tuple(hooks)])
-  if run.error is not None:
-    raise run.error
-  # run_seconds: this process's whole train(), set-up and compilation included
-  return summarize(cfg, s, run, run.rec, run.done, run.stopped,
-                   {"run_seconds": time.perf_counter() - start})
+def _upgrade(cfg, resume: Optional[int], saved: Optional[dict]) -> Optional[dict]:
+  """A checkpoint's host JSON in the driver's form (``{"runs": [...], "wall", "members"}``);
+  a one-run checkpoint of the earlier form (``{"host", "wall", "records"}``) converted."""
+  if saved is None or "runs" in saved:
+    return saved
+  rec = saved["records"][-1]
+  return {"runs": [{"host": saved["host"], "done": resume, "stopped": stop_reason(cfg, rec),
+                    "rec": rec, "records": saved["records"]}],
+          "wall": saved["wall"], "members": [0]}
 
 
 def progress_bar(total: int, initial: int, desc: str, enabled: bool):
@@ -325,4 +376,4 @@ def summarize(cfg, s, run: Run, rec: dict, steps: int, stopped: Optional[str],
   return summary
 
 
-__all__ = ["Run", "Stepper", "TrainingDiverged", "loop", "train"]
+__all__ = ["Run", "Stepper", "TrainingDiverged", "drive", "loop", "train"]

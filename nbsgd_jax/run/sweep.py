@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import sys
 from typing import Optional
 
@@ -32,7 +31,6 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax.core import files as files_lib
 from nbsgd_jax.run import grid as sweeps_lib
 from nbsgd_jax.run import loop as loop_lib
-from nbsgd_jax.run.records import Records
 
 
 def sweep(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None, *, model=None,
@@ -140,46 +138,18 @@ def _write_index(grid: Optional[str], workdir: str, groups: list) -> None:
 
 def _group(group: list, parts: list, workdir: Optional[str], index: int, bar,
            stack: contextlib.ExitStack, hooks: dict) -> dict:
-  """Train one group (one program); ``{run name: summary}``."""
-  main = jax.process_index() == 0
+  """Train one group (one program, :func:`~nbsgd_jax.run.loop.drive`); ``{run name:
+  summary}``."""
   dirs = [os.path.join(workdir, run.name) if workdir else None for run in group]
-  cfg0 = group[0].cfg
   gdir = os.path.join(workdir, "groups", str(index)) if workdir else None
-  finished = [loop_lib.open_workdir(run.cfg, d, stack) if d else None
-              for run, d in zip(group, dirs)]
-  if all(f is not None for f in finished):
-    if main:
-      print(f"sweep group {index}: every run finished before: nothing to train",
-            file=sys.stderr)
-    bar.update(max(run.cfg.num_steps for run in group))
-    return {run.name: {**f, "finished_before": True} for run, f in zip(group, finished)}
-  if gdir and cfg0.overwrite and main and os.path.isdir(gdir):  # the group starts again
-    shutil.rmtree(gdir)
-  stepper = loop_lib.Stepper([s for s, _ in parts], [h for _, h in parts],
-                             hooked=any(hooks.get(run.name) for run in group))
-  ckpt, resume, stepper.state, saved = loop_lib.open_checkpoints(cfg0, gdir, stack,
-                                                                 stepper.full_state())
-  kept = [None] * len(group) if saved is None else [r.get("records") for r in saved["runs"]]
-  records = [Records(run.cfg, d if main else None, resume, loop_lib.per_step_records(run.cfg),
-                     stack, d, mine) for run, d, mine in zip(group, dirs, kept)]
-  runs = stepper.attach(records)
-  if resume is not None:
-    stepper.load_state_dict(saved)
-  else:
-    for run in runs:
-      run.host.begin(run)
-      run.evaluate(0, None)
   start = bar.n
-  save = ckpt and (lambda step: ckpt.save(step, stepper.full_state(), stepper.state_dict()))
-  loop_lib.loop(stepper, bar, save, cfg0.checkpoint_every,
-                [tuple(hooks.get(run.name, ())) for run in group])
+  summaries, runs = loop_lib.drive([run.cfg for run in group], parts, dirs, gdir, stack,
+                                   [tuple(hooks.get(run.name, ())) for run in group], bar=bar)
+  if runs is None and jax.process_index() == 0:
+    print(f"sweep group {index}: every run finished before: nothing to train",
+          file=sys.stderr)
   bar.update(start + max(run.cfg.num_steps for run in group) - bar.n)  # the group's share
-  out = {}
-  for run, r in zip(group, runs):
-    summary = loop_lib.summarize(run.cfg, r.s, r, r.rec, r.done, r.stopped,
-                                 {"error": str(r.error)} if r.error is not None else {})
-    out[run.name] = summary
-  return out
+  return {run.name: summary for run, summary in zip(group, summaries)}
 
 
 __all__ = ["sweep", "train_runs"]

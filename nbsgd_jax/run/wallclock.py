@@ -124,52 +124,68 @@ def local_workers(backend) -> np.ndarray:
 class WallClockStep:
   """The step of a wall-clock run (module docstring), called as the loop calls a
   :class:`nbsgd_jax.run.step.Program`, one step at a time (the step's host ``inputs``:
-  deadline in; measurements out, :meth:`WallWorkload.measured`).
+  deadline in; measurements out, :meth:`WallWorkload.measured`). Its programs live in the
+  process's program cache under the run's structure (:data:`nbsgd_jax.run.step.PROGRAMS`),
+  with the run's hyperparameters (seed included: the batches' draw) as inputs, so a second
+  wall-clock run with another rate or seed compiles nothing.
 
   Args:
     s: the run's :class:`~nbsgd_jax.run.setup.Setup` (backend ``"multihost"`` or ``"mesh"``).
     workload: the run's :class:`WallWorkload`.
+    cache: the :class:`~nbsgd_jax.run.step.ProgramCache` (default: the process's).
   """
 
-  def __init__(self, s, workload: WallWorkload):
+  def __init__(self, s, workload: WallWorkload, cache=None):
     self.s, self.workload = s, workload
-    b, task, m = s.backend, s.task, workload.cluster.num_minibatches
+    self.cache = step_lib.PROGRAMS if cache is None else cache
+    b, m = s.backend, workload.cluster.num_minibatches
     self.n, self.m = b.num_workers, m
     self.sharding = NamedSharding(b.mesh, P(b.mesh.axis_names[0]))
     self.local = local_workers(b)
-    axis = b.axis_name
+    self._index = [self._global(np.full(self.n, j, np.int32)) for j in range(m)]
+    self._own: dict = {}  # the programs of a run without a structure key
 
-    def minibatch(params, data, step, j, sums):
-      batch = transforms.split_minibatches(task.batch(data, step, axis), m)
+  def _functions(self):
+    """The step's three functions, jitted for the backend (compiled by :meth:`_program`)."""
+    s, b, m, axis, task = self.s, self.s.backend, self.m, self.s.backend.axis_name, self.s.task
+
+    def minibatch(params, data, step, j, sums, hparams):
+      batch = transforms.split_minibatches(task.batch(data, step, axis, hparams["seed"]), m)
       one = jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, j, keepdims=False), batch)
       return transforms.add_minibatch_with_state(sums, task.loss_fn, params, one)
 
-    def update(period_end, state, sums, count, measured, ctx):
-      ctx = ctx._replace(count=count, total=lax.psum(count, axis), period_end=period_end)
+    def update(period_end, state, sums, count, measured, ctx, hparams):
+      ctx = ctx._replace(count=count, total=lax.psum(count, axis), period_end=period_end,
+                         hparams=hparams)
       grads, loss = transforms.mean_of_sums(*sums[:2], count)
       state, out = step_lib.apply_update(s, state._replace(model_state=sums[2]), loss, grads,
                                           ctx)
       rows = jax.nn.one_hot(lax.axis_index(axis), self.n, dtype=jnp.float32)
       return state, out, lax.psum(rows[:, None] * measured[None, :], axis)
 
-    self._zeros = jax.jit(b.spmd(lambda params, model_state: transforms.zero_sums(params)
-                                 + (model_state,)))
-    self._minibatch = jax.jit(b.spmd(minibatch))
-    self._update_fn = lambda key: jax.jit(  # one program per period end
-        b.spmd(lambda *a: update(key, *a), (0, 0, 0, 0, transforms.CONTEXT_AXES)),
-        donate_argnums=(0,))
-    self._compiled: dict = {}
-    self._index = [self._global(np.full(self.n, j, np.int32)) for j in range(m)]
+    zeros = jax.jit(b.spmd(lambda params, model_state: transforms.zero_sums(params)
+                           + (model_state,)))
+    return {"zeros": zeros,
+            "minibatch": jax.jit(b.spmd(minibatch, (0, 0, 0, 0, 0, None))),
+            "update": lambda key: jax.jit(  # one program per period end
+                b.spmd(lambda *a: update(key, *a), (0, 0, 0, 0, transforms.CONTEXT_AXES, None)),
+                donate_argnums=(0,))}
+
+  def _program(self, name: str, key, *args):
+    """The program ``name`` (with the period end ``key`` for the update), compiled ahead of
+    time for ``args`` (compilation stays out of the timed loop), from the cache."""
+    def make():
+      fn = self._functions()[name]
+      return (fn(key) if name == "update" else fn).lower(*args).compile()
+    if not self.s.structure:  # a run that shares nothing (the cache keeps none of it)
+      if (name, key) not in self._own:
+        self._own[(name, key)] = make()
+      return self._own[(name, key)]
+    return self.cache.get(self.s.structure, ("wall", name, key), make)
 
   def _global(self, values: np.ndarray) -> jax.Array:
     """A worker-sharded array from this process's entries of ``values`` (``[n, ...]``)."""
     return jax.make_array_from_callback(values.shape, self.sharding, lambda idx: values[idx])
-
-  def _program(self, key, fn, *args):
-    """``fn`` compiled ahead of time for ``args`` (compilation stays out of the timed loop)."""
-    if key not in self._compiled:
-      self._compiled[key] = fn.lower(*args).compile()
-    return self._compiled[key]
 
   def _pace(self, step: int) -> Optional[np.ndarray]:
     """The model's finish times of this process's mini-batches (its slowest worker's), or
@@ -186,21 +202,26 @@ class WallClockStep:
     device_context`)."""
     return step_lib.device_context(self.s, inputs[0])
 
-  def __call__(self, state, data, ctx, keys=(True,), inputs: Optional[list] = None):
-    """One step, ``keys = (period_end,)``, ``inputs = [the step's host inputs]``."""
+  def __call__(self, state, data, ctx, keys=(True,), inputs: Optional[list] = None,
+               hparams=None):
+    """One step, ``keys = (period_end,)``, ``inputs = [the step's host inputs]``, ``hparams``
+    the run's (None: ``s.hparams``)."""
     period_end, inputs = keys[0], inputs[0]
+    hparams = self.s.hparams if hparams is None else hparams
     step, deadline = int(inputs.step), float(inputs.deadline)
     key = period_end if self.s.recipe.periodic else True  # a static (hashable) period end
-    sums = self._zeros(state.params, state.model_state)
-    mb = self._program("minibatch", self._minibatch, state.params, data, state.step,
-                       self._index[0], sums)
+    sums = self._program("zeros", None, state.params, state.model_state)(state.params,
+                                                                         state.model_state)
+    mb = self._program("minibatch", None, state.params, data, state.step, self._index[0], sums,
+                       hparams)
     pace = self._pace(step)
     t0 = time.perf_counter()
     count, last = 0, 0.0
     for j in range(self.m):
       if time.perf_counter() - t0 >= deadline:
         break
-      new = jax.block_until_ready(mb(state.params, data, state.step, self._index[j], sums))
+      new = jax.block_until_ready(mb(state.params, data, state.step, self._index[j], sums,
+                                     hparams))
       done = time.perf_counter() - t0
       if pace is not None and pace[j] > done:  # emulation: finish at the model's time
         time.sleep(max(min(pace[j], deadline) - done, 0.0))
@@ -213,10 +234,8 @@ class WallClockStep:
     local[self.local] = (count, busy, last)
     counts = self._global(np.rint(local[:, 0]).astype(np.int32))
     measured = self._global(local)
-    if ("update", key) not in self._compiled:
-      self._program(("update", key), self._update_fn(key), state, sums, counts, measured, ctx)
-    program = self._compiled[("update", key)]
-    state, out, shared = program(state, sums, counts, measured, ctx)
+    program = self._program("update", key, state, sums, counts, measured, ctx, hparams)
+    state, out, shared = program(state, sums, counts, measured, ctx, hparams)
     rows = np.asarray(shared.addressable_shards[0].data)[0].astype(np.float64)
     self.workload.measured(step, inputs, rows, time.perf_counter() - t0)
     return state, out

@@ -2,6 +2,7 @@
 processes with emulated stragglers train with counts that really vary, and a simulate-backend
 run fed the recorded counts gives the same losses (the numerics are the same program)."""
 
+import copy
 import json
 import math
 
@@ -12,9 +13,11 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
 from nbsgd_jax.host import cluster as cl
 from nbsgd_jax.host.parts import HostInputs
+from nbsgd_jax.run import step as step_lib
 from nbsgd_jax.run import wallclock
 
-from tests.helpers import launch_processes, make_stepper, small_cfg, write_config_file
+from tests.helpers import (backend_compiles, launch_processes, make_stepper, small_cfg,
+                           write_config_file)
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
@@ -113,3 +116,22 @@ def test_every_period_end_of_streaming_diloco_has_its_program_on_the_wall_clock(
   out = train.train(cfg)
   assert out["rounds"] == 4 and out["periods"] == [2, 2, 2, 2]
   assert math.isfinite(out["train_loss"]) and out["bytes_sent"] > 0
+
+
+def test_a_second_wall_clock_run_with_another_rate_or_seed_compiles_nothing():
+  """The wall clock's programs live in the process's program cache with the hyperparameters
+  as inputs: a run with another rate and seed compiles nothing, and its seed does draw other
+  batches (its losses differ from the first run's)."""
+  cfg = small_cfg(num_workers=8, num_steps=4, eval_every=2, backend="multihost",
+                  compilation_cache="none", **{"cluster.clock": "wall",
+                                               "cluster.emulate": False})
+  step_lib.PROGRAMS.clear()
+  first = train.train(cfg)
+  other = config_lib.override(copy.deepcopy(cfg), {"learning_rate": 0.05, "seed": 3})
+  second, names = backend_compiles(lambda: train.train(other))
+  assert names == [], names
+  assert second["train_loss"] != first["train_loss"]
+  step_lib.PROGRAMS.clear()
+  cold, names = backend_compiles(lambda: train.train(other))
+  assert names  # compiled again once the cache is cleared: the check above can fail
+  assert cold["train_loss"] == pytest.approx(second["train_loss"], rel=1e-6)

@@ -2,6 +2,7 @@
 metrics of an uninterrupted run (wall time aside)."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +79,34 @@ def test_crash_and_resume_equals_uninterrupted(tmp_path, case):
   drop = ("history", "wall_time", "samples_per_second", "run_seconds")
   assert ({k: v for k, v in resumed.items() if k not in drop}
           == {k: v for k, v in full.items() if k not in drop})
+
+
+def test_a_one_run_checkpoint_of_the_earlier_form_resumes(tmp_path):
+  """train() and a sweep's group are one driver now, whose checkpoints hold every run's host
+  state (``{"runs": [...], "wall", "members"}``); a checkpoint that train() wrote before
+  (``{"host", "wall", "records"}``) still resumes, to the same records as a run never
+  stopped."""
+  cfg = _cfg("sparse_allreduce")
+  full = train.train(cfg, str(tmp_path / "full"))
+
+  def crash(step, state, setup):
+    if step == 13:
+      raise Crash()
+
+  with pytest.raises(Crash):
+    train.train(cfg, str(tmp_path / "run"), hooks=(crash,))
+  ckpt = checkpoint_lib.Checkpointer(str(tmp_path / "run"))
+  state, host = ckpt.restore(8, train.init_state(train.setup(cfg)))
+  (run,) = host["runs"]
+  ckpt.close()
+  shutil.rmtree(tmp_path / "run" / checkpoint_lib.CHECKPOINT_DIR)
+  old = checkpoint_lib.Checkpointer(str(tmp_path / "run"))
+  old.save(8, state, {"host": run["host"], "wall": host["wall"], "records": run["records"]})
+  old.close()
+  resumed = train.train(cfg, str(tmp_path / "run"))
+  assert (without_wall(read_records(tmp_path / "run" / "metrics.jsonl"))
+          == without_wall(read_records(tmp_path / "full" / "metrics.jsonl")))
+  assert resumed["test_loss"] == full["test_loss"]
 
 
 # The command line (nbsgd_jax.main) with a training hook: at step argv[3] it waits for the

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax import monitoring
 
 from nbsgd_jax import config as config_lib
 from nbsgd_jax.run import hparams as hparams_lib
@@ -23,20 +22,9 @@ from nbsgd_jax import transforms as T
 from nbsgd_jax.run import step as step_lib
 from nbsgd_jax.run.loop import train
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, backend_compiles
 
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_EVENTS: list = []
-monitoring.register_event_duration_secs_listener(
-    lambda name, secs, **kw: _EVENTS.append(kw.get("fun_name")) if name == COMPILE_EVENT
-    else None)
-
-
-def _compiles(fn):
-  """``(fn(), names of the backend compilations it made)``."""
-  start = len(_EVENTS)
-  out = fn()
-  return out, _EVENTS[start:]
+_compiles = backend_compiles
 
 
 def _cfg(**over):
