@@ -265,6 +265,44 @@ def init_state(s: Setup) -> TrainState:
   return s.backend.place(program(np.int32(s.cfg.seed)))
 
 
+def init_states(setups: list) -> TrainState:
+  """The initial states of R runs of one structure (a sweep's stacked group), stacked on a
+  leading runs axis, built by ONE compiled program: :func:`init_state`'s body under
+  ``jax.vmap`` over the runs' seeds, kept in :data:`~nbsgd_jax.run.step.PROGRAMS` by the
+  structure. Runs that start from ``config.init_from`` are built one by one and stacked.
+
+  Returns:
+    the placed :class:`~nbsgd_jax.run.step.TrainState`: leaves ``[R, n, ...]``.
+  """
+  s = setups[0]
+  if any(x.cfg.init_from for x in setups):
+    return s.backend.place(stack_trees([init_state(x) for x in setups]))
+  make = lambda: jax.jit(jax.vmap(lambda seed: _initial_state(s, seed)))
+  program = step_lib.PROGRAMS.get(s.structure, ("init", "runs"), make)
+  return s.backend.place(program(np.asarray([x.cfg.seed for x in setups], np.int32)))
+
+
+@jax.jit
+def stack_trees(trees: list):
+  """The trees (the same structure and shapes) stacked on a new leading axis, in one
+  compiled program (per structure and shapes) rather than one eager stack per leaf."""
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+@jax.jit
+def _equal_trees(a, b) -> jax.Array:
+  return jnp.all(jnp.asarray([jnp.array_equal(x, y)
+                              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]))
+
+
+def same_trees(trees: list) -> bool:
+  """Whether every tree holds the same values as the first (one compiled comparison per
+  structure and shapes)."""
+  shapes = lambda t: [(x.shape, x.dtype) for x in jax.tree.leaves(t)]
+  return all(shapes(t) == shapes(trees[0]) and bool(_equal_trees(trees[0], t))
+             for t in trees[1:])
+
+
 def _initial_state(s: Setup, seed: jax.Array) -> TrainState:
   """The traced body of :func:`init_state` (``seed``: int32 scalar)."""
   n = s.cfg.num_workers

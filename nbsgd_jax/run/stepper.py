@@ -245,8 +245,8 @@ class Stepper:
                       if s.cfg.cluster.clock == "wall" else step_lib.Program(s, cache))
       self.state, self.data, self.hparams = setup_lib.init_state(s), s.worker_data, None
     else:
-      self.shared = _same_arrays([x.worker_data for x in self.setups])
-      self.state = _stack([setup_lib.init_state(x) for x in self.setups])
+      self.shared = setup_lib.same_trees([x.worker_data for x in self.setups])
+      self.state = setup_lib.init_states(self.setups)
       self.data = s.worker_data if self.shared else _stack([x.worker_data for x in self.setups])
       self.hparams = _stack([x.hparams for x in self.setups])
       self.program = step_lib.Program(s, cache, runs=self.R, shared_data=self.shared)
@@ -447,17 +447,7 @@ class Stepper:
       self.keep(d["members"])  # the checkpoint's program
 
 
-def _stack(trees: list):
-  """The trees stacked on a new leading axis (the runs axis)."""
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-def _same_arrays(trees: list) -> bool:
-  """Whether every tree holds the same values (then the runs share one copy)."""
-  first = jax.tree.leaves(trees[0])
-  return all(len(first) == len(jax.tree.leaves(t)) and all(
-      a.shape == b.shape and bool(jnp.array_equal(a, b))
-      for a, b in zip(first, jax.tree.leaves(t))) for t in trees[1:])
+_stack = setup_lib.stack_trees
 
 
 __all__ = ["AUTO_DISPATCH_MAX", "Budget", "Run", "Stepper", "dispatch_size"]

@@ -310,3 +310,31 @@ def test_stopped_runs_leave_the_program_and_a_resume_keeps_it(tmp_path, monkeypa
   monkeypatch.setattr(loop_lib.Stepper, "dispatch", real)
   for a, b in zip(whole, sweep(cfg, str(tmp_path / "cut"))):
     _assert_same(a, b, rtol=0)
+
+
+def test_a_stacked_group_builds_its_initial_states_in_one_program():
+  """A stacked group's initial states come from one program (init under vmap over the runs'
+  seeds) and equal each run's own initial state; with the stacking of its data and
+  hyperparameters and the check that its runs share their shards, building the group's
+  stepper compiles at most four programs, and a second group of the structure none."""
+  import jax
+  from nbsgd_jax import train as train_api
+  from tests.helpers import backend_compiles
+  cfgs = [_cfg(seed=s, learning_rate=lr, compilation_cache="none")
+          for s, lr in ((0, 0.1), (1, 0.05), (2, 0.1))]
+  setups = [train_api.setup(c) for c in cfgs]
+  hosts = [train_api.make_host(s) for s in setups]
+  step_lib.PROGRAMS.clear()
+  stepper, names = backend_compiles(lambda: loop_lib.Stepper(setups, hosts))
+  assert len(names) <= 4, names
+  for r, s in enumerate(setups):
+    own = train_api.init_state(s)
+    for got, want in zip(jax.tree.leaves(stepper.state_of(r)), jax.tree.leaves(own)):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  kernel = lambda r: np.asarray(max(jax.tree.leaves(stepper.state_of(r).params),
+                                     key=lambda x: x.size))
+  assert not np.array_equal(kernel(0), kernel(1))  # each run's own seed
+  again = [train_api.setup(c) for c in cfgs]
+  _, names = backend_compiles(lambda: loop_lib.Stepper(again, [train_api.make_host(s)
+                                                               for s in again]))
+  assert names == [], names
