@@ -70,3 +70,46 @@ def test_register_refuses_both_a_face_and_a_reason_for_none():
                                        "reason, not both"):
     recipes.register("x", face="gossip", no_face="because")
   assert "x" not in recipes.REGISTRY
+
+
+def _register_token_gossip():
+  """An outside recipe on the event clock whose event rule keeps state: pairwise averaging
+  along a token's random walk (host.RandomWalkToken), AD-PSGD's device half."""
+  from nbsgd_jax.communications.pairwise import PairwiseAverage
+  from nbsgd_jax.host import EventTimes, RandomWalkToken
+  from nbsgd_jax.transforms import asynchronous as A
+
+  @recipes.register("token_gossip", clock="event", no_compression="models, not gradients",
+                    no_face="the host's event clock")
+  def token_gossip(b):
+    pairwise = PairwiseAverage(b.n, b.topology.edges, b.axis_name)
+    clock = lambda cluster, comms, params: EventTimes(
+        cluster, RandomWalkToken(pairwise.neighbours, b.cfg.seed),
+        pairwise.message_bytes(params), b.cfg.cluster.step_overhead)
+    return recipes.Recipe(A.pairwise_events(b.optimizer(), pairwise), decentralized=True,
+                          primary=pairwise, clock=clock)
+
+
+@pytest.mark.slow
+def test_an_outside_event_rule_with_state_trains_and_resumes(tmp_path):
+  """train() with an outside recipe whose event rule keeps state: the token's walk moves
+  models (bytes), and a run that crashed after a checkpoint resumes to the records of a run
+  never stopped (the rule's state and its drawn event travel in the checkpoint)."""
+  from nbsgd_jax import train
+  from tests.helpers import Crash, read_records, registered, small_cfg, without_wall
+  with registered():
+    _register_token_gossip()
+    cfg = small_cfg(algorithm="token_gossip", num_workers=8, num_steps=24, eval_every=4,
+                    checkpoint_every=8, **{"cluster.scenario": "lognormal"})
+    full = train.train(cfg, str(tmp_path / "full"))
+
+    def crash(step, state, setup):
+      if step == 13:
+        raise Crash()
+
+    with pytest.raises(Crash):
+      train.train(cfg, str(tmp_path / "run"), hooks=(crash,))
+    train.train(cfg, str(tmp_path / "run"))
+  assert full["bytes_sent"] > 0 and full["events"] > 24
+  assert (without_wall(read_records(tmp_path / "run" / "metrics.jsonl"))
+          == without_wall(read_records(tmp_path / "full" / "metrics.jsonl")))
