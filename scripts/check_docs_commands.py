@@ -296,29 +296,26 @@ def check_main_args(args: Sequence[str], root: str = ROOT) -> list[str]:
 @contextlib.contextmanager
 def _imported(names: str, root: str):
   """``--config.imports`` imported before the config file loads, as the program does (their
-  config sections become keys), from ``root``; yields an error line or None. The algorithms
-  and config sections they registered are removed on exit: the checker's own process keeps
-  the built-in registry."""
+  config sections become keys), from ``root``; yields an error line or None. What they
+  registered is removed on exit (``recipes.registrations``): the checker's own process keeps
+  the built-in registries."""
   from nbsgd_jax import recipes
   from nbsgd_jax import config as config_lib
   import ml_collections
-  kept = dict(recipes.REGISTRY), dict(recipes.SECTIONS)
   modules = [m.strip() for m in names.split(",") if m.strip()]
   for m in modules:  # imported afresh: a module imported before registered into the tables
     sys.modules.pop(m, None)
   sys.path.insert(0, root)  # config.imports names modules as the program sees them from root
   try:
-    try:
-      config_lib.import_modules(ml_collections.ConfigDict({"imports": names}))
-      error = None
-    except config_lib.ConfigError as e:
-      error = e.errors[0]
-    yield error
+    with recipes.registrations():
+      try:
+        config_lib.import_modules(ml_collections.ConfigDict({"imports": names}))
+        error = None
+      except config_lib.ConfigError as e:
+        error = e.errors[0]
+      yield error
   finally:
     sys.path.remove(root)
-    for table, before in zip((recipes.REGISTRY, recipes.SECTIONS), kept):
-      table.clear()
-      table.update(before)
     for m in modules:
       sys.modules.pop(m, None)
 

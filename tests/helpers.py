@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import pytest
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import codecs, recipes, train
+from nbsgd_jax import recipes, train
 from nbsgd_jax.transforms import StepContext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,19 +59,14 @@ def experiment_config(name, module_name=None):
 def registered(module_name=None):
   """Imports ``module_name``, a module that registers an algorithm or a codec from outside
   the package (``examples.easgd``), and yields it (None: yields None, for registrations the
-  test makes itself); on exit removes what was registered (``recipes.REGISTRY``,
-  ``recipes.SECTIONS``, ``codecs.REGISTRY``) and the module, so that other tests see the
-  built-in registries (``docs/config.md`` is generated from them)."""
-  tables = (recipes.REGISTRY, recipes.SECTIONS, codecs.REGISTRY)
-  before = [dict(t) for t in tables]
+  test makes itself); on exit removes what was registered (:func:`nbsgd_jax.recipes.
+  registrations`) and the module, so that other tests see the built-in registries."""
   if module_name:
     sys.modules.pop(module_name, None)
   try:
-    yield importlib.import_module(module_name) if module_name else None
+    with recipes.registrations():
+      yield importlib.import_module(module_name) if module_name else None
   finally:
-    for table, kept in zip(tables, before):
-      table.clear()
-      table.update(kept)
     if module_name:
       sys.modules.pop(module_name, None)
 

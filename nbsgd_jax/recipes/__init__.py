@@ -39,7 +39,7 @@ Importing this package registers every built-in algorithm, whatever was imported
 from nbsgd_jax.recipes.registry import (CLOCKS, GOSSIP_REASON, REGISTRY, SECTIONS, Entry,
                                         Reason, Recipe, Section, combination_errors,
                                         event_clock_errors, gossip_recipes, is_asynchronous,
-                                        register, section_owners)
+                                        register, registrations, section_owners)
 from nbsgd_jax.recipes.builder import Builder, build
 from nbsgd_jax.recipes import synchronous  # noqa: F401  (registers the lockstep algorithms)
 from nbsgd_jax.recipes import asynchronous  # noqa: F401  (registers the event-clock family)
@@ -50,5 +50,6 @@ from nbsgd_jax.recipes.asynchronous import check_sgp, inner_steps, two_colouring
 __all__ = ["CLOCKS", "DILOCO", "GOSSIP_REASON", "REGISTRY", "SECTIONS", "Builder", "Entry",
            "Reason", "Recipe", "Section", "asynchronous", "build", "check_dpsgd_config",
            "check_sgp", "combination_errors", "dpsgd", "dpsgd_defaults", "event_clock_errors",
-           "gossip_recipes", "inner_steps", "is_asynchronous", "register", "section_owners",
+           "gossip_recipes", "inner_steps", "is_asynchronous", "register", "registrations",
+           "section_owners",
            "synchronous", "two_colouring"]

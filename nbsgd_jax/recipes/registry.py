@@ -4,6 +4,7 @@ shared sections (:func:`combination_errors`: compression, consensus control)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 import ml_collections
@@ -94,6 +95,22 @@ REGISTRY: dict[str, Entry] = {}
 SECTIONS: dict[str, Section] = {}  # the algorithms' config sections, by name
 GOSSIP_REASON = ("gossip exchanges models, not gradients; compressed gossip needs CHOCO-SGD's "
                  "public copies x_hat")
+
+
+@contextlib.contextmanager
+def registrations():
+  """A block whose registrations are undone on exit: the algorithms, their config sections
+  and the codecs registered inside it (a module from outside the package, imported by a
+  test or a tool) are removed, the registries left as they were before (``docs/config.md``
+  is generated from them)."""
+  tables = (REGISTRY, SECTIONS, codecs.REGISTRY)
+  before = [dict(t) for t in tables]
+  try:
+    yield
+  finally:
+    for table, kept in zip(tables, before):
+      table.clear()
+      table.update(kept)
 
 
 def register(name: str, gossips: bool = False, no_compression: Reason = None,

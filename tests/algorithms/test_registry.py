@@ -113,3 +113,15 @@ def test_an_outside_event_rule_with_state_trains_and_resumes(tmp_path):
   assert full["bytes_sent"] > 0 and full["events"] > 24
   assert (without_wall(read_records(tmp_path / "run" / "metrics.jsonl"))
           == without_wall(read_records(tmp_path / "full" / "metrics.jsonl")))
+
+
+def test_registrations_inside_the_block_are_undone():
+  from nbsgd_jax import codecs
+  before = (dict(recipes.REGISTRY), dict(recipes.SECTIONS), dict(codecs.REGISTRY))
+  with recipes.registrations():
+    recipes.register("inside_sgd", sections={"inside": recipes.Section(
+        lambda: config_lib.default_config().dpsgd, lambda cfg, errs: None, "inside")})(
+            recipes.REGISTRY["dpsgd"].build)
+    codecs.register("inside_codec", lambda **kw: None, ())
+    assert "inside_sgd" in recipes.REGISTRY and "inside_codec" in codecs.REGISTRY
+  assert (dict(recipes.REGISTRY), dict(recipes.SECTIONS), dict(codecs.REGISTRY)) == before
