@@ -146,6 +146,21 @@ class Crash(Exception):
   """A hook's exception that stops a run mid-way (a simulated kill)."""
 
 
+def full_and_crashed(cfg, tmp_path, at: int = 13) -> dict:
+  """``cfg`` trained whole into ``tmp_path/full`` (its summary returned) and into
+  ``tmp_path/run`` stopped by a :class:`Crash` before step ``at`` (after the checkpoints
+  before it), for a resume to be compared with the whole run."""
+  full = train.train(cfg, str(tmp_path / "full"))
+
+  def crash(step, state, setup):
+    if step == at:
+      raise Crash()
+
+  with pytest.raises(Crash):
+    train.train(cfg, str(tmp_path / "run"), hooks=(crash,))
+  return full
+
+
 def make_stepper(cfg, **setup_kw):
   """A fresh :class:`train.Stepper` of ``cfg``'s run (``setup_kw``: :func:`train.setup`'s
   keywords, e.g. ``data``): step it with ``.steps(n, hook)``, read ``.state``, ``.runs``."""

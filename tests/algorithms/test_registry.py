@@ -96,19 +96,13 @@ def test_an_outside_event_rule_with_state_trains_and_resumes(tmp_path):
   models (bytes), and a run that crashed after a checkpoint resumes to the records of a run
   never stopped (the rule's state and its drawn event travel in the checkpoint)."""
   from nbsgd_jax import train
-  from tests.helpers import Crash, read_records, registered, small_cfg, without_wall
+  from tests.helpers import (full_and_crashed, read_records, registered, small_cfg,
+                             without_wall)
   with registered():
     _register_token_gossip()
     cfg = small_cfg(algorithm="token_gossip", num_workers=8, num_steps=24, eval_every=4,
                     checkpoint_every=8, **{"cluster.scenario": "lognormal"})
-    full = train.train(cfg, str(tmp_path / "full"))
-
-    def crash(step, state, setup):
-      if step == 13:
-        raise Crash()
-
-    with pytest.raises(Crash):
-      train.train(cfg, str(tmp_path / "run"), hooks=(crash,))
+    full = full_and_crashed(cfg, tmp_path)
     train.train(cfg, str(tmp_path / "run"))
   assert full["bytes_sent"] > 0 and full["events"] > 24
   assert (without_wall(read_records(tmp_path / "run" / "metrics.jsonl"))

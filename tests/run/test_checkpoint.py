@@ -15,8 +15,8 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
 
 from tests.helpers import ROOT
-from tests.helpers import (Crash, experiment_config, read_records, slow_except, small_cfg,
-                           without_wall)
+from tests.helpers import (Crash, experiment_config, full_and_crashed, read_records,
+                           slow_except, small_cfg, without_wall)
 
 pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 
@@ -87,14 +87,7 @@ def test_a_one_run_checkpoint_of_the_earlier_form_resumes(tmp_path):
   (``{"host", "wall", "records"}``) still resumes, to the same records as a run never
   stopped."""
   cfg = _cfg("sparse_allreduce")
-  full = train.train(cfg, str(tmp_path / "full"))
-
-  def crash(step, state, setup):
-    if step == 13:
-      raise Crash()
-
-  with pytest.raises(Crash):
-    train.train(cfg, str(tmp_path / "run"), hooks=(crash,))
+  full = full_and_crashed(cfg, tmp_path)
   ckpt = checkpoint_lib.Checkpointer(str(tmp_path / "run"))
   state, host = ckpt.restore(8, train.init_state(train.setup(cfg)))
   (run,) = host["runs"]
