@@ -5,7 +5,8 @@ simulated clock). See :mod:`nbsgd_jax.communications.base`."""
 from nbsgd_jax.communications.allreduce import AllReduce
 from nbsgd_jax.communications.base import Communication, Pattern, Round
 from nbsgd_jax.communications.gossip import CompressedGossip, Gossip, Matchings
+from nbsgd_jax.communications.masked import MaskedAllReduce
 from nbsgd_jax.communications.sparse import MessageAllGather, SparseAllGather
 
-__all__ = ["AllReduce", "Communication", "CompressedGossip", "Gossip", "Matchings", "MessageAllGather", "Pattern", "Round",
-           "SparseAllGather"]
+__all__ = ["AllReduce", "Communication", "CompressedGossip", "Gossip", "MaskedAllReduce",
+           "Matchings", "MessageAllGather", "Pattern", "Round", "SparseAllGather"]

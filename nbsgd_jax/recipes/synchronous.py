@@ -1,6 +1,6 @@
 """The lockstep algorithms as recipes, with their config sections: All-Reduce SGD (psum and
-ring), D-PSGD, MATCHA, CHOCO-SGD, gradient tracking, D^2, Gossip-PGA, local SGD, DiLoCo and
-streaming DiLoCo (``docs/algorithms.md``)."""
+ring), D-PSGD, MATCHA, CHOCO-SGD, gradient tracking, D^2, Gossip-PGA, local SGD, DiLoCo,
+streaming DiLoCo and SPARTA (``docs/algorithms.md``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import optax
 from nbsgd_jax import codecs
 from nbsgd_jax.core import checks
 from nbsgd_jax import transforms as T
-from nbsgd_jax.communications import CompressedGossip
+from nbsgd_jax.communications import CompressedGossip, MaskedAllReduce
+from nbsgd_jax.communications.masked import MASKS
 from nbsgd_jax.topology import matcha as matcha_lib
 from nbsgd_jax.host import periods as local_sgd_lib
 from nbsgd_jax.transforms import algorithms as A
@@ -152,6 +153,27 @@ GOSSIP_PGA = Section(gossip_pga_defaults, check_gossip_pga_config, "Gossip-PGA (
 LOCAL_SGD = Section(local_sgd_lib.local_sgd_defaults, local_sgd_lib.check_config,
                     "LUPA-SGD (Haddadpour et al. 2019)")
 MATCHA = Section(matcha_lib.matcha_defaults, matcha_lib.check_config, "MATCHA (Wang et al. 2019)")
+
+
+def sparta_defaults() -> ml_collections.ConfigDict:
+  """``config.sparta.*`` with their defaults: SPARTA (exo-explore/gym)."""
+  s = ml_collections.ConfigDict()
+  s.p = 0.005                    # fraction of the coordinates averaged after each step (the
+                                 # reference's p_sparta)
+  s.mask = "broadcast"           # broadcast (the reference: rank 0's mask sent, d bytes to
+                                 # each other worker) | seeded (drawn on every worker from a
+                                 # shared seed, none sent)
+  return s
+
+
+def check_sparta_config(cfg, errs: list) -> None:
+  """sparta.p in (0, 1]; sparta.mask."""
+  checks.number(cfg, errs, "sparta.p", 0, lo_open=True, hi=1)
+  checks.choice(cfg, errs, "sparta.mask", MASKS)
+
+
+SPARTA = Section(sparta_defaults, check_sparta_config, "SPARTA (exo-explore/gym)",
+                 hparams=("p",))
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -296,3 +318,15 @@ def streaming_diloco(b: Builder) -> Recipe:
                  "diloco.outer_lr", "diloco.outer_momentum")
   return Recipe(t, decentralized=True, primary=comm,
                 planner=lambda offset: local_sgd_lib.FragmentPlanner(h, c.fragments, c.delay))
+
+
+@register("sparta", no_compression="SPARTA sends a random subset of the coordinates "
+          "uncompressed (a codec on that subset is not built)", sections={"sparta": SPARTA},
+          face="sparta")
+def sparta(b: Builder) -> Recipe:
+  """SPARTA (exo-explore/gym): the local step, then the mean over the workers of a random
+  fraction ``sparta.p`` of the coordinates, the same on every worker."""
+  exchange = MaskedAllReduce(b.n, b.axis_name, "sparta", b.cfg.sparta.mask)
+  opt = b.optimizer("local")
+  t = b.injected(lambda p, seed: A.sparta(opt, exchange, p, seed), "sparta.p", "seed")
+  return Recipe(t, decentralized=True, primary=exchange)

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import jax
 import optax
 
+from nbsgd_jax.communications.masked import sparta_masks
 from nbsgd_jax.transforms import decentralized as D
-from nbsgd_jax.transforms.base import WorkerTransform, chain
+from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, chain,
+                                       merge_reports, replace_params)
 from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
 from nbsgd_jax.transforms.wrappers import (average_models, gossip_step, outer_step, periodic,
                                            streaming_outer_step)
@@ -82,5 +85,26 @@ def streaming_diloco(opt, reducer: WorkerTransform, outer: optax.GradientTransfo
   return periodic(opt, streaming_outer_step(reducer, outer, fragments, delay, alpha))
 
 
+def sparta(opt, exchange, p, seed) -> WorkerTransform:
+  """SPARTA (exo-explore/gym ``exogym/strategy/sparta.py``, ``SPARTAStrategy``, commit
+  9fa323c): after every local step of ``opt`` the workers average a random fraction ``p`` of
+  the model's coordinates, the same coordinates on every worker (``exchange``: a
+  :class:`~nbsgd_jax.communications.masked.MaskedAllReduce`, the mean over the live
+  workers); the mask of step t is drawn from ``(seed, t)``
+  (:func:`~nbsgd_jax.communications.masked.sparta_masks`). ``p`` and ``seed`` may be traced."""
+  opt = as_worker_transform(opt)
+
+  def update(grads, state, params, ctx):
+    u, state, report = opt.update(grads, state, params, ctx)
+    leaves, treedef = jax.tree.flatten(optax.apply_updates(params, u))
+    key = jax.random.fold_in(jax.random.key(seed), ctx.step)
+    masks = sparta_masks(key, [x.shape for x in leaves], p)
+    mixed, comm = exchange.masked_mean(leaves, masks, ctx)
+    return (replace_params(params, jax.tree.unflatten(treedef, mixed)), state,
+            merge_reports(report, comm))
+
+  return WorkerTransform(opt.init, update, opt.communications + (exchange,))
+
+
 __all__ = ["allreduce_sgd", "choco_sgd", "d2", "diloco", "dpsgd", "gossip_pga",
-           "gradient_tracking", "local_sgd", "sgp", "streaming_diloco"]
+           "gradient_tracking", "local_sgd", "sgp", "sparta", "streaming_diloco"]

@@ -58,7 +58,8 @@ import optax
 from nbsgd_jax import codecs
 from nbsgd_jax import transforms as T
 from nbsgd_jax import topology as topology_lib
-from nbsgd_jax.communications import AllReduce, CompressedGossip, Gossip, Matchings
+from nbsgd_jax.communications import (AllReduce, CompressedGossip, Gossip, MaskedAllReduce,
+                                      Matchings)
 from nbsgd_jax.host import periods as periods_lib
 from nbsgd_jax.topology import matcha as matcha_lib
 from nbsgd_jax.topology import matchings as matchings_lib
@@ -71,7 +72,7 @@ __all__ = [
     "TxState", "allreduce_mean", "bytes_sent", "choco", "context", "d2", "diloco",
     "error_feedback", "gossip", "gossip_pga", "gradient_tracking", "local_sgd", "matcha",
     "matcha_activations", "matcha_plan",
-    "nonblocking_accumulate", "powersgd", "sgp", "streaming_diloco", "to_optax",
+    "nonblocking_accumulate", "powersgd", "sgp", "sparta", "streaming_diloco", "to_optax",
 ]
 
 from nbsgd_jax.tx.adapter import (  # noqa: F401 (the adapter's names, re-exported)
@@ -414,6 +415,28 @@ def streaming_diloco(outer: optax.GradientTransformation, period: int, fragments
   make = lambda n: build(AllReduce(n, axis_name))
   return to_optax(_sized(make, make(1).init, axis_name, owner), axis_name=axis_name,
                   schedule=schedule, needs_params=True, name=owner)
+
+
+def sparta(p: float, *, axis_name: Any, seed: int = 0, mask: str = "broadcast"
+           ) -> optax.GradientTransformationExtraArgs:
+  """SPARTA (exo-explore/gym ``exogym/strategy/sparta.py``, commit 9fa323c) after the
+  optimizer: every update, the mean over the workers of a random fraction ``p`` of the
+  coordinates, the same on every worker (drawn from ``seed`` and the step). Bytes: a ring
+  all-reduce of the selected float32 values, and with ``mask="broadcast"`` (the reference)
+  the mask's ``d`` bytes from worker 0 to each other one; ``"seeded"`` sends no mask.
+
+  Raises:
+    ValueError: ``p`` not in (0, 1], an unknown ``mask``; (at update) ``axis_name`` not
+      bound, ``params`` missing.
+  """
+  owner = "tx.sparta"
+  if not 0.0 < float(p) <= 1.0:
+    raise ValueError(f"{owner}(p={p!r}) is not allowed: it must be in (0, 1]")
+  MaskedAllReduce(2, axis_name, mask=mask)  # the mask's check, at once
+  init = A.sparta(optax.identity(), None, p, seed).init
+  make = lambda n: A.sparta(optax.identity(), MaskedAllReduce(n, axis_name, mask=mask), p, seed)
+  return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name, needs_params=True,
+                  name=owner)
 
 
 class NonblockingState(NamedTuple):

@@ -64,6 +64,8 @@ def refusal(algorithm, compression, nonblocking=False, failures=False):
     return "the event clock simulates no failures"
   if algorithm in ASYNC and compression:
     return recipes.REGISTRY[algorithm].no_compression
+  if algorithm == "sparta" and compression:
+    return "SPARTA sends a random subset of the coordinates uncompressed"
   return None
 
 

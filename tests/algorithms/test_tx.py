@@ -96,6 +96,8 @@ MORE = {  # the other recipes that fit, on vmap only
     "gossip_pga": ({"gossip_pga.period": 3},
                    lambda: optax.chain(optax.sgd(0.05), tx.gossip_pga(3, "ring", axis_name="w"))),
     "sgp": ({}, lambda: optax.chain(optax.sgd(0.05), tx.sgp("ring", axis_name="w"))),
+    "sparta": ({"sparta.p": 0.3}, lambda: optax.chain(optax.sgd(0.05), tx.sparta(
+        0.3, axis_name="w", seed=0))),
     "streaming_diloco": (  # one parameter array, so one fragment; launch and land apart
         {"diloco.inner_steps": 4, "diloco.outer_lr": 0.7, "diloco.outer_momentum": 0.9,
          "streaming_diloco.fragments": 1, "streaming_diloco.delay": 1,

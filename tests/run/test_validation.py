@@ -111,6 +111,8 @@ CASES = [
     bad("streaming_diloco.fragments", 0, algorithm="streaming_diloco"),
     bad("streaming_diloco.delay", -1, algorithm="streaming_diloco"),
     bad("streaming_diloco.delay", 25, algorithm="streaming_diloco"),  # H / P = 25
+    bad("sparta.p", 0.0, algorithm="sparta"), bad("sparta.p", 1.5, algorithm="sparta"),
+    bad("sparta.mask", "all", algorithm="sparta"),
     bad("streaming_diloco.alpha", 1.5, algorithm="streaming_diloco"),
     bad("choco.gamma", 0.0, algorithm="choco_sgd"),
     bad("choco.gamma", 1.5, algorithm="choco_sgd"),
