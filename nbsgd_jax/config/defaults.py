@@ -91,7 +91,9 @@ def _training_defaults() -> ml_collections.ConfigDict:
   c.lr_min = 0.0                 # cosine: the rate reached at num_steps (nanoGPT: lr / 10),
                                  # in [0, learning_rate]
   c.optimizer = "sgd"            # local optimizer: sgd (momentum, L2 weight decay) | adamw
-                                 # (b1 = momentum, b2 = adam_b2, decoupled weight decay)
+                                 # (b1 = momentum, b2 = adam_b2, decoupled weight decay) |
+                                 # muon (optax.contrib.muon: matrices orthogonalised,
+                                 # beta = momentum; the others by Adam, b2 = adam_b2)
   c.adam_b2 = 0.999              # adamw: second-moment decay in [0, 1)
   c.momentum = 0.9               # heavy-ball momentum in [0, 1) (0 = plain SGD)
   c.nesterov = False             # Nesterov momentum

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 import optax
 
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "muon")
 LR_SCHEDULES = ("constant", "cosine", "inverse_time", "step")
 WEIGHT_DECAY_ON = ("all", "matrices")
 
@@ -110,7 +110,10 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
   """Local optimizer: ``config.optimizer="sgd"``: L2 weight decay added to the gradient, then
   SGD with (Nesterov) momentum; ``"adamw"``: AdamW (Loshchilov & Hutter 2019; DiLoCo's inner
   optimizer, Douillard et al. 2023) with ``b1 = momentum``, ``b2 = adam_b2`` and decoupled
-  ``weight_decay``. ``weight_decay_on="matrices"`` decays only parameters with >= 2 axes
+  ``weight_decay``; ``"muon"``: optax's Muon (``optax.contrib.muon``, Jordan et al. 2024:
+  the momentum of each matrix orthogonalised by Newton-Schulz, the other parameters by Adam;
+  MuLoCo is DiLoCo with it as the inner optimizer) with ``beta = momentum``, decoupled
+  ``weight_decay`` and Adam's ``b2 = adam_b2``. ``weight_decay_on="matrices"`` decays only parameters with >= 2 axes
   (karpathy/nanoGPT ``configure_optimizers``); ``grad_clip > 0`` first clips the gradient to
   that global L2 norm (``optax.clip_by_global_norm``, nanoGPT's ``grad_clip``).
 
@@ -127,6 +130,10 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
   if cfg.optimizer == "adamw":
     opt = optax.adamw(sched, b1=hp["momentum"], b2=hp["adam_b2"],
                       weight_decay=hp["weight_decay"], mask=mask)
+  elif cfg.optimizer == "muon":
+    opt = optax.contrib.muon(sched, beta=hp["momentum"], weight_decay=hp["weight_decay"],
+                             weight_decay_mask=mask, nesterov=cfg.nesterov,
+                             adam_b2=hp["adam_b2"])
   else:
     opt = optax.chain(
         optax.add_decayed_weights(hp["weight_decay"], mask) if cfg.weight_decay
