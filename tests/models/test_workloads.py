@@ -203,7 +203,7 @@ def test_text_batches_are_windows_of_the_workers_shard():
 
 @pytest.mark.parametrize("algorithm", [
     "diloco", pytest.param("sparta", marks=pytest.mark.slow),
-    pytest.param("muloco", marks=pytest.mark.slow),
+    pytest.param("muloco", marks=pytest.mark.long),  # Muon's wiring: test_muloco (fast)
     *[pytest.param(a, marks=pytest.mark.long) for a in ("streaming_diloco", "local_sgd")]])
 def test_language_model_learns(algorithm, tmp_path):
   """The character transformer learns through each periodic recipe, SPARTA and MuLoCo (a
