@@ -6,7 +6,9 @@ from nbsgd_jax.communications.allreduce import AllReduce
 from nbsgd_jax.communications.base import Communication, Pattern, Round
 from nbsgd_jax.communications.gossip import CompressedGossip, Gossip, Matchings
 from nbsgd_jax.communications.masked import MaskedAllReduce
-from nbsgd_jax.communications.sparse import MessageAllGather, SparseAllGather
+from nbsgd_jax.communications.sparse import (ContributorAllGather, MessageAllGather,
+                                             SparseAllGather)
 
-__all__ = ["AllReduce", "Communication", "CompressedGossip", "Gossip", "MaskedAllReduce",
+__all__ = ["AllReduce", "Communication", "CompressedGossip", "ContributorAllGather", "Gossip",
+           "MaskedAllReduce",
            "Matchings", "MessageAllGather", "Pattern", "Round", "SparseAllGather"]

@@ -356,6 +356,16 @@ def gossip_dense(x: PyTree, mixing_matrix: MatrixLike, axis_name: str = DEFAULT_
 # ---------------------------------------------------------------------------------------
 
 
+def scatter_last(idx: jax.Array, values: jax.Array, like: jax.Array) -> jax.Array:
+  """Zeros shaped ``like`` with ``values`` written at ``idx`` along the last axis (``idx`` and
+  ``values`` ``like.shape[:-1] + (k,)``, the indices of each row distinct)."""
+  put = jax.vmap(lambda z, i, v: z.at[i].set(v))
+  rows = put(jnp.zeros((int(np.prod(like.shape[:-1])), like.shape[-1]),
+                       values.dtype),
+             idx.reshape(-1, idx.shape[-1]), values.reshape(-1, values.shape[-1]))
+  return rows.reshape(like.shape)
+
+
 def densify(values: jax.Array, indices: jax.Array, d: int) -> jax.Array:
   """Scatter a sparse message back to a dense vector.
 

@@ -86,3 +86,45 @@ class SparseAllGather(MessageAllGather):
     per_entry = values.dtype.itemsize + 4  # value + int32 index
     sent = jnp.where(send, jnp.float32(n - 1) * valid * per_entry, jnp.float32(0.0))
     return out, self.report(self.charge(sent, ctx))
+
+
+class ContributorAllGather(MessageAllGather):
+  """All-gather of chunked sparse messages decoded as the mean over the workers that sent
+  each coefficient (DeMo: bloc97/DeMo ``demo.py``, ``CompressDCT.batch_decompress``:
+  ``scatter_reduce_(reduce="mean", include_self=False)`` over the concatenated messages;
+  SparseLoCo likewise), not a sum divided by ``n``.
+
+  Args:
+    n, axis_name, key, weighted: as :class:`MessageAllGather` (default key
+      ``"contributor_allgather"``).
+    index_bytes: bytes of one index in the reference's message (8: torch.topk's int64).
+    value_bits: bits of one value in the reference's message (32: float32).
+  """
+
+  default_key = "contributor_allgather"
+
+  def __init__(self, n=None, axis_name: Any = AXIS, key: Optional[str] = None,
+               weighted: bool = False, index_bytes: float = 8, value_bits: float = 32):
+    super().__init__(n, axis_name, key, weighted)
+    self.index_bytes, self.value_bits = float(index_bytes), float(value_bits)
+
+  def contributor_mean(self, messages: list, ctx, extra_bytes=0.0):
+    """``(means, report)``: for each ``(indices, values, shape)`` of ``messages`` (indices
+    and values ``[..., k]`` into the last axis of a ``shape`` array), the dense array whose
+    entry is the mean of the values the live workers sent for it (0 where none sent).
+    Bytes: ``(n - 1)`` times this worker's message, ``k (index_bytes + value_bits / 8)`` per
+    chunk plus ``extra_bytes`` (e.g. per-chunk scales)."""
+    n = collectives.axis_size(self.axis_name)
+    up = self.live(ctx).astype(jnp.float32)
+    out, entries = [], 0
+    for idx, val, shape in messages:
+      like = jnp.zeros(shape, jnp.float32)
+      total = lax.psum(up * collectives.scatter_last(idx, val.astype(jnp.float32), like), self.axis_name)
+      count = lax.psum(up * collectives.scatter_last(idx, jnp.ones(val.shape, jnp.float32),
+                                                            like),
+                       self.axis_name)
+      out.append(jnp.where(count > 0, total / jnp.maximum(count, 1.0), 0.0))
+      entries += int(np.prod(idx.shape))
+    per_worker = entries * (self.index_bytes + self.value_bits / 8.0) + extra_bytes
+    sent = jnp.float32(n - 1) * jnp.asarray(per_worker, jnp.float32)
+    return out, self.report(self.charge(sent, ctx))

@@ -26,6 +26,7 @@ import optax
 
 from nbsgd_jax.communications.masked import sparta_masks
 from nbsgd_jax.transforms import decentralized as D
+from nbsgd_jax.transforms.decoupled import decoupled_momentum
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, chain,
                                        merge_reports, replace_params)
 from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
@@ -106,5 +107,14 @@ def sparta(opt, exchange, p, seed) -> WorkerTransform:
   return WorkerTransform(opt.init, update, opt.communications + (exchange,))
 
 
-__all__ = ["allreduce_sgd", "choco_sgd", "d2", "diloco", "dpsgd", "gossip_pga",
+def demo(opt, exchange, schedule, decay, topk: int, chunk: int) -> WorkerTransform:
+  """DeMo (Peng, Quesnelle, Kingma 2024, Algorithm 1; bloc97/DeMo ``demo.py``, commit
+  0e48145d702b25f83055e11d9585a9c11bcfe154): the worker's decoupled momentum, the mean over
+  the contributors of its top-``topk`` DCT coefficients per chunk (``exchange``), its sign,
+  then ``opt`` (the reference: SGD without momentum, at the learning rate ``schedule``
+  gives the momentum; :func:`~nbsgd_jax.transforms.decoupled.decoupled_momentum`)."""
+  return chain(decoupled_momentum(exchange, schedule, decay, topk, chunk), opt)
+
+
+__all__ = ["allreduce_sgd", "choco_sgd", "d2", "demo", "diloco", "dpsgd", "gossip_pga",
            "gradient_tracking", "local_sgd", "sgp", "sparta", "streaming_diloco"]

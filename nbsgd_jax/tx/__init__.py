@@ -69,7 +69,7 @@ from nbsgd_jax.transforms.powersgd import powersgd as _powersgd
 from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS
 
 __all__ = [
-    "TxState", "allreduce_mean", "bytes_sent", "choco", "context", "d2", "diloco",
+    "TxState", "allreduce_mean", "bytes_sent", "choco", "context", "d2", "demo", "diloco",
     "error_feedback", "gossip", "gossip_pga", "gradient_tracking", "local_sgd", "matcha",
     "matcha_activations", "matcha_plan",
     "nonblocking_accumulate", "powersgd", "sgp", "sparta", "streaming_diloco", "to_optax",
@@ -78,6 +78,7 @@ __all__ = [
 from nbsgd_jax.tx.adapter import (  # noqa: F401 (the adapter's names, re-exported)
     Topologyish, TxState, _check_period, _phases, _sized, axis_size, bytes_sent,
     check_compressor, check_mixing_matrix, context, to_optax)
+from nbsgd_jax.tx.lowcomm import demo  # noqa: E402 (DiLoCo's descendants)
 
 
 # ----------------------------------------------------------------------------- reducers

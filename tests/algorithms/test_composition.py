@@ -42,7 +42,8 @@ def cell_cfg(algorithm, nonblocking, compression, failures, control, **kw):
           "cluster.failures": "1:1:2" if failures else "",
           "cluster.scenario": "lognormal", "cluster.spread": 0.5,
           "consensus.control": control, "consensus.target": 1e-4 if control else 0.0,
-          "consensus.max_gossip_steps": 2, **kw}
+          "consensus.max_gossip_steps": 2,
+          "momentum": 0.0 if algorithm == "demo" else 0.9, **kw}  # DeMo's momentum is its own
   return config_lib.override(c, over)
 
 
@@ -66,6 +67,8 @@ def refusal(algorithm, compression, nonblocking=False, failures=False):
     return recipes.REGISTRY[algorithm].no_compression
   if algorithm == "sparta" and compression:
     return "SPARTA sends a random subset of the coordinates uncompressed"
+  if algorithm == "demo" and compression:
+    return "DeMo's message is its own codec"
   return None
 
 

@@ -98,6 +98,9 @@ MORE = {  # the other recipes that fit, on vmap only
     "sgp": ({}, lambda: optax.chain(optax.sgd(0.05), tx.sgp("ring", axis_name="w"))),
     "sparta": ({"sparta.p": 0.3}, lambda: optax.chain(optax.sgd(0.05), tx.sparta(
         0.3, axis_name="w", seed=0))),
+    "demo": ({"demo.compression_topk": 2, "demo.compression_chunk": 3},
+             lambda: optax.chain(tx.demo(0.05, axis_name="w", compression_topk=2,
+                                         compression_chunk=3), optax.sgd(0.05))),
     "streaming_diloco": (  # one parameter array, so one fragment; launch and land apart
         {"diloco.inner_steps": 4, "diloco.outer_lr": 0.7, "diloco.outer_momentum": 0.9,
          "streaming_diloco.fragments": 1, "streaming_diloco.delay": 1,
@@ -132,7 +135,7 @@ def test_user_loop_equals_train(name, backend):
   for a, b in zip(want, got):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
   spread = max(np.ptp(g, axis=0).max() for g in got)  # the workers' models differ at times
-  assert (spread == 0) == (name in ("allreduce", "allreduce_ring", "ef_allreduce"))
+  assert (spread == 0) == (name in ("allreduce", "allreduce_ring", "ef_allreduce", "demo"))
 
 
 def test_every_algorithm_has_an_optax_face_or_says_why():

@@ -113,6 +113,9 @@ CASES = [
     bad("streaming_diloco.delay", 25, algorithm="streaming_diloco"),  # H / P = 25
     bad("sparta.p", 0.0, algorithm="sparta"), bad("sparta.p", 1.5, algorithm="sparta"),
     bad("sparta.mask", "all", algorithm="sparta"),
+    bad("demo.compression_decay", 1.0, algorithm="demo", momentum=0.0),
+    bad("demo.compression_topk", 0, algorithm="demo", momentum=0.0),
+    bad("demo.compression_chunk", 2.5, algorithm="demo", momentum=0.0),
     bad("streaming_diloco.alpha", 1.5, algorithm="streaming_diloco"),
     bad("choco.gamma", 0.0, algorithm="choco_sgd"),
     bad("choco.gamma", 1.5, algorithm="choco_sgd"),

@@ -1,0 +1,53 @@
+"""DiLoCo's descendants as optax transformations (the module docstring of :mod:`nbsgd_jax.tx`
+gives the contract): DeMo."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Union
+
+import optax
+
+from nbsgd_jax.communications import ContributorAllGather
+from nbsgd_jax.transforms import algorithms as A
+from nbsgd_jax.tx.adapter import _sized, to_optax
+
+
+def _rate(learning_rate: Union[float, Callable]) -> Callable:
+  return learning_rate if callable(learning_rate) else (lambda step: learning_rate)
+
+
+def demo(learning_rate: Union[float, Callable], *, axis_name: Any,
+         compression_decay: float = 0.999, compression_topk: int = 32,
+         compression_chunk: int = 64) -> optax.GradientTransformationExtraArgs:
+  """DeMo (Peng, Quesnelle, Kingma 2024, Algorithm 1; bloc97/DeMo ``demo.py``, commit
+  0e48145d702b25f83055e11d9585a9c11bcfe154) before the optimizer: gradients in, the sign of
+  the mean over the contributors of the workers' top-k DCT coefficients per chunk of their
+  decoupled momentum out. The reference steps by ``optax.sgd(learning_rate)`` after it
+  (momentum 0; its weight decay ``p <- (1 - lr wd) p`` is ``optax.add_decayed_weights(wd)``
+  between the two). ``learning_rate`` (a float or an optax schedule of the update count)
+  scales the gradient into the momentum, as the reference does.
+
+  Shapes: any tree of float arrays; 1-D and 2-D arrays are chunked as the reference, others
+  as :func:`nbsgd_jax.codecs.dct.chunk_shape`. Bytes: ``(n - 1)`` times the message,
+  ``12`` bytes (an int64 index and a float32 value) per coefficient sent.
+
+  Raises:
+    ValueError: ``compression_decay`` not in [0, 1), ``compression_topk`` or
+      ``compression_chunk`` < 1; (at update) ``axis_name`` not bound.
+  """
+  owner = "tx.demo"
+  if not 0.0 <= float(compression_decay) < 1.0:
+    raise ValueError(f"{owner}(compression_decay={compression_decay!r}) is not allowed: it "
+                     "must be in [0, 1)")
+  for key, v in (("compression_topk", compression_topk),
+                 ("compression_chunk", compression_chunk)):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ValueError(f"{owner}({key}={v!r}) is not allowed: it must be an int >= 1")
+  build = lambda comm: A.demo(optax.identity(), comm, _rate(learning_rate),
+                              compression_decay, compression_topk, compression_chunk)
+  make = lambda n: build(ContributorAllGather(n, axis_name, "demo"))
+  return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
+                  name=owner)
+
+
+__all__ = ["demo"]
