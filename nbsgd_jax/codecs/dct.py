@@ -14,6 +14,10 @@
   array of rank >= 3 as ``[prod(shape[:-1]), shape[-1]]`` (an extension, named as such).
 * :func:`chunk_top_k`: per chunk the ``k`` coefficients of largest magnitude
   (``torch.topk(x.abs(), k)``, ``k`` clamped to ``[1, chunk]``), as ``(indices, values)``.
+* SparseLoCo (tplr-ai/SparseLoCo ``src/tplr/sparseloco.py``, ``ChunkingTransform``) chunks
+  the same way without the DCT (``transform=False``), keeps
+  ``round(chunk_len top_k / chunk_size^2)`` entries per chunk (:func:`sparseloco_k`) and
+  quantises them (:func:`quantize`).
 """
 
 from __future__ import annotations
@@ -65,35 +69,43 @@ def chunk_shape(shape: tuple, target: int) -> tuple:
   return shape
 
 
-def encode(x: jax.Array, target: int) -> jax.Array:
+def encode(x: jax.Array, target: int, transform: bool = True) -> jax.Array:
   """DCT coefficients per chunk of ``x`` (any shape, read as :func:`chunk_shape`):
-  ``[s / c, c]`` for 1-D, ``[r / c1, s / c2, c1 c2]`` for 2-D."""
+  ``[s / c, c]`` for 1-D, ``[r / c1, s / c2, c1 c2]`` for 2-D; ``transform=False``: the
+  chunks' own values in that layout (SparseLoCo's chunking, without the DCT)."""
   shape = chunk_shape(x.shape, target)
   x = x.reshape(shape)
   if len(shape) == 1:
     c = chunk_size(shape[0], target)
-    return x.reshape(-1, c) @ dct_basis(c)
+    return x.reshape(-1, c) @ dct_basis(c) if transform else x.reshape(-1, c)
   c1, c2 = chunk_size(shape[0], target), chunk_size(shape[1], target)
   blocks = x.reshape(shape[0] // c1, c1, shape[1] // c2, c2)
-  coef = jnp.einsum("yhxw,hb,wd->yxbd", blocks, dct_basis(c1), dct_basis(c2))
+  if transform:
+    coef = jnp.einsum("yhxw,hb,wd->yxbd", blocks, dct_basis(c1), dct_basis(c2))
+  else:
+    coef = blocks.transpose(0, 2, 1, 3)
   return coef.reshape(shape[0] // c1, shape[1] // c2, c1 * c2)
 
 
-def decode(coef: jax.Array, shape: tuple, target: int) -> jax.Array:
+def decode(coef: jax.Array, shape: tuple, target: int, transform: bool = True) -> jax.Array:
   """The array of ``shape`` whose :func:`encode` is ``coef`` (the inverse DCT per chunk)."""
   flat = chunk_shape(shape, target)
   if len(flat) == 1:
     c = chunk_size(flat[0], target)
-    return (coef @ dct_basis(c).T).reshape(shape)
+    return (coef @ dct_basis(c).T if transform else coef).reshape(shape)
   c1, c2 = chunk_size(flat[0], target), chunk_size(flat[1], target)
   coef = coef.reshape(flat[0] // c1, flat[1] // c2, c1, c2)
-  x = jnp.einsum("yxbd,hb,wd->yhxw", coef, dct_basis(c1), dct_basis(c2))
+  if transform:
+    x = jnp.einsum("yxbd,hb,wd->yhxw", coef, dct_basis(c1), dct_basis(c2))
+  else:
+    x = coef.transpose(0, 2, 1, 3)
   return x.reshape(shape)
 
 
 def chunk_top_k(coef: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   """``(indices, values)``, each ``coef.shape[:-1] + (k',)``: per chunk (the last axis) the
-  ``k' = min(max(k, 1), chunk)`` entries of largest magnitude and their values."""
+  ``k' = min(max(k, 1), chunk)`` entries of largest magnitude and their values (ties: the
+  lower index, ``lax.top_k``'s rule; torch.topk's is unspecified)."""
   k = min(max(int(k), 1), coef.shape[-1])
   _, idx = jax.lax.top_k(jnp.abs(coef), k)
   return idx, jnp.take_along_axis(coef, idx, axis=-1)
@@ -108,5 +120,32 @@ def message_shape(shape: tuple, target: int, k: int) -> tuple[int, int]:
   return chunks, min(max(int(k), 1), int(np.prod(sizes)))
 
 
-__all__ = ["chunk_shape", "chunk_size", "chunk_top_k", "dct_basis", "decode", "encode",
+def sparseloco_k(chunk_len: int, top_k: int, chunk_size: int) -> int:
+  """SparseLoCo's entries per chunk: ``max(1, round(chunk_len top_k / chunk_size^2))``
+  (Python's round, half to even), at most ``chunk_len`` (``TopKCompressor``)."""
+  return min(int(max(1, round(chunk_len * top_k / chunk_size ** 2))), chunk_len)
+
+
+def quantize(values: jax.Array, bins: int, sigmas: float) -> tuple[jax.Array, jax.Array]:
+  """SparseLoCo's quantiser of one tensor's kept values (``TopKCompressor._quantize``):
+  ``(codes, decoded)``, both shaped ``values``. ``shift = mean(v)``, ``c = v - shift``,
+  ``std = ||c||_2 / sqrt(numel - 1)`` (0 for one value), ``scale = sigmas std / bins`` (1
+  when 0 or not finite), ``code = clip(round_half_even(c / scale + bins // 2), 0, bins - 1)``;
+  a code decodes to the mean of ``c`` over its bin (0 for an empty bin) plus ``shift``."""
+  v = values.astype(jnp.float32)
+  num = v.size
+  shift = jnp.mean(v)
+  c = v - shift
+  std = jnp.sqrt(jnp.sum(c * c)) / np.sqrt(num - 1) if num > 1 else jnp.float32(0.0)
+  scale = sigmas * std / bins
+  scale = jnp.where((scale == 0) | ~jnp.isfinite(scale), 1.0, scale)
+  codes = jnp.clip(jnp.round(c / scale + bins // 2), 0, bins - 1).astype(jnp.int32)
+  onehot = codes[..., None] == jnp.arange(bins)
+  sums = jnp.sum(jnp.where(onehot, c[..., None], 0.0), axis=tuple(range(c.ndim)))
+  counts = jnp.sum(onehot, axis=tuple(range(c.ndim)))
+  lookup = jnp.where(counts > 0, sums / jnp.maximum(counts, 1), 0.0)
+  return codes, lookup[codes] + shift
+
+
+__all__ = ["quantize", "sparseloco_k", "chunk_shape", "chunk_size", "chunk_top_k", "dct_basis", "decode", "encode",
            "message_shape"]

@@ -1,5 +1,5 @@
 """DiLoCo's descendants as recipes, with their config sections (keys named as in each
-reference): DeMo (``docs/algorithms.md``)."""
+reference): DeMo and SparseLoCo (``docs/algorithms.md``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import ml_collections
 from nbsgd_jax.communications import ContributorAllGather
 from nbsgd_jax.core import checks
 from nbsgd_jax.recipes import optim
+from nbsgd_jax.transforms import asynchronous
 from nbsgd_jax.recipes.builder import Builder
 from nbsgd_jax.recipes.registry import Recipe, Section, register
 from nbsgd_jax.transforms import algorithms as A
@@ -60,3 +61,65 @@ def demo(b: Builder) -> Recipe:
 
   return Recipe(b.injected(make, "demo.compression_decay"), decentralized=False,
                 primary=exchange)
+
+
+def sparseloco_defaults() -> ml_collections.ConfigDict:
+  """``config.sparseloco.*`` with their defaults: the paper's run (tplr-ai/SparseLoCo
+  ``hparams/512M/sweeps/sparseloco.yaml``; the class's own defaults differ: error_decay
+  0.999, top_k 32, no quantisation, outer lr 0.7)."""
+  s = ml_collections.ConfigDict()
+  s.inner_steps = 15             # H: inner steps per outer step
+  s.outer_learning_rate = 1.0    # outer SGD rate (it also scales the pseudo-gradient into e)
+  s.outer_momentum = 0.0         # heavy-ball outer momentum (the reference: none)
+  s.error_decay = 0.95           # beta: the error-feedback accumulator's decay, in [0, 1]
+  s.top_k = 128                  # entries per chunk_size^2 values (round(len top_k / c^2))
+  s.chunk_size = 64              # target chunk length per axis (the largest divisor <= it)
+  s.use_quantization = True      # the kept values quantised per tensor (else float32)
+  s.quantization_bins = 4        # levels: 4 = the paper's 2 bits
+  s.quantization_range = 6.0     # the bins span this many standard deviations
+  return s
+
+
+def check_sparseloco_config(cfg, errs: list) -> None:
+  """sparseloco.*: H, chunk_size, top_k >= 1; rate > 0; momentum in [0, 1); decay in [0, 1];
+  bins >= 2; range > 0."""
+  checks.integer(cfg, errs, "sparseloco.inner_steps", 1, note="H")
+  checks.number(cfg, errs, "sparseloco.outer_learning_rate", 0, lo_open=True)
+  checks.number(cfg, errs, "sparseloco.outer_momentum", 0, hi=1, hi_open=True)
+  checks.number(cfg, errs, "sparseloco.error_decay", 0, hi=1)
+  checks.integer(cfg, errs, "sparseloco.top_k", 1)
+  checks.integer(cfg, errs, "sparseloco.chunk_size", 1)
+  checks.boolean(cfg, errs, "sparseloco.use_quantization")
+  checks.integer(cfg, errs, "sparseloco.quantization_bins", 2)
+  checks.number(cfg, errs, "sparseloco.quantization_range", 0, lo_open=True)
+
+
+SPARSELOCO = Section(sparseloco_defaults, check_sparseloco_config,
+                     "SparseLoCo (Sarfi et al. 2025)",
+                     hparams=("outer_learning_rate", "outer_momentum", "error_decay"),
+                     structure=lambda cfg: {"sparseloco_momentum_on":
+                                            bool(cfg.sparseloco.outer_momentum)})
+
+
+def _check_sparseloco(cfg, errs: list) -> None:
+  """SparseLoCo's first outer step ends within the run."""
+  checks.period_within_run(cfg, errs, "sparseloco.inner_steps", True)
+
+
+@register("sparseloco", no_compression="SparseLoCo's message is its own codec: chunked top-k "
+          "of the error-feedback accumulator, quantised", sections={"sparseloco": SPARSELOCO},
+          check=_check_sparseloco, face="sparseloco")
+def sparseloco(b: Builder) -> Recipe:
+  """SparseLoCo (Sarfi et al. 2025): DiLoCo whose pseudo-gradients go through each worker's
+  error feedback, chunked top-k and 2-bit quantisation, averaged over the contributors."""
+  c = b.cfg.sparseloco
+  bins = c.quantization_bins if c.use_quantization else 0
+  exchange = ContributorAllGather(b.n, b.axis_name, "sparseloco",
+                                  value_bits=8 if bins else 32)
+  opt = b.optimizer("local")
+  t = b.injected(lambda lr, m, beta: A.sparseloco(
+      opt, exchange, lr, m, beta, c.top_k, c.chunk_size, bins, c.quantization_range,
+      bool(c.outer_momentum)), "sparseloco.outer_learning_rate", "sparseloco.outer_momentum",
+      "sparseloco.error_decay")
+  return Recipe(t, decentralized=True, primary=exchange, evaluated=asynchronous.outer_models,
+                planner=b.fixed_periods(c.inner_steps))

@@ -26,7 +26,7 @@ import optax
 
 from nbsgd_jax.communications.masked import sparta_masks
 from nbsgd_jax.transforms import decentralized as D
-from nbsgd_jax.transforms.decoupled import decoupled_momentum
+from nbsgd_jax.transforms.decoupled import decoupled_momentum, demo_chunking, sparseloco_chunking
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, chain,
                                        merge_reports, replace_params)
 from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
@@ -113,8 +113,24 @@ def demo(opt, exchange, schedule, decay, topk: int, chunk: int) -> WorkerTransfo
   the contributors of its top-``topk`` DCT coefficients per chunk (``exchange``), its sign,
   then ``opt`` (the reference: SGD without momentum, at the learning rate ``schedule``
   gives the momentum; :func:`~nbsgd_jax.transforms.decoupled.decoupled_momentum`)."""
-  return chain(decoupled_momentum(exchange, schedule, decay, topk, chunk), opt)
+  return chain(decoupled_momentum(exchange, schedule, decay, demo_chunking(topk, chunk)), opt)
+
+
+def sparseloco(opt, exchange, outer_lr, outer_momentum, error_decay, top_k: int,
+               chunk_size: int, bins: int, sigmas: float, momentum_on: bool = False
+               ) -> WorkerTransform:
+  """SparseLoCo (arXiv 2508.15706; tplr-ai/SparseLoCo ``src/tplr/sparseloco.py``, commit
+  276fa59977f84a601fb81f3a7e9379b204b4e91c): DiLoCo whose pseudo-gradient goes into each
+  worker's error-feedback accumulator (decay ``error_decay``, scaled by ``outer_lr``), of
+  which the top-k entries per chunk, quantised to ``bins`` levels (0: float32), are sent and
+  averaged over their contributors (``exchange``); the outer SGD (``outer_lr``, heavy-ball
+  ``outer_momentum`` when ``momentum_on``; the reference's default is none) steps on that mean
+  (:func:`~nbsgd_jax.transforms.decoupled.decoupled_momentum`)."""
+  reducer = decoupled_momentum(exchange, lambda step: outer_lr, error_decay,
+                               sparseloco_chunking(top_k, chunk_size, bins, sigmas))
+  outer = optax.sgd(outer_lr, momentum=outer_momentum if momentum_on else None)
+  return periodic(opt, outer_step(reducer, outer))
 
 
 __all__ = ["allreduce_sgd", "choco_sgd", "d2", "demo", "diloco", "dpsgd", "gossip_pga",
-           "gradient_tracking", "local_sgd", "sgp", "sparta", "streaming_diloco"]
+           "gradient_tracking", "local_sgd", "sgp", "sparseloco", "sparta", "streaming_diloco"]

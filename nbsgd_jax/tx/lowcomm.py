@@ -1,5 +1,5 @@
 """DiLoCo's descendants as optax transformations (the module docstring of :mod:`nbsgd_jax.tx`
-gives the contract): DeMo."""
+gives the contract): DeMo and SparseLoCo."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import optax
 
 from nbsgd_jax.communications import ContributorAllGather
 from nbsgd_jax.transforms import algorithms as A
-from nbsgd_jax.tx.adapter import _sized, to_optax
+from nbsgd_jax.tx.adapter import _check_period, _sized, to_optax
 
 
 def _rate(learning_rate: Union[float, Callable]) -> Callable:
@@ -50,4 +50,41 @@ def demo(learning_rate: Union[float, Callable], *, axis_name: Any,
                   name=owner)
 
 
-__all__ = ["demo"]
+def sparseloco(period: int, *, axis_name: Any, outer_learning_rate: float = 1.0,
+               outer_momentum: float = 0.0, error_decay: float = 0.95, top_k: int = 128,
+               chunk_size: int = 64, quantization_bins: int = 4,
+               quantization_range: float = 6.0) -> optax.GradientTransformationExtraArgs:
+  """SparseLoCo (arXiv 2508.15706; tplr-ai/SparseLoCo ``src/tplr/sparseloco.py``, commit
+  276fa59977f84a601fb81f3a7e9379b204b4e91c) after the inner optimizer: after every
+  ``period`` = H updates, each worker adds ``outer_learning_rate`` times its pseudo-gradient
+  ``x_outer - x_i`` to its error-feedback accumulator ``e`` (decayed by ``error_decay``),
+  sends the top entries per chunk quantised to ``quantization_bins`` levels (0: float32)
+  and keeps the rest in ``e``; the outer SGD steps on the mean over the contributors, and
+  every worker restarts from ``x_outer`` (the initial params at ``init``: give every worker
+  the same). Defaults: the paper's run.
+
+  Bytes per outer step: ``(n - 1)`` times the message, per entry an int64 index and a byte
+  per code (float32 without quantisation), per array ``4 (1 + bins)`` for the shift and
+  lookup table.
+
+  Raises:
+    ValueError: ``period``, ``top_k`` or ``chunk_size`` < 1, ``quantization_bins`` = 1;
+      (at update) ``axis_name`` not bound, ``params`` missing.
+  """
+  owner = "tx.sparseloco"
+  period = _check_period(period, owner)
+  for key, v, lo in (("top_k", top_k, 1), ("chunk_size", chunk_size, 1)):
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+      raise ValueError(f"{owner}({key}={v!r}) is not allowed: it must be an int >= {lo}")
+  if quantization_bins == 1:
+    raise ValueError(f"{owner}(quantization_bins=1) is not allowed: use 0 (none) or >= 2")
+  build = lambda comm: A.sparseloco(
+      optax.identity(), comm, outer_learning_rate, outer_momentum, error_decay, top_k,
+      chunk_size, quantization_bins, quantization_range, bool(outer_momentum))
+  make = lambda n: build(ContributorAllGather(n, axis_name, "sparseloco",
+                                              value_bits=8 if quantization_bins else 32))
+  return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
+                  period=period, needs_params=True, name=owner)
+
+
+__all__ = ["demo", "sparseloco"]

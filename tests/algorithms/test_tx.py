@@ -101,6 +101,10 @@ MORE = {  # the other recipes that fit, on vmap only
     "demo": ({"demo.compression_topk": 2, "demo.compression_chunk": 3},
              lambda: optax.chain(tx.demo(0.05, axis_name="w", compression_topk=2,
                                          compression_chunk=3), optax.sgd(0.05))),
+    "sparseloco": ({"sparseloco.inner_steps": 2, "sparseloco.top_k": 4,
+                    "sparseloco.chunk_size": 3, "sparseloco.outer_learning_rate": 0.7},
+                   lambda: optax.chain(optax.sgd(0.05), tx.sparseloco(
+                       2, axis_name="w", outer_learning_rate=0.7, top_k=4, chunk_size=3))),
     "streaming_diloco": (  # one parameter array, so one fragment; launch and land apart
         {"diloco.inner_steps": 4, "diloco.outer_lr": 0.7, "diloco.outer_momentum": 0.9,
          "streaming_diloco.fragments": 1, "streaming_diloco.delay": 1,

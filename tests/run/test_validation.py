@@ -116,6 +116,10 @@ CASES = [
     bad("demo.compression_decay", 1.0, algorithm="demo", momentum=0.0),
     bad("demo.compression_topk", 0, algorithm="demo", momentum=0.0),
     bad("demo.compression_chunk", 2.5, algorithm="demo", momentum=0.0),
+    *[bad(f"sparseloco.{k}", v, algorithm="sparseloco") for k, v in (
+        ("inner_steps", 0), ("outer_learning_rate", 0.0), ("outer_momentum", 1.0),
+        ("error_decay", -0.1), ("top_k", 0), ("chunk_size", 0), ("use_quantization", "yes"),
+        ("quantization_bins", 1), ("quantization_range", 0.0))],
     bad("streaming_diloco.alpha", 1.5, algorithm="streaming_diloco"),
     bad("choco.gamma", 0.0, algorithm="choco_sgd"),
     bad("choco.gamma", 1.5, algorithm="choco_sgd"),
