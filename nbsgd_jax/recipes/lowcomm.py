@@ -1,11 +1,12 @@
 """DiLoCo's descendants as recipes, with their config sections (keys named as in each
-reference): DeMo and SparseLoCo (``docs/algorithms.md``)."""
+reference): DeMo, SparseLoCo and NoLoCo (``docs/algorithms.md``)."""
 
 from __future__ import annotations
 
 import ml_collections
 
 from nbsgd_jax.communications import ContributorAllGather
+from nbsgd_jax.communications.groups import RandomGroups
 from nbsgd_jax.core import checks
 from nbsgd_jax.recipes import optim
 from nbsgd_jax.transforms import asynchronous
@@ -123,3 +124,50 @@ def sparseloco(b: Builder) -> Recipe:
       "sparseloco.error_decay")
   return Recipe(t, decentralized=True, primary=exchange, evaluated=asynchronous.outer_models,
                 planner=b.fixed_periods(c.inner_steps))
+
+
+def noloco_defaults() -> ml_collections.ConfigDict:
+  """``config.noloco.*`` with their defaults: the paper's runs (jkolehm/noloco's
+  ``*noloco_mean_*`` configs; its builder's own outer_momentum default is 0.9)."""
+  s = ml_collections.ConfigDict()
+  s.number_of_local_steps = 50   # H: inner steps per outer step
+  s.local_group_size = 2         # g: workers per random group (must divide num_workers)
+  s.outer_lr = 0.7               # alpha: the step towards the group's mean
+  s.outer_momentum = 0.5         # beta: the worker's own outer momentum (heavy ball)
+  return s
+
+
+def check_noloco_config(cfg, errs: list) -> None:
+  """noloco.*: H, g >= 1; alpha > 0; beta in [0, 1)."""
+  checks.integer(cfg, errs, "noloco.number_of_local_steps", 1, note="H")
+  checks.integer(cfg, errs, "noloco.local_group_size", 1, note="g")
+  checks.number(cfg, errs, "noloco.outer_lr", 0, lo_open=True)
+  checks.number(cfg, errs, "noloco.outer_momentum", 0, hi=1, hi_open=True)
+
+
+def _check_noloco(cfg, errs: list) -> None:
+  """The first outer step within the run; g divides the workers."""
+  checks.period_within_run(cfg, errs, "noloco.number_of_local_steps", True)
+  g, n = cfg.noloco.local_group_size, cfg.num_workers
+  if checks.is_int(g) and g >= 1 and checks.is_int(n) and n % g:
+    errs.append(f"config.noloco.local_group_size={g} is not allowed with "
+                f"config.num_workers={n}: the groups must partition the workers (g divides n)")
+
+
+NOLOCO = Section(noloco_defaults, check_noloco_config, "NoLoCo (Kolehmainen et al. 2025)",
+                 hparams=("outer_lr", "outer_momentum"))
+
+
+@register("noloco", no_compression="NoLoCo exchanges models within random groups uncompressed "
+          "(a codec on them is not built)", sections={"noloco": NOLOCO}, check=_check_noloco,
+          face="noloco")
+def noloco(b: Builder) -> Recipe:
+  """NoLoCo (Kolehmainen et al. 2025): H inner steps, then each worker's outer step towards
+  its random group's mean model, with its own slow weights and momentum; no all-reduce."""
+  c = b.cfg.noloco
+  groups = RandomGroups(b.n, c.local_group_size, b.cfg.seed, b.axis_name, "noloco")
+  opt = b.optimizer("local")
+  t = b.injected(lambda lr, m: A.noloco(opt, groups, lr, m), "noloco.outer_lr",
+                 "noloco.outer_momentum")
+  return Recipe(t, decentralized=True, primary=groups,
+                planner=b.fixed_periods(c.number_of_local_steps))

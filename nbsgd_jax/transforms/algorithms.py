@@ -30,8 +30,8 @@ from nbsgd_jax.transforms.decoupled import decoupled_momentum, demo_chunking, sp
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, chain,
                                        merge_reports, replace_params)
 from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
-from nbsgd_jax.transforms.wrappers import (average_models, gossip_step, outer_step, periodic,
-                                           streaming_outer_step)
+from nbsgd_jax.transforms.wrappers import (average_models, gossip_step, group_outer_step,
+                                           outer_step, periodic, streaming_outer_step)
 
 # the compositions the decentralized module already is, under the algorithms' names
 choco_sgd = D.choco_sgd
@@ -132,5 +132,14 @@ def sparseloco(opt, exchange, outer_lr, outer_momentum, error_decay, top_k: int,
   return periodic(opt, outer_step(reducer, outer))
 
 
+def noloco(opt, groups, outer_lr, outer_momentum) -> WorkerTransform:
+  """NoLoCo (arXiv 2506.10911; jkolehm/noloco ``sparse_optimizer_c.py``, commit
+  37d1a8a11adf5070ec544d63d0d0e6d97e6c5b08): H inner steps of ``opt``, then each worker's
+  outer step towards the mean of its random group's models (``groups``), with its own slow
+  weights and outer momentum (:func:`~nbsgd_jax.transforms.wrappers.group_outer_step`); no
+  all-reduce."""
+  return periodic(opt, group_outer_step(groups, outer_lr, outer_momentum))
+
+
 __all__ = ["allreduce_sgd", "choco_sgd", "d2", "demo", "diloco", "dpsgd", "gossip_pga",
-           "gradient_tracking", "local_sgd", "sgp", "sparseloco", "sparta", "streaming_diloco"]
+           "gradient_tracking", "local_sgd", "noloco", "sgp", "sparseloco", "sparta", "streaming_diloco"]

@@ -243,6 +243,35 @@ def outer_step(reducer: WorkerTransform, outer: optax.GradientTransformation) ->
   return Synchronisation(init, apply, reducer.communications)
 
 
+class NoLoCoState(NamedTuple):
+  """State of :func:`group_outer_step`: the worker's own slow weights and outer momentum."""
+
+  slow: Any
+  momentum: Any
+
+
+def group_outer_step(groups, outer_lr, outer_momentum) -> Synchronisation:
+  """NoLoCo's synchronisation (arXiv 2506.10911; jkolehm/noloco ``sparse_optimizer_c.py``,
+  ``outer_step``, commit 37d1a8a11adf5070ec544d63d0d0e6d97e6c5b08): with ``mean_G`` the mean
+  of the fast weights over the worker's random group (``groups``: a
+  :class:`~nbsgd_jax.communications.groups.RandomGroups`), ``m <- beta m + alpha (mean_G -
+  slow)``, ``slow <- slow + m``, and the worker restarts from ``slow`` (``alpha`` =
+  ``outer_lr``, ``beta`` = ``outer_momentum``, either traced). One group of all workers is
+  DiLoCo with heavy-ball outer momentum (outer lr alpha, momentum beta)."""
+
+  def init(params):
+    return NoLoCoState(params, jax.tree.map(jnp.zeros_like, params))
+
+  def apply(x, local_state, state, ctx):
+    mean, report = groups.group_mean(x, ctx)
+    m = jax.tree.map(lambda m, a, s: outer_momentum * m + outer_lr * (a - s),
+                     state.momentum, mean, state.slow)
+    slow = jax.tree.map(lambda s, d: s + d, state.slow, m)
+    return slow, local_state, NoLoCoState(slow, m), report
+
+  return Synchronisation(init, apply, (groups,))
+
+
 def fragment_leaves(num_leaves: int, fragments: int) -> list[list[int]]:
   """Streaming DiLoCo's fragments: the model's leaves (``jax.tree.leaves`` order) in
   ``fragments`` contiguous groups of nearly equal count (``numpy.array_split``).

@@ -1,5 +1,5 @@
 """DiLoCo's descendants as optax transformations (the module docstring of :mod:`nbsgd_jax.tx`
-gives the contract): DeMo and SparseLoCo."""
+gives the contract): DeMo, SparseLoCo and NoLoCo."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, Callable, Union
 import optax
 
 from nbsgd_jax.communications import ContributorAllGather
+from nbsgd_jax.communications.groups import RandomGroups
 from nbsgd_jax.transforms import algorithms as A
 from nbsgd_jax.tx.adapter import _check_period, _sized, to_optax
 
@@ -87,4 +88,27 @@ def sparseloco(period: int, *, axis_name: Any, outer_learning_rate: float = 1.0,
                   period=period, needs_params=True, name=owner)
 
 
-__all__ = ["demo", "sparseloco"]
+def noloco(period: int, *, axis_name: Any, local_group_size: int = 2, outer_lr: float = 0.7,
+           outer_momentum: float = 0.5, seed: int = 0) -> optax.GradientTransformationExtraArgs:
+  """NoLoCo (arXiv 2506.10911; jkolehm/noloco ``sparse_optimizer_c.py``, commit
+  37d1a8a11adf5070ec544d63d0d0e6d97e6c5b08) after the inner optimizer: after every
+  ``period`` = H updates, the workers split into random groups of ``local_group_size`` (the
+  permutation drawn from ``seed`` and the step, the same on every worker), and each worker
+  steps its own slow weights towards its group's mean model with its own outer momentum,
+  ``m <- outer_momentum m + outer_lr (mean_G - slow)``, ``slow <- slow + m``, restarting
+  from ``slow``. No all-reduce. Bytes per outer step: 2 models from a group member, 2 (g - 1)
+  from the group's root.
+
+  Raises:
+    ValueError: ``period`` < 1; (at update) ``local_group_size`` not dividing the workers,
+      ``axis_name`` not bound, ``params`` missing.
+  """
+  owner = "tx.noloco"
+  period = _check_period(period, owner)
+  build = lambda comm: A.noloco(optax.identity(), comm, outer_lr, outer_momentum)
+  make = lambda n: build(RandomGroups(n, local_group_size, seed, axis_name, "noloco"))
+  return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
+                  period=period, needs_params=True, name=owner)
+
+
+__all__ = ["demo", "noloco", "sparseloco"]

@@ -36,7 +36,7 @@ def cell_cfg(algorithm, nonblocking, compression, failures, control, **kw):
           "num_steps": STEPS, "eval_every": STEPS, "eval_train_examples": 32,
           "progress": False, "topology": "ring", "learning_rate": 0.1,
           "local_sgd.tau": 2, "diloco.inner_steps": 2, "gossip_pga.period": 2,
-          "sparseloco.inner_steps": 2,
+          "sparseloco.inner_steps": 2, "noloco.number_of_local_steps": 2,
           "nonblocking.enabled": nonblocking, "nonblocking.num_minibatches": 2,
           "compression.name": "top_k" if compression else "none",
           "compression.density": 0.1,
@@ -72,6 +72,8 @@ def refusal(algorithm, compression, nonblocking=False, failures=False):
     return "DeMo's message is its own codec"
   if algorithm == "sparseloco" and compression:
     return "SparseLoCo's message is its own codec"
+  if algorithm == "noloco" and compression:
+    return "NoLoCo exchanges models within random groups uncompressed"
   return None
 
 

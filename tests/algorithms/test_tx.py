@@ -105,6 +105,9 @@ MORE = {  # the other recipes that fit, on vmap only
                     "sparseloco.chunk_size": 3, "sparseloco.outer_learning_rate": 0.7},
                    lambda: optax.chain(optax.sgd(0.05), tx.sparseloco(
                        2, axis_name="w", outer_learning_rate=0.7, top_k=4, chunk_size=3))),
+    "noloco": ({"noloco.number_of_local_steps": 2, "noloco.local_group_size": 2, "seed": 5,
+                "num_steps": 6},
+               lambda: optax.chain(optax.sgd(0.05), tx.noloco(2, axis_name="w", seed=5))),
     "streaming_diloco": (  # one parameter array, so one fragment; launch and land apart
         {"diloco.inner_steps": 4, "diloco.outer_lr": 0.7, "diloco.outer_momentum": 0.9,
          "streaming_diloco.fragments": 1, "streaming_diloco.delay": 1,

@@ -203,18 +203,19 @@ def test_text_batches_are_windows_of_the_workers_shard():
 
 @pytest.mark.parametrize("algorithm", [
     "diloco", pytest.param("sparta", marks=pytest.mark.slow),
-    pytest.param("demo", marks=pytest.mark.slow), pytest.param("sparseloco", marks=pytest.mark.slow),
+    *[pytest.param(a, marks=pytest.mark.slow) for a in ("demo", "sparseloco", "noloco")],
     pytest.param("muloco", marks=pytest.mark.long),  # Muon's wiring: test_muloco (fast)
     *[pytest.param(a, marks=pytest.mark.long) for a in ("streaming_diloco", "local_sgd")]])
 def test_language_model_learns(algorithm, tmp_path):
-  """The character transformer learns through each periodic recipe, SPARTA, DeMo, SparseLoCo and MuLoCo (a
+  """The character transformer learns through each periodic recipe, SPARTA, DeMo, SparseLoCo, NoLoCo and MuLoCo (a
   user's LM run that only runs is no run): 16 steps at lr 1e-2 on mock tiny_shakespeare, the training loss at
   the last evaluation below 0.8 of the first's (diloco measured 2.85 -> 1.90, vocabulary 12,
   ln 12 = 2.48) and the test loss below ln(vocabulary), the loss of a uniform guess."""
   extra = ({"diloco.inner_steps": 2} if "diloco" in algorithm else {"sparta.p": 0.05}
            if algorithm == "sparta" else {"momentum": 0.0, "learning_rate": 3e-3}
            if algorithm == "demo" else {"sparseloco.inner_steps": 2}
-           if algorithm == "sparseloco" else {"local_sgd.tau": 2})
+           if algorithm == "sparseloco" else {"noloco.number_of_local_steps": 2}
+           if algorithm == "noloco" else {"local_sgd.tau": 2})
   if algorithm == "muloco":  # DiLoCo with Muon as the inner optimizer
     algorithm, extra = "diloco", {"diloco.inner_steps": 2, "optimizer": "muon"}
   with tfds.testing.mock_data(num_examples=3):

@@ -120,6 +120,9 @@ CASES = [
         ("inner_steps", 0), ("outer_learning_rate", 0.0), ("outer_momentum", 1.0),
         ("error_decay", -0.1), ("top_k", 0), ("chunk_size", 0), ("use_quantization", "yes"),
         ("quantization_bins", 1), ("quantization_range", 0.0))],
+    *[bad(f"noloco.{k}", v, algorithm="noloco") for k, v in (
+        ("number_of_local_steps", 0), ("local_group_size", 0), ("outer_lr", 0.0),
+        ("outer_momentum", 1.0))],
     bad("streaming_diloco.alpha", 1.5, algorithm="streaming_diloco"),
     bad("choco.gamma", 0.0, algorithm="choco_sgd"),
     bad("choco.gamma", 1.5, algorithm="choco_sgd"),
