@@ -149,7 +149,8 @@ class Failures(HostPart):
 
 class Activations(HostPart):
   """What the recipe's communications draw on the host each step (their ``host_inputs``,
-  e.g. MATCHA's activations ``active``; ``[1]`` False when none)."""
+  e.g. MATCHA's activations ``active``, ``[1]`` False when none; the keys a communication
+  adds to ``shared`` or ``per_worker``, e.g. a round's random mixing matrix)."""
 
   name = "activations"
 
@@ -159,7 +160,11 @@ class Activations(HostPart):
   def inputs(self, step, inputs, probe):
     inputs.active = np.zeros((1,), bool)
     for comm in self.communications:
-      inputs.update(**comm.host_inputs(step))
+      for name, value in comm.host_inputs(step).items():
+        if name in ("shared", "per_worker"):  # open dicts: each communication adds its keys
+          getattr(inputs, name).update(value)
+        else:
+          inputs.update(**{name: value})
 
 
 class Periods(HostPart):

@@ -32,7 +32,8 @@ communications, codecs and host parts, never ``run`` or the programs):
 * ``builder.py``: :class:`Builder` (the pieces a recipe composes) and :func:`build`;
 * ``synchronous.py``: the lockstep algorithms and their config sections;
 * ``asynchronous.py``: the asynchronous family on the event clock;
-* ``lowcomm.py``: DiLoCo's descendants (DeMo, ...).
+* ``lowcomm.py``: DiLoCo's descendants (DeMo, SparseLoCo, NoLoCo);
+* ``sampled.py``: a fresh graph each round (Epidemic Learning, Teleportation).
 
 Importing this package registers every built-in algorithm, whatever was imported before.
 """
@@ -45,6 +46,7 @@ from nbsgd_jax.recipes.builder import Builder, build
 from nbsgd_jax.recipes import synchronous  # noqa: F401  (registers the lockstep algorithms)
 from nbsgd_jax.recipes import asynchronous  # noqa: F401  (registers the event-clock family)
 from nbsgd_jax.recipes import lowcomm  # noqa: F401  (registers DiLoCo's descendants)
+from nbsgd_jax.recipes import sampled  # noqa: F401  (Epidemic Learning, Teleportation)
 from nbsgd_jax.recipes.synchronous import (DILOCO, check_dpsgd_config, dpsgd,
                                            dpsgd_defaults)
 from nbsgd_jax.recipes.asynchronous import check_sgp, inner_steps, two_colouring
@@ -53,6 +55,5 @@ __all__ = ["CLOCKS", "DILOCO", "GOSSIP_REASON", "REGISTRY", "SECTIONS", "Builder
            "Reason", "Recipe", "Section", "asynchronous", "build", "check_dpsgd_config",
            "check_sgp", "combination_errors", "dpsgd", "dpsgd_defaults", "event_clock_errors",
            "gossip_recipes", "inner_steps", "is_asynchronous", "lowcomm", "register",
-           "registrations",
-           "section_owners",
+           "registrations", "sampled", "section_owners",
            "synchronous", "two_colouring"]

@@ -14,7 +14,7 @@
 from nbsgd_jax.transforms.base import (CONTEXT_AXES, StepContext, WorkerTransform,
                                        as_worker_transform, chain, from_optax, is_summed,
                                        injected, merge_reports, no_state, replace_params,
-                                       skip_when_idle)
+                                       skip_unless, skip_when_idle)
 from nbsgd_jax.transforms.error_feedback import ErrorFeedbackState, densify, error_feedback
 from nbsgd_jax.transforms.minibatches import (AccumulateState, accumulate_minibatches,
                                               add_minibatch, add_minibatch_with_state,
@@ -33,5 +33,5 @@ __all__ = [
     "from_optax", "gossip_of", "gossip_step", "is_summed", "mean_of", "merge_reports",
     "minibatch_mean_gradient", "no_state", "outer_step", "periodic", "replace_params",
     "streaming_outer_step",
-    "injected", "skip_when_idle", "split_minibatches", "stateless", "via_anchor",
+    "injected", "skip_unless", "skip_when_idle", "split_minibatches", "stateless", "via_anchor",
 ]

@@ -28,10 +28,11 @@ from nbsgd_jax.communications.masked import sparta_masks
 from nbsgd_jax.transforms import decentralized as D
 from nbsgd_jax.transforms.decoupled import decoupled_momentum, demo_chunking, sparseloco_chunking
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, chain,
-                                       merge_reports, replace_params)
+                                       merge_reports, replace_params, skip_unless)
 from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
 from nbsgd_jax.transforms.wrappers import (average_models, gossip_step, group_outer_step,
-                                           outer_step, periodic, streaming_outer_step)
+                                           holding, mixing_of, outer_step, periodic,
+                                           streaming_outer_step)
 
 # the compositions the decentralized module already is, under the algorithms' names
 choco_sgd = D.choco_sgd
@@ -141,5 +142,25 @@ def noloco(opt, groups, outer_lr, outer_momentum) -> WorkerTransform:
   return periodic(opt, group_outer_step(groups, outer_lr, outer_momentum))
 
 
-__all__ = ["allreduce_sgd", "choco_sgd", "d2", "demo", "diloco", "dpsgd", "gossip_pga",
-           "gradient_tracking", "local_sgd", "noloco", "sgp", "sparseloco", "sparta", "streaming_diloco"]
+def epidemic(opt, mixing) -> WorkerTransform:
+  """Epidemic Learning (de Vos et al., NeurIPS 2023; sacs-epfl/decentralizepy tag
+  ``epidemic-neurips-2023``, commit ff70eeecf3fd79988ec88dcfcdd0ad7e7d70a44b): H local steps of
+  ``opt``, then each node's uniform average of its model and those it received over the
+  round's random graph (``mixing``: EL-Local's or EL-Oracle's rule)."""
+  return periodic(opt, average_models(mixing_of(mixing)))
+
+
+def teleportation(opt, mixing) -> WorkerTransform:
+  """Teleportation (Takezawa & Stich, ICLR 2025; sacs-epfl/decentralized-learning-simulator
+  ``dasklearn/simulation/teleportation``, commit bdbc50dbde61ef4894ebee5466d88023d9230461): the
+  round's ``k`` active nodes take H local steps of ``opt`` (the others none), then the slots
+  average over ``G_k`` and each slot's model moves to its next node (``mixing``: the rule's
+  matrix does both); the state records which nodes hold a slot, the models an evaluation
+  reads (:func:`~nbsgd_jax.transforms.wrappers.held_models`)."""
+  return holding(periodic(skip_unless(opt, mixing.training),
+                          average_models(mixing_of(mixing))), mixing.holds)
+
+
+__all__ = ["allreduce_sgd", "choco_sgd", "d2", "demo", "diloco", "dpsgd", "epidemic",
+           "gossip_pga", "gradient_tracking", "local_sgd", "noloco", "sgp", "sparseloco",
+           "sparta", "streaming_diloco", "teleportation"]

@@ -170,11 +170,26 @@ def chain(*transforms) -> WorkerTransform:
   return WorkerTransform(init, update, sum((t.communications for t in ts), ()))
 
 
+def skip_unless(inner, keep: Callable[[Any], Any]) -> WorkerTransform:
+  """No step at all (zero updates, state unchanged) where ``keep(ctx)`` (a bool scalar) is
+  False, in the spirit of ``optax.MultiSteps``' skip: an idle worker (:func:`skip_when_idle`),
+  a node Teleportation does not activate this round."""
+  inner = as_worker_transform(inner)
+
+  def update(updates, state, params, ctx):
+    on = keep(ctx)
+    new_updates, new_state, report = inner.update(updates, state, params, ctx)
+    new_updates = jax.tree.map(lambda u: jnp.where(on, u, jnp.zeros_like(u)), new_updates)
+    return new_updates, tree_where(on, new_state, state), report
+
+  return WorkerTransform(inner.init, update, inner.communications)
+
+
 def skip_when_idle(inner, scope: str = "local") -> WorkerTransform:
   """No step at all (zero updates, state unchanged) when no mini-batch was finished.
 
-  The rule of Non-blocking SGD (He & Dube 2022, Sec. 3) and of a failed worker, in the spirit
-  of ``optax.MultiSteps``' skip: ``scope="local"`` skips where this worker finished nothing
+  The rule of Non-blocking SGD (He & Dube 2022, Sec. 3) and of a failed worker
+  (:func:`skip_unless`): ``scope="local"`` skips where this worker finished nothing
   (``ctx.count == 0``; decentralized form), ``"global"`` where no worker did
   (``ctx.total == 0``; all-reduce form, the same on every worker).
 
@@ -183,16 +198,7 @@ def skip_when_idle(inner, scope: str = "local") -> WorkerTransform:
   """
   if scope not in ("local", "global"):
     raise ValueError(f"scope={scope!r} is not allowed: use 'local' or 'global'")
-  inner = as_worker_transform(inner)
-
-  def update(updates, state, params, ctx):
-    keep = (ctx.count if scope == "local" else ctx.total) > 0
-    new_updates, new_state, report = inner.update(updates, state, params, ctx)
-    new_updates = jax.tree.map(lambda u: jnp.where(keep, u, jnp.zeros_like(u)), new_updates)
-    new_state = tree_where(keep, new_state, state)
-    return new_updates, new_state, report
-
-  return WorkerTransform(inner.init, update, inner.communications)
+  return skip_unless(inner, lambda ctx: (ctx.count if scope == "local" else ctx.total) > 0)
 
 
 def injected(factory: Callable[[dict], Any], defaults: dict) -> WorkerTransform:

@@ -61,6 +61,59 @@ def gossip_of(gossip) -> WorkerTransform:
   return WorkerTransform(no_state, update, (gossip,))
 
 
+def mixing_of(mixing) -> WorkerTransform:
+  """Reducer: one round of a :class:`~nbsgd_jax.communications.random_mixing.RandomMixing`
+  (Epidemic Learning's, Teleportation's graph of the round)."""
+
+  def update(tree, state, params, ctx):
+    del params
+    out, report = mixing.mix(tree, ctx)
+    return out, state, report
+
+  return WorkerTransform(no_state, update, (mixing,))
+
+
+class HoldingState(NamedTuple):
+  """State of :func:`holding`: the inner transform's, and whether this worker's model is one
+  the evaluation reads (bool scalar)."""
+
+  inner: Any
+  holds: Any
+
+
+def holding(inner, holds: Callable) -> WorkerTransform:
+  """``inner``, recording ``holds(ctx)`` after every step (Teleportation: the nodes holding
+  a slot), which :func:`held_models` reads."""
+  inner = as_worker_transform(inner)
+
+  def init(params):
+    return HoldingState(inner.init(params), jnp.asarray(True))
+
+  def update(updates, state, params, ctx):
+    u, s, report = inner.update(updates, state.inner, params, ctx)
+    return u, HoldingState(s, jnp.asarray(holds(ctx), bool)), report
+
+  return WorkerTransform(init, update, inner.communications)
+
+
+def held_models(opt_state, params):
+  """``Recipe.evaluated`` of :func:`holding`: the mean of the models held (the stacked
+  ``[n, ...]`` parameters weighted by :attr:`HoldingState.holds`), replicated on every
+  worker.
+
+  Raises:
+    ValueError: the state holds no or several :class:`HoldingState`.
+  """
+  found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda z: isinstance(z, HoldingState))
+           if isinstance(x, HoldingState)]
+  if len(found) != 1:
+    raise ValueError(f"the optimizer state holds {len(found)} HoldingState, not one")
+  w = found[0].holds.astype(jnp.float32)
+  w = w / jnp.maximum(jnp.sum(w), 1.0)
+  return jax.tree.map(lambda x: jnp.broadcast_to(jnp.tensordot(w, x, axes=1).astype(x.dtype),
+                                                 x.shape), params)
+
+
 class AnchorState(NamedTuple):
   """State of :func:`via_anchor`: ``anchor`` (the last synchronised model, the same on every
   worker) and the inner reducer's state."""

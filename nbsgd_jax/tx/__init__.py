@@ -70,6 +70,7 @@ from nbsgd_jax.transforms.wrappers import ORDERS as DPSGD_ORDERS
 
 __all__ = [
     "TxState", "allreduce_mean", "bytes_sent", "choco", "context", "d2", "demo", "diloco",
+    "epidemic", "epidemic_mixing", "mixing_inputs", "teleportation", "teleportation_mixing",
     "error_feedback", "gossip", "gossip_pga", "gradient_tracking", "local_sgd", "matcha",
     "matcha_activations", "matcha_plan", "noloco",
     "nonblocking_accumulate", "powersgd", "sgp", "sparseloco", "sparta", "streaming_diloco",
@@ -79,7 +80,9 @@ __all__ = [
 from nbsgd_jax.tx.adapter import (  # noqa: F401 (the adapter's names, re-exported)
     Topologyish, TxState, _check_period, _phases, _sized, axis_size, bytes_sent,
     check_compressor, check_mixing_matrix, context, to_optax)
-from nbsgd_jax.tx.lowcomm import demo, noloco, sparseloco  # noqa: E402 (DiLoCo's descendants)
+from nbsgd_jax.tx.lowcomm import (  # noqa: E402 (DiLoCo's descendants, the sampled line)
+    demo, epidemic, epidemic_mixing, mixing_inputs, noloco, sparseloco, teleportation,
+    teleportation_mixing)
 
 
 # ----------------------------------------------------------------------------- reducers

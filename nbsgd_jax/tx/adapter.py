@@ -67,12 +67,14 @@ def axis_size(axis_name: Any, owner: str, where: str = "update") -> int:
 
 
 def context(step: jax.Array, count: Any = None, axis_name: Any = None,
-            period_end: bool = True, active: Any = None) -> T.StepContext:
+            period_end: bool = True, active: Any = None, shared: Any = None) -> T.StepContext:
   """The step context a user's loop implies: step ``step`` (int32), ``count`` mini-batches
   finished by this worker (the ``count`` extra argument; 1 when None) and their sum ``total``
   over ``axis_name`` (``lax.psum``; ``n`` when ``count`` is None), MATCHA's activations
   ``active`` (bool ``[M]``, the ``active`` extra argument, the same on every worker; none when
-  None), every worker up, no consensus target."""
+  None), what the host draws for all workers ``shared`` (a dict of arrays, the same on every
+  worker: e.g. a round's random mixing matrix; none when None), every worker up, no
+  consensus target."""
   if count is None:
     c = jnp.ones((), jnp.int32)
     total = jnp.asarray(collectives.axis_size(axis_name) if axis_name is not None else 1,
@@ -81,7 +83,8 @@ def context(step: jax.Array, count: Any = None, axis_name: Any = None,
     c = jnp.asarray(count, jnp.int32)
     total = lax.psum(c, axis_name) if axis_name is not None else c
   active = jnp.zeros((1,), bool) if active is None else jnp.asarray(active, bool)
-  return T.StepContext(jnp.asarray(step, jnp.int32), c, total, active, period_end=period_end)
+  return T.StepContext(jnp.asarray(step, jnp.int32), c, total, active, period_end=period_end,
+                       shared=shared)
 
 
 def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
@@ -90,9 +93,9 @@ def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
              ) -> optax.GradientTransformationExtraArgs:
   """A framework :class:`~nbsgd_jax.transforms.WorkerTransform` as an optax transformation.
 
-  ``update(updates, state, params=None, *, count=None, active=None, **extra)`` builds the
-  step's :func:`context` from the state's step counter (and the extra arguments ``count`` and
-  ``active``) and runs ``transform.update``; the report's
+  ``update(updates, state, params=None, *, count=None, active=None, shared=None, **extra)``
+  builds the step's :func:`context` from the state's step counter (and the extra arguments
+  ``count``, ``active`` and ``shared``) and runs ``transform.update``; the report's
   ``bytes_sent`` is added to :attr:`TxState.bytes_sent`, the rest is dropped.
 
   Args:
@@ -133,14 +136,14 @@ def to_optax(transform: T.WorkerTransform, *, axis_name: Any = None,
     sent = jnp.asarray(report.get("bytes_sent", 0.0), jnp.float32)
     return u, inner, varying_like(sent, updates)
 
-  def update(updates, state, params=None, *, count=None, active=None, **extra):
+  def update(updates, state, params=None, *, count=None, active=None, shared=None, **extra):
     del extra
     if axis_name is not None:
       axis_size(axis_name, name)
     if needs_params and params is None:
       raise ValueError(f"{name} returns the change to the parameters: call "
                        "update(updates, state, params) with this worker's params")
-    ctx = context(state.step, count, axis_name, active=active)
+    ctx = context(state.step, count, axis_name, active=active, shared=shared)
     if cycle is None:
       u, inner, sent = run(updates, state.inner, params, ctx)
     else:

@@ -1,13 +1,18 @@
 """DiLoCo's descendants as optax transformations (the module docstring of :mod:`nbsgd_jax.tx`
-gives the contract): DeMo, SparseLoCo and NoLoCo."""
+gives the contract): DeMo, SparseLoCo and NoLoCo; Epidemic Learning and Teleportation, whose
+round's graph the host draws (:func:`epidemic_mixing`, :func:`teleportation_mixing`) and the
+user passes in as the ``shared`` extra argument (:func:`mixing_inputs`), as ``train()``
+does."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Union
 
 import optax
 
 from nbsgd_jax.communications import ContributorAllGather
+from nbsgd_jax.communications import random_mixing as RM
 from nbsgd_jax.communications.groups import RandomGroups
 from nbsgd_jax.transforms import algorithms as A
 from nbsgd_jax.tx.adapter import _check_period, _sized, to_optax
@@ -111,4 +116,84 @@ def noloco(period: int, *, axis_name: Any, local_group_size: int = 2, outer_lr: 
                   period=period, needs_params=True, name=owner)
 
 
-__all__ = ["demo", "noloco", "sparseloco"]
+def epidemic_mixing(num_workers: int, period: int, *, variant: str = "local",
+                    graph_degree: int = 7, seed: int = 0) -> RM.RandomMixing:
+  """Epidemic Learning's rounds for :func:`epidemic`: EL-Local (``variant="local"``: each
+  node sends to ``graph_degree`` random others) or EL-Oracle (``"oracle"``: a fresh random
+  ``graph_degree``-regular graph), one round every ``period`` updates, drawn from ``seed``
+  as ``train()`` draws them.
+
+  Raises:
+    ValueError: an unknown ``variant``, ``period`` < 1, a degree that does not fit.
+  """
+  if variant not in ("local", "oracle"):
+    raise ValueError(f"epidemic_mixing(variant={variant!r}) is not allowed: use 'local' or "
+                     "'oracle'")
+  rule = (RM.epidemic_local if variant == "local" else RM.epidemic_oracle)(
+      num_workers, graph_degree, seed)
+  return RM.RandomMixing(num_workers, rule, _check_period(period, "tx.epidemic_mixing"),
+                         key="epidemic")
+
+
+def teleportation_mixing(num_workers: int, period: int, *, sample_size: int = 8,
+                         seed: int = 0) -> RM.RandomMixing:
+  """Teleportation's rounds for :func:`teleportation`: ``sample_size`` active nodes a round,
+  one round every ``period`` updates, drawn from ``seed`` as ``train()`` draws them.
+
+  Raises:
+    ValueError: ``period`` < 1, ``sample_size`` not a power of two in [2, num_workers].
+  """
+  rule = RM.teleportation(num_workers, sample_size, seed)
+  return RM.RandomMixing(num_workers, rule, _check_period(period, "tx.teleportation_mixing"),
+                         key="teleportation")
+
+
+def mixing_inputs(mixing: RM.RandomMixing, step: int) -> dict:
+  """The ``shared`` extra argument of update ``step`` (0-based): the round's matrix and flags
+  (numpy; the same on every worker)."""
+  return mixing.host_inputs(int(step))["shared"]
+
+
+def _bound(mixing: RM.RandomMixing, axis_name: Any) -> RM.RandomMixing:
+  out = copy.copy(mixing)
+  out.axis_name = axis_name
+  return out
+
+
+def epidemic(mixing: RM.RandomMixing, *, axis_name: Any
+             ) -> optax.GradientTransformationExtraArgs:
+  """Epidemic Learning (de Vos et al., NeurIPS 2023; sacs-epfl/decentralizepy tag
+  ``epidemic-neurips-2023``, commit ff70eeecf3fd79988ec88dcfcdd0ad7e7d70a44b) after the
+  optimizer: after every ``mixing.period`` updates, each node's uniform average of its model
+  and those it received over the round's graph. Give ``update`` the round's draw,
+  ``shared=mixing_inputs(mixing, step)``. Bytes: a model to each receiver.
+
+  Raises:
+    ValueError (at update): ``axis_name`` not bound, ``params`` missing.
+  """
+  m = _bound(mixing, axis_name)
+  t = A.epidemic(optax.identity(), m)
+  return to_optax(t, axis_name=axis_name, period=m.period, needs_params=True,
+                  name="tx.epidemic")
+
+
+def teleportation(mixing: RM.RandomMixing, *, axis_name: Any
+                  ) -> optax.GradientTransformationExtraArgs:
+  """Teleportation (Takezawa & Stich, ICLR 2025; sacs-epfl/decentralized-learning-simulator
+  ``dasklearn/simulation/teleportation``, commit bdbc50dbde61ef4894ebee5466d88023d9230461)
+  after the optimizer: the round's active nodes step (the others' updates are zero and their
+  optimizer state kept: put it after the optimizer, whose state then still moves; ``train()``
+  skips it), and after every ``mixing.period`` updates the slots average over their graph and
+  move to the next round's nodes. Give ``update`` ``shared=mixing_inputs(mixing, step)``.
+
+  Raises:
+    ValueError (at update): ``axis_name`` not bound, ``params`` missing.
+  """
+  m = _bound(mixing, axis_name)
+  t = A.teleportation(optax.identity(), m)
+  return to_optax(t, axis_name=axis_name, period=m.period, needs_params=True,
+                  name="tx.teleportation")
+
+
+__all__ = ["demo", "epidemic", "epidemic_mixing", "mixing_inputs", "noloco", "sparseloco",
+           "teleportation", "teleportation_mixing"]

@@ -37,6 +37,8 @@ def cell_cfg(algorithm, nonblocking, compression, failures, control, **kw):
           "progress": False, "topology": "ring", "learning_rate": 0.1,
           "local_sgd.tau": 2, "diloco.inner_steps": 2, "gossip_pga.period": 2,
           "sparseloco.inner_steps": 2, "noloco.number_of_local_steps": 2,
+          "epidemic.rounds": 2, "epidemic.graph_degree": 2, "teleportation.local_steps": 2,
+          "teleportation.sample_size": 2,
           "nonblocking.enabled": nonblocking, "nonblocking.num_minibatches": 2,
           "compression.name": "top_k" if compression else "none",
           "compression.density": 0.1,
@@ -74,6 +76,8 @@ def refusal(algorithm, compression, nonblocking=False, failures=False):
     return "SparseLoCo's message is its own codec"
   if algorithm == "noloco" and compression:
     return "NoLoCo exchanges models within random groups uncompressed"
+  if algorithm in ("epidemic", "teleportation") and compression:
+    return "it exchanges whole models"
   return None
 
 

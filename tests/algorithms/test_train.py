@@ -162,6 +162,12 @@ def test_dpsgd_logreg_learns_mnist10k():
   assert train.train(cfg)["test_accuracy"] >= 0.88
 
 
+# what the shared run's numbers do not fit: DeMo steps by the sign (0.01 a step, its own
+# momentum), SparseLoCo's default 3 % of the entries reaches 87 % here (top_k 1024: 25 %)
+OWN_SETTINGS = {"demo": {"momentum": 0.0, "learning_rate": 0.01},
+                "sparseloco": {"sparseloco.top_k": 1024}}
+
+
 @pytest.mark.parametrize("algorithm", slow_except(
     [a for a in config_lib.ALGORITHMS if a != "dpsgd"], fast=(),
     slow=("choco_sgd", "local_sgd", "async_diloco", "sgp")))
@@ -169,16 +175,20 @@ def test_every_algorithm_learns_mnist10k(algorithm):
   """Every algorithm takes logistic regression on mnist10k (8 workers) from chance (10 %) to
   over 88 % test accuracy: test_dpsgd_logreg_learns_mnist10k's run for each of the others
   (allreduce_ring, gradient_tracking, d2, gossip_pga, diloco, streaming_diloco, ad_psgd and
-  swarm_sgd in the long tier). The
+  swarm_sgd in the long tier; DeMo 89.95 %, SparseLoCo 90.0 %, NoLoCo 90.3 %, Epidemic Learning 90.0 %,
+  Teleportation 90.05 % measured). The
   asynchronous family's steps are batches of events (about 2.2 events a batch on 8 workers),
   so it gets 500 of them, about 140 own steps a worker (89.7-90.2 % measured; the
   synchronous ones 89.9-90.6 %). The MLP runs to 95 % that this test
   once made (400 s of the slow tier) are ``python experiments/accuracy_runs.py --all``."""
   steps = 500 if recipes.is_asynchronous(algorithm) else 200
-  cfg = small_cfg(model="logreg", algorithm=algorithm, num_workers=8, batch_size=32,
-                  learning_rate=0.5, momentum=0.9, lr_schedule="cosine", num_steps=steps,
-                  eval_every=steps, eval_worker_accuracy=False,
-                  **{"diloco.inner_steps": 10, "diloco.outer_momentum": 0.5})
+  cfg = small_cfg(**{"model": "logreg", "algorithm": algorithm, "num_workers": 8,
+                     "batch_size": 32, "learning_rate": 0.5, "momentum": 0.9,
+                     "lr_schedule": "cosine", "num_steps": steps, "eval_every": steps,
+                     "eval_worker_accuracy": False, "diloco.inner_steps": 10,
+                     "diloco.outer_momentum": 0.5, "sparseloco.inner_steps": 10,
+                     "noloco.number_of_local_steps": 10, "epidemic.rounds": 5,
+                     "epidemic.graph_degree": 3, **OWN_SETTINGS.get(algorithm, {})})
   summary = train.train(cfg)
   assert summary["test_accuracy"] >= 0.88, summary
   if algorithm in ("allreduce", "allreduce_ring"):

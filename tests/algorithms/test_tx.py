@@ -130,6 +130,24 @@ def test_matcha_with_the_hosts_activations_equals_train():
   assert 0 < sum(tx.matcha_activations(plan, 3, t).sum() for t in range(6)) < 6 * 3
 
 
+@pytest.mark.parametrize("name,over,make", [
+    ("epidemic", {"epidemic.rounds": 2, "epidemic.graph_degree": 2, "epidemic.variant": "oracle"},
+     lambda: tx.epidemic_mixing(N, 2, variant="oracle", graph_degree=2, seed=5)),
+    ("teleportation", {"teleportation.local_steps": 2, "teleportation.sample_size": 2},
+     lambda: tx.teleportation_mixing(N, 2, sample_size=2, seed=5))])
+def test_a_round_graph_from_the_hosts_draw_equals_train(name, over, make):
+  """Epidemic Learning's and Teleportation's faces, given the rounds train() draws
+  (tx.mixing_inputs of the same rule), are the algorithms."""
+  cfg = _cfg(name, "simulate", **over, seed=5, num_steps=6)
+  mixing = make()
+  face = getattr(tx, name)(mixing, axis_name="w")
+  got = _user(cfg, optax.chain(optax.sgd(0.05), face), "simulate",
+              lambda t: {"shared": tx.mixing_inputs(mixing, t)})
+  for a, b in zip(_framework(cfg), got):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+  assert np.ptp(got[-1], axis=0).max() > 0
+
+
 @pytest.mark.parametrize("backend,name", [  # the mesh cases in the slow tier
     (b, n) if b == "simulate" else pytest.param(b, n, marks=pytest.mark.slow)
     for n in CASES for b in ("simulate", "mesh")]
@@ -152,7 +170,8 @@ def test_every_algorithm_has_an_optax_face_or_says_why():
   assert all(e.face is not None or (e.no_face and len(e.no_face) > 20)
              for e in recipes.REGISTRY.values())
   assert {f for f in faces.values() if f} <= set(tx.__all__)
-  checked = {name for name in {**CASES, **MORE} if name in faces} | {"matcha"}
+  checked = ({name for name in {**CASES, **MORE} if name in faces}
+             | {"matcha", "epidemic", "teleportation"})
   assert checked == {name for name, f in faces.items() if f is not None}
   assert {name for name, e in recipes.REGISTRY.items()
           if e.clock == "lockstep" and e.face is None} == set()

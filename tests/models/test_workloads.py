@@ -227,6 +227,21 @@ def test_language_model_learns(algorithm, tmp_path):
   assert summary["test_loss"] < math.log(summary["vocab_size"]), summary
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["epidemic", "teleportation"])
+def test_the_sampled_decentralized_line_trains_the_cnn(algorithm):
+  """Epidemic Learning and Teleportation train the main job's CNN on mnist10k, 16 workers:
+  60 steps at lr 0.05 take it from chance to over 85 % test accuracy (measured: EL-Local
+  s = 3, H = 2: 91.9 %; Teleportation k = 8, H = 2: 90.5 %; D-PSGD on the ring 93.1 %)."""
+  summary = train.train(small_cfg(**{
+      "model": "cnn", "algorithm": algorithm, "num_workers": 16, "batch_size": 16,
+      "learning_rate": 0.05, "momentum": 0.9, "num_steps": 60, "eval_every": 60,
+      "eval_worker_accuracy": False, "eval_train_examples": 256, "epidemic.rounds": 2,
+      "epidemic.graph_degree": 3, "teleportation.local_steps": 2,
+      "teleportation.sample_size": 8}))
+  assert summary["test_accuracy"] > 0.85, summary
+
+
 # ----------------------------------------------------------------------------- command line
 
 

@@ -123,6 +123,11 @@ CASES = [
     *[bad(f"noloco.{k}", v, algorithm="noloco") for k, v in (
         ("number_of_local_steps", 0), ("local_group_size", 0), ("outer_lr", 0.0),
         ("outer_momentum", 1.0))],
+    bad("epidemic.variant", "global", algorithm="epidemic"),
+    bad("epidemic.graph_degree", 0, algorithm="epidemic"),
+    bad("epidemic.rounds", 0, algorithm="epidemic"),
+    bad("teleportation.sample_size", 1, algorithm="teleportation"),
+    bad("teleportation.local_steps", 0, algorithm="teleportation"),
     bad("streaming_diloco.alpha", 1.5, algorithm="streaming_diloco"),
     bad("choco.gamma", 0.0, algorithm="choco_sgd"),
     bad("choco.gamma", 1.5, algorithm="choco_sgd"),
