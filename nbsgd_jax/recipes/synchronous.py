@@ -33,6 +33,7 @@ def check_diloco_config(cfg, errs: list) -> None:
   checks.number(cfg, errs, "diloco.outer_lr", 0, lo_open=True)
   checks.number(cfg, errs, "diloco.outer_momentum", 0, hi=1, hi_open=True)
   checks.boolean(cfg, errs, "diloco.outer_nesterov")
+  checks.choice(cfg, errs, "diloco.overlap", T.wrappers.OVERLAPS)
 
 
 def dpsgd_defaults() -> ml_collections.ConfigDict:
@@ -63,8 +64,12 @@ def check_streaming_diloco_config(cfg, errs: list) -> None:
 
 def _check_streaming(cfg, errs: list) -> None:
   """Streaming DiLoCo's first round within the run, P dividing H = diloco.inner_steps and
-  0 <= tau < H / P (a fragment's all-reduce lands before the next one starts)."""
+  0 <= tau < H / P (a fragment's all-reduce lands before the next one starts); its overlap is
+  its own (``streaming_diloco.delay``), not ``diloco.overlap``."""
   _check_diloco_period(cfg, errs)
+  if cfg.diloco.get("overlap", "none") != "none":
+    errs.append(f"config.diloco.overlap={cfg.diloco.overlap!r} is not allowed with "
+                "algorithm='streaming_diloco': its overlap is streaming_diloco.delay")
   sd, h = cfg.streaming_diloco, cfg.diloco.get("inner_steps")
   p, tau = sd.get("fragments"), sd.get("delay")
   if not (checks.is_int(p) and p >= 1 and checks.is_int(h) and h >= 1):
@@ -127,6 +132,10 @@ def diloco_defaults() -> ml_collections.ConfigDict:
   s.outer_lr = 0.7               # outer SGD learning rate
   s.outer_momentum = 0.9         # outer momentum (0: plain SGD)
   s.outer_nesterov = True        # Nesterov outer momentum
+  s.overlap = "none"             # none | delayed: the all-reduce overlaps the next H inner
+                                 # steps, the outer step on the mean that landed (one outer
+                                 # step late; pccl's async DiLoCo) | eager: the worker's own
+                                 # fresh share in place of its stale one (Kale et al. 2025)
   return s
 
 
@@ -297,8 +306,9 @@ def diloco(b: Builder) -> Recipe:
   averaged pseudo-gradient; an evaluation reads the outer model (``docs/algorithms.md``)."""
   comm = b.allreduce()
   reducer, opt = b.delta_reducer(comm), b.optimizer("local")
-  t = b.injected(lambda lr, m: A.diloco(opt, reducer, _outer(b.cfg, lr, m)),
-                 "diloco.outer_lr", "diloco.outer_momentum")
+  c = b.cfg.diloco
+  t = b.injected(lambda lr, m: A.diloco(opt, reducer, _outer(b.cfg, lr, m), c.overlap,
+                                        c.inner_steps), "diloco.outer_lr", "diloco.outer_momentum")
   return Recipe(t, decentralized=True, primary=comm, evaluated=asynchronous.outer_models,
                 planner=b.fixed_periods(b.cfg.diloco.inner_steps))
 

@@ -53,11 +53,15 @@ RUN_FILES = ("config.json", "metrics.jsonl", "steps.jsonl", "summary.json", "ten
 
 def config_diff(old: dict, cfg: ml_collections.ConfigDict) -> list[tuple[str, Any, Any]]:
   """``(key, old value, new value)`` for every dotted key where the stored config ``old``
-  (``config.json``) and ``cfg`` differ, :data:`OUTPUT_KEYS` aside."""
+  (``config.json``) and ``cfg`` differ, :data:`OUTPUT_KEYS` aside. A key the stored config
+  lacks (a run made before the key existed) is the same when ``cfg`` holds its default: that
+  run ran as the default does."""
   a = config_lib.flatten_dict(old)
   b = config_lib.flatten_dict(json.loads(cfg.to_json_best_effort()))
+  defaults = config_lib.flatten_dict(json.loads(config_lib.default_config().to_json_best_effort()))
+  newer = {k for k in set(b) - set(a) if k in defaults and b[k] == defaults[k]}
   return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-          if a.get(k) != b.get(k) and k not in OUTPUT_KEYS]
+          if a.get(k) != b.get(k) and k not in OUTPUT_KEYS and k not in newer]
 
 
 def _read_json(path: str):

@@ -31,7 +31,8 @@ from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, cha
                                        merge_reports, replace_params, skip_unless)
 from nbsgd_jax.transforms.push_sum import stochastic_gradient_push
 from nbsgd_jax.transforms.wrappers import (average_models, gossip_step, group_outer_step,
-                                           holding, mixing_of, outer_step, periodic,
+                                           holding, mixing_of, outer_step,
+                                           overlapped_outer_step, periodic, OVERLAPS,
                                            streaming_outer_step)
 
 # the compositions the decentralized module already is, under the algorithms' names
@@ -71,12 +72,22 @@ def local_sgd(opt, reducer: WorkerTransform, opt_state: str = "keep",
                                       opt_reducer=opt_reducer))
 
 
-def diloco(opt, reducer: WorkerTransform, outer: optax.GradientTransformation
-           ) -> WorkerTransform:
+def diloco(opt, reducer: WorkerTransform, outer: optax.GradientTransformation,
+           overlap: str = "none", period: int = 1) -> WorkerTransform:
   """DiLoCo (Douillard et al. 2023, Algorithm 1): H inner steps of ``opt``, then at a period
   end the mean pseudo-gradient (``reducer``) through the ``outer`` optimizer, every worker
-  restarting from the outer model."""
-  return periodic(opt, outer_step(reducer, outer))
+  restarting from the outer model; with ``overlap`` = ``"delayed"`` or ``"eager"`` the
+  all-reduce overlaps the next ``period`` = H inner steps and the outer step uses the mean
+  that landed (:func:`~nbsgd_jax.transforms.wrappers.overlapped_outer_step`).
+
+  Raises:
+    ValueError: an unknown ``overlap``.
+  """
+  if overlap not in OVERLAPS:
+    raise ValueError(f"diloco.overlap={overlap!r} is not allowed: use one of {list(OVERLAPS)}")
+  if overlap == "none":
+    return periodic(opt, outer_step(reducer, outer))
+  return periodic(opt, overlapped_outer_step(reducer, outer, period, overlap == "eager"))
 
 
 def streaming_diloco(opt, reducer: WorkerTransform, outer: optax.GradientTransformation,

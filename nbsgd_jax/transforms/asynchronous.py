@@ -32,7 +32,7 @@ import numpy as np
 
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
                                        replace_params, tree_where)
-from nbsgd_jax.transforms.wrappers import OuterState
+from nbsgd_jax.transforms.wrappers import OuterState, OverlapState
 
 
 class Events(NamedTuple):
@@ -217,7 +217,7 @@ def staleness_weight(rule: str, staleness, n: int):
 def outer_models(opt_state, params):
   """The outer model's replicas ``[n, ...]`` (the same on every worker) held in a stacked
   state: asynchronous DiLoCo's server model (:class:`ServerState` ``.server``) or DiLoCo's
-  x_outer (:class:`~nbsgd_jax.transforms.wrappers.OuterState` ``.anchor``, the model its last
+  x_outer (:class:`~nbsgd_jax.transforms.wrappers.OuterState` or ``OverlapState`` ``.anchor``, the model its last
   outer step made, which every worker restarted from). ``Recipe.evaluated`` of both, so that
   their records evaluate the same kind of model (``docs/algorithms.md``, ``async_diloco``).
 
@@ -225,12 +225,12 @@ def outer_models(opt_state, params):
     ValueError: the state holds no or several of them.
   """
   del params
-  kinds = (ServerState, OuterState)
+  kinds = (ServerState, OuterState, OverlapState)
   found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda z: isinstance(z, kinds))
            if isinstance(x, kinds)]
   if len(found) != 1:
-    raise ValueError(f"the optimizer state holds {len(found)} ServerState or OuterState, "
-                     "not one")
+    raise ValueError(f"the optimizer state holds {len(found)} ServerState, OuterState or "
+                     "OverlapState, not one")
   return found[0].server if isinstance(found[0], ServerState) else found[0].anchor
 
 

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from nbsgd_jax.communications import collectives
 from nbsgd_jax.transforms.base import (WorkerTransform, as_worker_transform, merge_reports,
                                        no_state, replace_params)
 
@@ -323,6 +324,68 @@ def group_outer_step(groups, outer_lr, outer_momentum) -> Synchronisation:
     return slow, local_state, NoLoCoState(slow, m), report
 
   return Synchronisation(init, apply, (groups,))
+
+
+OVERLAPS = ("none", "delayed", "eager")  # config.diloco.overlap: overlapped_outer_step
+
+
+class OverlapState(NamedTuple):
+  """State of :func:`overlapped_outer_step`: the worker's ``anchor`` (x_outer), the outer
+  optimizer's and the reducer's states, the mean pseudo-gradient in flight (``pending``, with
+  ``landed``: False until the first one), and the worker's own last pseudo-gradient
+  (``own``, for eager updates)."""
+
+  anchor: Any
+  outer: Any
+  reducer: Any
+  pending: Any
+  own: Any
+  landed: Any
+
+
+def overlapped_outer_step(reducer: WorkerTransform, outer: optax.GradientTransformation,
+                          period: int, eager: bool = False) -> Synchronisation:
+  """DiLoCo whose outer all-reduce overlaps the next ``period`` inner steps, the outer step
+  one outer step late (PrimeIntellect-ai/pccl ``python/examples/nanogpt_diloco/
+  async_diloco.py``, commit 7815195c4fe29f9dd4448f67afe8f48e93393428; Kale, Douillard et
+  al., "Eager Updates For Overlapped Communication and Computation in DiLoCo", arXiv
+  2502.12996, Algorithms 2 and 3). At a period end each worker sends ``Delta_i = anchor -
+  x_i`` (``reducer``: its mean lands a period later, the communications :meth:`deferred` by
+  ``period`` steps for the clock) and steps its anchor with the outer optimizer on
+
+  * ``eager=False``: the mean that landed, ``Delta(t - H)`` (nothing at the first period
+    end), every worker alike;
+  * ``eager=True``: ``Delta(t - H) + w_i (Delta_i(t) - Delta_i(t - H))`` (``w_i`` this
+    worker's weight in the mean, 1/n): its own fresh share in place of its stale one, so the
+    anchors differ between workers.
+
+  Every worker restarts from its anchor.
+  """
+
+  def init(params):
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return OverlapState(params, outer.init(params), reducer.init(params), zeros, zeros,
+                        jnp.asarray(False))
+
+  def apply(x, local_state, state, ctx):
+    delta = jax.tree.map(lambda a, b: a - b, state.anchor, x)
+    mean, red, report = reducer.update(delta, state.reducer, None, ctx)
+    grad = state.pending
+    if eager:
+      comm = reducer.communications[0]
+      w = comm.weight(ctx, "alive")
+      w = 1.0 / collectives.axis_size(comm.axis_name) if w is None else w
+      grad = jax.tree.map(lambda p, d, o: p + w * (d - o), state.pending, delta, state.own)
+    updates, outer_state = outer.update(grad, state.outer, state.anchor)
+    stepped = optax.apply_updates(state.anchor, updates)
+    on = state.landed | eager  # delayed: no outer step before the first mean lands
+    anchor = jax.tree.map(lambda a, b: jnp.where(on, a, b), stepped, state.anchor)
+    outer_state = jax.tree.map(lambda a, b: jnp.where(on, a, b), outer_state, state.outer)
+    return anchor, local_state, OverlapState(anchor, outer_state, red, mean, delta,
+                                             jnp.asarray(True)), report
+
+  comms = tuple(c.deferred(period) for c in reducer.communications if c is not None)
+  return Synchronisation(init, apply, comms)
 
 
 def fragment_leaves(num_leaves: int, fragments: int) -> list[list[int]]:

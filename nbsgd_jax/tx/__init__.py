@@ -377,20 +377,26 @@ def local_sgd(period: int, *, axis_name: Any) -> optax.GradientTransformationExt
                   period=period, needs_params=True, name=owner)
 
 
-def diloco(outer: optax.GradientTransformation, period: int, *, axis_name: Any
-           ) -> optax.GradientTransformationExtraArgs:
+def diloco(outer: optax.GradientTransformation, period: int, *, axis_name: Any,
+           overlap: str = "none") -> optax.GradientTransformationExtraArgs:
   """DiLoCo (Douillard et al. 2023, Algorithm 1) after the inner optimizer: after every
   ``period`` = H updates, the pseudo-gradient ``Delta = x_outer - mean_i x_i`` goes through
   ``outer`` (e.g. ``optax.sgd(0.7, momentum=0.9, nesterov=True)``), ``x_outer <- x_outer +
   outer(Delta)`` and every worker restarts from ``x_outer``. ``init`` keeps ``x_outer`` =
-  the initial params (give every worker the same).
+  the initial params (give every worker the same). ``overlap="delayed"``: the all-reduce
+  overlaps the next H updates and the outer step uses the mean that landed, one outer step
+  late (pccl's async DiLoCo); ``"eager"``: with each worker's own fresh share in place of its
+  stale one (Kale et al. 2025, arXiv 2502.12996).
 
   Raises:
-    ValueError: ``period`` < 1; (at update) ``axis_name`` not bound, ``params`` missing.
+    ValueError: ``period`` < 1, an unknown ``overlap``; (at update) ``axis_name`` not bound,
+      ``params`` missing.
   """
   owner = "tx.diloco"
   period = _check_period(period, owner)
-  build = lambda comm: A.diloco(optax.identity(), T.mean_of(comm, "alive"), outer)
+  build = lambda comm: A.diloco(optax.identity(), T.mean_of(comm, "alive"), outer, overlap,
+                                period)
+  build(None)  # the overlap's check, at once
   make = lambda n: build(AllReduce(n, axis_name))
   return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
                   period=period, needs_params=True, name=owner)

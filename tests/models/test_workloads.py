@@ -230,16 +230,17 @@ def test_language_model_learns(algorithm, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["epidemic", "teleportation"])
 def test_the_sampled_decentralized_line_trains_the_cnn(algorithm):
-  """Epidemic Learning and Teleportation train the main job's CNN on mnist10k, 16 workers:
-  60 steps at lr 0.05 take it from chance to over 85 % test accuracy (measured: EL-Local
-  s = 3, H = 2: 91.9 %; Teleportation k = 8, H = 2: 90.5 %; D-PSGD on the ring 93.1 %)."""
+  """Epidemic Learning and Teleportation train the main job's CNN on mnist10k, 8 workers:
+  40 steps at lr 0.05 take it from chance to over 70 % test accuracy (measured: EL-Local
+  s = 3, H = 2: 84.3 %; Teleportation, k = 4 active, H = 2: 74.2 %; the study with 16
+  workers: experiments/compare_algorithms.py)."""
   summary = train.train(small_cfg(**{
-      "model": "cnn", "algorithm": algorithm, "num_workers": 16, "batch_size": 16,
-      "learning_rate": 0.05, "momentum": 0.9, "num_steps": 60, "eval_every": 60,
+      "model": "cnn", "algorithm": algorithm, "num_workers": 8, "batch_size": 16,
+      "learning_rate": 0.05, "momentum": 0.9, "num_steps": 40, "eval_every": 40,
       "eval_worker_accuracy": False, "eval_train_examples": 256, "epidemic.rounds": 2,
       "epidemic.graph_degree": 3, "teleportation.local_steps": 2,
-      "teleportation.sample_size": 8}))
-  assert summary["test_accuracy"] > 0.85, summary
+      "teleportation.sample_size": 4}))
+  assert summary["test_accuracy"] > 0.7, summary
 
 
 # ----------------------------------------------------------------------------- command line

@@ -337,3 +337,4 @@ def test_ctrl_c_stops_with_one_line_and_whole_records(tmp_path):
       f"error: interrupted; {wd} holds the records so far; the same command resumes from the "
       "last checkpoint"]  # the quick start checkpoints every 5th evaluation
   assert len(read_records(wd / "metrics.jsonl")) >= 2
+

@@ -189,3 +189,24 @@ def test_combination_errors_come_from_the_recipe_registry(monkeypatch):
 ])
 def test_registry_refuses_undefined_combinations(overrides, line):
   assert errors_of(cfg_with(**overrides)) == [line]
+
+
+def test_a_run_stored_before_a_key_existed_is_the_same_run_at_its_default(tmp_path):
+  """A workdir's config.json without a key the package added later holds the same run when
+  the new config has that key's default (the old run ran as the default does), another run
+  when it does not."""
+  import json
+  from nbsgd_jax.run import records
+  cfg = config_lib.default_config()
+  stored = json.loads(cfg.to_json_best_effort())
+  del stored["diloco"]["overlap"]  # as written before config.diloco.overlap existed
+  (tmp_path / "config.json").write_text(json.dumps(stored))
+  assert records.check_workdir(cfg, str(tmp_path)) is None
+  with pytest.raises(config_lib.ConfigError, match=r"config\.diloco\.overlap='eager' is not "
+                                                   r"allowed: workdir .* holds a run with "
+                                                   r"diloco\.overlap=None"):
+    records.check_workdir(config_lib.override(cfg, {"diloco.overlap": "eager"}), str(tmp_path))
+  stored["learning_rate"] = 1.0  # a key it has, another value: another run
+  (tmp_path / "config.json").write_text(json.dumps(stored))
+  with pytest.raises(config_lib.ConfigError, match=r"holds a run with learning_rate=1\.0"):
+    records.check_workdir(cfg, str(tmp_path))
