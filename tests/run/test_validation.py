@@ -72,7 +72,7 @@ CASES = [
     bad("compression.error_feedback", 1),
     bad("compression.flatten", None),
     bad("compression.gaussian_rounds", 2.0, **TOP_K),
-    bad("diloco.outer_nesterov", "no"),
+    bad("diloco.outer_nesterov", "no"), bad("diloco.overlap", "late"),
     bad("consensus.per_layer", "yes"),
     bad("consensus.reference_workdir", 5),
     bad("cluster.slowdown", 3),
