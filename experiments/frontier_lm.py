@@ -90,28 +90,15 @@ def continuation(a, seed: int, name: str, rate: float, network: str):
       "partition": "iid", "checkpoint_every": 0, **NETWORKS[network]})
 
 
-def _group(a, res: dict, where: dict, make: dict) -> None:
-  """Train the ``{key: () -> config}`` not yet in ``where`` as one call; store; save."""
-  todo = {k: f() for k, f in make.items() if k not in where}
-  if not todo:
-    return
-  t = time.time()
-  for k, r in zip(todo, common.run_histories(list(todo.values()), KEEP)):
-    s = r.pop("summary") or {}
-    r["model_params"] = s.get("model_params")
-    where[k] = r
-  print(f"    {len(todo)} runs in {time.time() - t:.0f} s", flush=True)
-  diloco_paper.save(a, res)
-
-
 def tune(a, res: dict) -> dict:
   """Each method's rate grid on the tuning seed (extended at an edge); name -> its pick."""
   picks = {}
   for name, (_, grid, _) in methods(a).items():
     where, rates = res["tuning"].setdefault(name, {}), sorted(GRIDS[grid])
     for extension in range(a.extend + 1):
-      _group(a, res, where, {_key(r): functools.partial(continuation, a, a.tune_seed, name, r,
-                                                         "datacenter") for r in rates})
+      diloco_paper._run_group(a, res, where, {
+          _key(r): functools.partial(continuation, a, a.tune_seed, name, r, "datacenter")
+          for r in rates})
       best = min(rates, key=lambda r: diloco_paper._final(where[_key(r)], "train_loss"))
       edge = best in (rates[0], rates[-1])
       if not edge or extension == a.extend:
@@ -131,7 +118,7 @@ def report(a, res: dict, picks: dict) -> None:
     for network in NETWORKS:
       where = res["methods"].setdefault(f"{name}@{network}", {
           "method": name, "network": network, "rate": picks[name]["rate"], "seeds": {}})
-      _group(a, res, where["seeds"], {
+      diloco_paper._run_group(a, res, where["seeds"], {
           str(seed): functools.partial(continuation, a, seed, name, picks[name]["rate"],
                                        network) for seed in a.seeds})
 

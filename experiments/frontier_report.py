@@ -106,6 +106,25 @@ def versus(res: dict, name: str, base: str, network: str = "datacenter") -> str:
           + f": {verdict}), {ratio:.3g}x its bytes.")
 
 
+def tuning(res: dict) -> list[str]:
+  """The tuning runs: each rate's final training loss (validation loss), the pick in bold."""
+  s = res["settings"]
+  lines = [f"## Tuning (seed {s['tune_seed']}, not reported)", "",
+           "Final training loss (validation loss) per inner learning rate; the pick in bold "
+           "(edge: the pick is at its grid's edge after the extensions).", ""]
+  for name, grid in res.get("tuning", {}).items():
+    pick = res.get("picks", {}).get(name, {})
+    cells = []
+    for key in sorted(grid, key=lambda k: float(k.split("=")[1])):
+      h = grid[key]["history"][-1]
+      text = f"{key.split('=')[1]}: {h['train_loss']:.4f} ({h['test_loss']:.4f})"
+      cells.append(f"**{text}**" if pick and float(key.split("=")[1]) == pick["rate"]
+                   else text)
+    lines.append(f"* {name}: " + "; ".join(cells)
+                 + (" (edge)" if pick.get("edge") else "") + ("" if pick else " (running)"))
+  return lines + [""]
+
+
 def markdown(res: dict) -> str:
   s = res["settings"]
   lines = [f"`{res['command']}`", "",
@@ -117,6 +136,7 @@ def markdown(res: dict) -> str:
            f"reported seeds {', '.join(map(str, s['seeds']))}: mean +- std (ddof = 1).", ""]
   for network in s["networks"]:
     lines += table(res, network)
+  lines += tuning(res)
   lines += ["## Each paper's claim beside ours", "",
             "Ours: the method's final validation loss against the baseline the paper names "
             "(mean over the reported seeds; the difference per seed), and its bytes per worker "

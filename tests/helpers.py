@@ -349,3 +349,41 @@ def slow_except(values, fast, slow=None):
 
   return [v if v in fast else param(v, pytest.mark.slow) if slow is None or v in slow
           else param(v, pytest.mark.long) for v in values]
+
+
+def vmapped_steps(opt, params, grads, shared=None):
+  """A user's loop of the optax transformation ``opt`` over the worker axis ``"w"``
+  (``jax.vmap``): ``params`` a stacked tree ``[n, ...]``, ``grads[t]`` step t's stacked
+  gradients, ``shared(t)`` (optional) step t's ``shared`` extra argument. Yields ``(t,
+  params, state)`` after every step."""
+  import optax
+  state = jax.vmap(opt.init, axis_name="w")(params)
+
+  def worker(p, st, g, kw):
+    u, st = opt.update(g, st, p, **kw)
+    return optax.apply_updates(p, u), st
+
+  step = jax.jit(jax.vmap(worker, axis_name="w", in_axes=(0, 0, 0, None)))
+  for t, g in enumerate(grads):
+    params, state = step(params, state, g, {} if shared is None else {"shared": shared(t)})
+    yield t, params, state
+
+
+def state_of(state, kind):
+  """The one ``kind`` (a NamedTuple class) inside a chain's state."""
+  found = [x for x in jax.tree.leaves(state, is_leaf=lambda z: isinstance(z, kind))
+           if isinstance(x, kind)]
+  assert len(found) == 1, f"{len(found)} {kind.__name__} in the state"
+  return found[0]
+
+
+def start_and_gradients(shapes: dict, n: int, steps: int, seed: int = 0):
+  """``(x0, grads)``: every worker's same random start ``{name: [n, *shape]}`` and ``steps``
+  steps of random per-worker gradients (float32), drawn in that order from ``seed``: the
+  inputs a reference test feeds both the framework and the transcription."""
+  rng = np.random.default_rng(seed)
+  x0 = {k: np.broadcast_to(rng.normal(size=s), (n,) + s).astype(np.float32)
+        for k, s in sorted(shapes.items())}
+  grads = [{k: rng.normal(size=(n,) + s).astype(np.float32) for k, s in sorted(shapes.items())}
+           for _ in range(steps)]
+  return x0, grads

@@ -154,10 +154,14 @@ def mixing_inputs(mixing: RM.RandomMixing, step: int) -> dict:
   return mixing.host_inputs(int(step))["shared"]
 
 
-def _bound(mixing: RM.RandomMixing, axis_name: Any) -> RM.RandomMixing:
-  out = copy.copy(mixing)
-  out.axis_name = axis_name
-  return out
+def _round_face(algorithm: Callable, mixing: RM.RandomMixing, axis_name: Any, owner: str
+                ) -> optax.GradientTransformationExtraArgs:
+  """``algorithm(optax.identity(), mixing)`` on ``axis_name``, a round every
+  ``mixing.period`` updates."""
+  bound = copy.copy(mixing)
+  bound.axis_name = axis_name
+  return to_optax(algorithm(optax.identity(), bound), axis_name=axis_name,
+                  period=bound.period, needs_params=True, name=owner)
 
 
 def epidemic(mixing: RM.RandomMixing, *, axis_name: Any
@@ -171,10 +175,7 @@ def epidemic(mixing: RM.RandomMixing, *, axis_name: Any
   Raises:
     ValueError (at update): ``axis_name`` not bound, ``params`` missing.
   """
-  m = _bound(mixing, axis_name)
-  t = A.epidemic(optax.identity(), m)
-  return to_optax(t, axis_name=axis_name, period=m.period, needs_params=True,
-                  name="tx.epidemic")
+  return _round_face(A.epidemic, mixing, axis_name, "tx.epidemic")
 
 
 def teleportation(mixing: RM.RandomMixing, *, axis_name: Any
@@ -189,10 +190,7 @@ def teleportation(mixing: RM.RandomMixing, *, axis_name: Any
   Raises:
     ValueError (at update): ``axis_name`` not bound, ``params`` missing.
   """
-  m = _bound(mixing, axis_name)
-  t = A.teleportation(optax.identity(), m)
-  return to_optax(t, axis_name=axis_name, period=m.period, needs_params=True,
-                  name="tx.teleportation")
+  return _round_face(A.teleportation, mixing, axis_name, "tx.teleportation")
 
 
 __all__ = ["demo", "epidemic", "epidemic_mixing", "mixing_inputs", "noloco", "sparseloco",

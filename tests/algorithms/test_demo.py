@@ -10,9 +10,10 @@ import optax
 import pytest
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax import train, tx
+from nbsgd_jax import tx
 from nbsgd_jax.codecs import dct
 from nbsgd_jax.transforms.decoupled import DecoupledMomentumState
+from tests.helpers import state_of, vmapped_steps
 from tests.references import demo as ref
 
 N, STEPS, WD, DECAY, TOPK, CHUNK = 3, 5, 0.1, 0.9, 3, 8
@@ -26,20 +27,8 @@ def _framework(params, grads):
   opt = optax.chain(tx.demo(sched, axis_name="w", compression_decay=DECAY,
                             compression_topk=TOPK, compression_chunk=CHUNK),
                     optax.add_decayed_weights(WD), optax.sgd(sched))
-  state = jax.vmap(opt.init, axis_name="w")(params)
-
-  def worker(p, st, g):
-    u, st = opt.update(g, st, p)
-    return optax.apply_updates(p, u), st
-
-  step = jax.jit(jax.vmap(worker, axis_name="w"))
-  out = []
-  for g in grads:
-    params, state = step(params, state, g)
-    delta = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(
-        x, DecoupledMomentumState)) if isinstance(s, DecoupledMomentumState)][0].delta
-    out.append((params, delta, np.asarray(tx.bytes_sent(state))))
-  return out
+  return [(p, state_of(st, DecoupledMomentumState).delta, np.asarray(tx.bytes_sent(st)))
+          for _, p, st in vmapped_steps(opt, params, grads)]
 
 
 def test_demo_equals_the_reference_step_by_step():

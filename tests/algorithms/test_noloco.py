@@ -16,6 +16,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax import train, tx
 from nbsgd_jax.communications.groups import RandomGroups, group_positions
 from nbsgd_jax.transforms.wrappers import NoLoCoState
+from tests.helpers import start_and_gradients, state_of, vmapped_steps
 from tests.references import noloco as ref
 
 N, H, ROUNDS, LR, SEED = 6, 2, 4, 0.1, 3
@@ -25,31 +26,15 @@ SHAPES = {"b": (5,), "w": (4, 3)}
 def _framework(params, grads, g, alpha, beta):
   opt = optax.chain(optax.sgd(LR), tx.noloco(H, axis_name="w", local_group_size=g,
                                               outer_lr=alpha, outer_momentum=beta, seed=SEED))
-  state = jax.vmap(opt.init, axis_name="w")(params)
-
-  def worker(p, st, gr):
-    u, st = opt.update(gr, st, p)
-    return optax.apply_updates(p, u), st
-
-  step = jax.jit(jax.vmap(worker, axis_name="w"))
-  out = []
-  for t, gr in enumerate(grads):
-    params, state = step(params, state, gr)
-    if (t + 1) % H == 0:
-      s = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, NoLoCoState))
-           if isinstance(x, NoLoCoState)][0]
-      out.append((params, s.slow, s.momentum, np.asarray(tx.bytes_sent(state))))
-  return out
+  return [(p, state_of(st, NoLoCoState).slow, state_of(st, NoLoCoState).momentum,
+           np.asarray(tx.bytes_sent(st)))
+          for t, p, st in vmapped_steps(opt, params, grads) if (t + 1) % H == 0]
 
 
 @pytest.mark.parametrize("g,alpha,beta", [(2, 0.7, 0.5), (3, 0.9, 0.9), (1, 0.7, 0.5)])
 def test_noloco_equals_the_reference_at_every_outer_step(g, alpha, beta):
-  rng = np.random.default_rng(0)
   names = sorted(SHAPES)
-  x0 = {k: np.broadcast_to(rng.normal(size=SHAPES[k]), (N,) + SHAPES[k]).astype(np.float32)
-        for k in names}
-  grads = [{k: rng.normal(size=(N,) + SHAPES[k]).astype(np.float32) for k in names}
-           for _ in range(H * ROUNDS)]
+  x0, grads = start_and_gradients(SHAPES, N, H * ROUNDS, seed=0)
   got = _framework(jax.tree.map(jnp.asarray, x0), grads, g, alpha, beta)
   comm = RandomGroups(N, g, SEED)
   slow = [[x0[k][0].copy() for k in names] for _ in range(N)]

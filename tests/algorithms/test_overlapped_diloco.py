@@ -15,6 +15,7 @@ import pytest
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train, tx
 from nbsgd_jax.transforms.wrappers import OverlapState
+from tests.helpers import start_and_gradients, state_of, vmapped_steps
 from tests.references import overlapped_diloco as ref
 
 N, H, ROUNDS, LR = 3, 2, 5, 0.1
@@ -26,33 +27,15 @@ def _framework(x0, grads, overlap, outer_lr, momentum, nesterov):
   opt = optax.chain(optax.sgd(LR), tx.diloco(
       optax.sgd(outer_lr, momentum=momentum or None, nesterov=nesterov), H, axis_name="w",
       overlap=overlap))
-  params = jax.tree.map(jnp.asarray, x0)
-  state = jax.vmap(opt.init, axis_name="w")(params)
-
-  def worker(p, st, g):
-    u, st = opt.update(g, st, p)
-    return optax.apply_updates(p, u), st
-
-  step = jax.jit(jax.vmap(worker, axis_name="w"))
-  out = []
-  for t, g in enumerate(grads):
-    params, state = step(params, state, g)
-    if (t + 1) % H == 0:
-      s = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, OverlapState))
-           if isinstance(x, OverlapState)][0]
-      out.append((params, s.anchor))
-  return out
+  return [(p, state_of(st, OverlapState).anchor) for t, p, st in vmapped_steps(
+      opt, jax.tree.map(jnp.asarray, x0), grads) if (t + 1) % H == 0]
 
 
 @pytest.mark.parametrize("overlap,outer_lr,momentum,nesterov", [
     ("delayed", 0.7, 0.0, False), ("delayed", 0.7, 0.9, True), ("eager", 0.7, 0.0, False),
     ("eager", 0.5, 0.9, True)])
 def test_overlapped_outer_steps_equal_the_reference(overlap, outer_lr, momentum, nesterov):
-  rng = np.random.default_rng(0)
-  x0 = {k: np.broadcast_to(rng.normal(size=SHAPES[k]), (N,) + SHAPES[k]).astype(np.float32)
-        for k in NAMES}
-  grads = [{k: rng.normal(size=(N,) + SHAPES[k]).astype(np.float32) for k in NAMES}
-           for _ in range(H * ROUNDS)]
+  x0, grads = start_and_gradients(SHAPES, N, H * ROUNDS, seed=0)
   got = _framework(x0, grads, overlap, outer_lr, momentum, nesterov)
   local, anchor, buf, inflight = ref.init_state([x0[k][0] for k in NAMES], N, momentum)
   own = None

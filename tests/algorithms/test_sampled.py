@@ -23,6 +23,7 @@ import pytest
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train, tx
 from nbsgd_jax.communications import random_mixing as RM
+from tests.helpers import start_and_gradients, vmapped_steps
 from tests.references import epidemic as el_ref
 from tests.references import teleportation as tp_ref
 
@@ -32,32 +33,16 @@ NAMES = sorted(SHAPES)
 
 
 def _data():
-  rng = np.random.default_rng(0)
-  x0 = {k: np.broadcast_to(rng.normal(size=SHAPES[k]), (N,) + SHAPES[k]).astype(np.float32)
-        for k in NAMES}
-  grads = [{k: rng.normal(size=(N,) + SHAPES[k]).astype(np.float32) for k in NAMES}
-           for _ in range(H * ROUNDS)]
-  return x0, grads
+  return start_and_gradients(SHAPES, N, H * ROUNDS)
 
 
 def _framework(face, mixing, x0, grads):
   """SGD then ``face(mixing)`` in a user's vmapped step; the models after every round."""
   opt = optax.chain(optax.sgd(LR), face(mixing, axis_name="w"))
-  params = jax.tree.map(jnp.asarray, x0)
-  state = jax.vmap(opt.init, axis_name="w")(params)
-
-  def worker(p, st, g, shared):
-    u, st = opt.update(g, st, p, shared=shared)
-    return optax.apply_updates(p, u), st
-
-  step = jax.jit(jax.vmap(worker, axis_name="w", in_axes=(0, 0, 0, None)))
-  out = []
-  for t, g in enumerate(grads):
-    params, state = step(params, state, g, tx.mixing_inputs(mixing, t))
-    if (t + 1) % H == 0:
-      out.append(([[np.asarray(params[k][i]) for k in NAMES] for i in range(N)],
-                  np.asarray(tx.bytes_sent(state))))
-  return out
+  steps = vmapped_steps(opt, jax.tree.map(jnp.asarray, x0), grads,
+                        lambda t: tx.mixing_inputs(mixing, t))
+  return [([[np.asarray(p[k][i]) for k in NAMES] for i in range(N)],
+           np.asarray(tx.bytes_sent(st))) for t, p, st in steps if (t + 1) % H == 0]
 
 
 def _sgd(models, grads, rounds, nodes=range(N)):

@@ -17,6 +17,7 @@ import pytest
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import tx
 from nbsgd_jax.transforms.decoupled import DecoupledMomentumState
+from tests.helpers import start_and_gradients, state_of, vmapped_steps
 from tests.references import sparseloco as ref
 
 N, H, ROUNDS, LR = 3, 2, 4, 0.1
@@ -28,21 +29,8 @@ def _framework(params, grads, outer_lr, error_decay, bins):
   opt = optax.chain(optax.sgd(LR), tx.sparseloco(
       H, axis_name="w", outer_learning_rate=outer_lr, error_decay=error_decay,
       **{**KW, "quantization_bins": bins}))
-  state = jax.vmap(opt.init, axis_name="w")(params)
-
-  def worker(p, st, g):
-    u, st = opt.update(g, st, p)
-    return optax.apply_updates(p, u), st
-
-  step = jax.jit(jax.vmap(worker, axis_name="w"))
-  out = []
-  for t, g in enumerate(grads):
-    params, state = step(params, state, g)
-    if (t + 1) % H == 0:
-      e = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(
-          x, DecoupledMomentumState)) if isinstance(s, DecoupledMomentumState)][0].delta
-      out.append((params, e, np.asarray(tx.bytes_sent(state))))
-  return out
+  return [(p, state_of(st, DecoupledMomentumState).delta, np.asarray(tx.bytes_sent(st)))
+          for t, p, st in vmapped_steps(opt, params, grads) if (t + 1) % H == 0]
 
 
 def _edge_distance(e, bins):
@@ -58,12 +46,8 @@ def _edge_distance(e, bins):
 @pytest.mark.parametrize("outer_lr,error_decay,bins", [(1.0, 0.95, 4), (0.7, 0.5, 4),
                                                        (0.7, 0.9, 0)])
 def test_sparseloco_equals_the_reference_at_every_outer_step(outer_lr, error_decay, bins):
-  rng = np.random.default_rng(1)
   names = sorted(SHAPES)
-  x0 = {k: np.broadcast_to(rng.normal(size=SHAPES[k]), (N,) + SHAPES[k]).astype(np.float32)
-        for k in names}
-  grads = [{k: rng.normal(size=(N,) + SHAPES[k]).astype(np.float32) for k in names}
-           for _ in range(H * ROUNDS)]
+  x0, grads = start_and_gradients(SHAPES, N, H * ROUNDS, seed=1)
   got = _framework(jax.tree.map(jnp.asarray, x0), grads, outer_lr, error_decay, bins)
   anchor = [x0[k][0] for k in names]
   ef = [[np.zeros(SHAPES[k], np.float32) for k in names] for _ in range(N)]
