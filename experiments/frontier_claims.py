@@ -30,7 +30,7 @@ CLAIMS = {
         "Table 2 (500M model, 2.4 s of communication hidden, H = 30): eval loss 2.69 (eager) "
         "against 2.67 (no overlap) and 3.01 (naive one-outer-step delay).",
         "diloco",
-        "the same H = 30 as the paper's Table 2; the rule is transcribed from the paper's "
+        "H = 20 here (the paper's Table 2: H = 30); the rule is transcribed from the paper's "
         "equations as secondary sources quote them (no public code); the WAN network shows "
         "the time it saves."),
     "muloco": (
@@ -54,7 +54,7 @@ CLAIMS = {
         '1-3% while outperforming full-precision DiLoCo"; Figure 1 caption: "SparseLoCo '
         'outperforms DiLoCo for H in {15, 30, 50, 100}". Result tables not read.',
         "diloco",
-        "the paper's top-k density (128 of 64^2, 3 %) and 2-bit codes at H = 30; the bytes "
+        "the paper's top-k density (128 of 64^2, 3 %) and 2-bit codes at H = 20; the bytes "
         "are the reference's (int64 indices, a byte per code)."),
     "noloco": (
         'Kolehmainen et al. 2025 (arXiv 2506.10911), abstract: "up to 4% faster convergence '
