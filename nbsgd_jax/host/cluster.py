@@ -57,6 +57,7 @@ import ml_collections
 import numpy as np
 
 from nbsgd_jax.core import checks
+from nbsgd_jax.host import episodes as episodes_lib
 from nbsgd_jax.host.failures import Failure, alive_mask, parse_failures  # noqa: F401
 from nbsgd_jax.communications.adjacency import (Adjacency, Group, Neighbours,  # noqa: F401
                                                  live_adjacency)
@@ -89,6 +90,9 @@ class Cluster(NamedTuple):
     latency: alpha, seconds per message.
     bandwidth: 1 / beta, bytes per second.
     seed: non-negative integer seed of the delay draws.
+    episodes: fail-slow episodes (:class:`nbsgd_jax.host.episodes.SlowEpisodes`), or None.
+    trace: per-worker compute seconds over time (:class:`nbsgd_jax.host.episodes.
+      ComputeTrace`), or None.
   """
   n: int
   num_minibatches: int
@@ -104,6 +108,8 @@ class Cluster(NamedTuple):
   latency: float
   bandwidth: float
   seed: int
+  episodes: Optional[object] = None
+  trace: Optional[object] = None
 
   @property
   def minibatch_time(self) -> np.ndarray:
@@ -265,7 +271,8 @@ def minibatch_finish_times(cluster: Cluster, step: int) -> np.ndarray:
     ValueError: ``step`` not an integer >= 0.
   """
   d = delays(cluster, step)
-  return np.cumsum(cluster.minibatch_time[:, None] + d, axis=1)
+  return np.cumsum(episodes_lib.step_minibatch_time(cluster, step)[:, None] + d, axis=1)
+
 
 
 # ----------------------------------------------------------------------------- config
@@ -273,8 +280,9 @@ def minibatch_finish_times(cluster: Cluster, step: int) -> np.ndarray:
 
 # cluster.* keys only the host reads (the clock, stragglers, speeds): not the compiled step's
 HOST_KEYS = ("bandwidth", "delay", "delay_mean", "delay_per", "delay_prob", "delay_shift",
+             "episode_factor", "episode_median", "episode_rate", "episode_sigma",
              "latency", "measure_time_per_example", "overhead", "scenario", "seed",
-             "slow_factor", "slowdown", "spread", "step_overhead", "time_per_example")
+             "slow_factor", "slowdown", "spread", "step_overhead", "time_per_example", "trace")
 
 
 def partial_minibatches(cfg) -> bool:
@@ -312,12 +320,17 @@ def from_config(cfg, time_per_example: Optional[float] = None) -> Cluster:
   """
   c = cfg.cluster
   tpe = c.time_per_example if time_per_example is None else time_per_example
-  return make_cluster(
+  cl = make_cluster(
       cfg.num_workers, num_minibatches(cfg), scenario=c.scenario,
       slowdown=list(c.slowdown) or None, time_per_example=tpe, batch_size=cfg.batch_size,
       overhead=c.overhead, delay=c.delay, delay_per=c.delay_per, delay_mean=c.delay_mean,
       delay_shift=c.delay_shift, delay_prob=c.delay_prob, spread=c.spread,
       slow_factor=c.slow_factor, latency=c.latency, bandwidth=c.bandwidth, seed=c.seed)
+  step_seconds = (cl.minibatch_time - cl.overhead) * cl.num_minibatches
+  episodes, trace = episodes_lib.speed_over_time(
+      cl.n, step_seconds, c.episode_rate, c.episode_median, c.episode_sigma, c.episode_factor,
+      c.trace, c.seed)
+  return cl._replace(episodes=episodes, trace=trace)
 
 
 def _value_errors(cfg) -> list:
@@ -333,6 +346,7 @@ def _value_errors(cfg) -> list:
     checks.number(cfg, errs, f"cluster.{key}", 0)
   checks.number(cfg, errs, "cluster.delay_prob", 0, hi=1)
   checks.integer(cfg, errs, "cluster.seed", 0)
+  episodes_lib.check_config(cfg, errs)
   v = cfg.cluster.get("slowdown")
   if not isinstance(v, (tuple, list)) or not all(checks.is_num(x) and x > 0 for x in v):
     errs.append(f"config.cluster.slowdown={v!r} is not allowed: it must be a tuple of "
@@ -386,6 +400,13 @@ def cluster_defaults() -> ml_collections.ConfigDict:
                                  # follow this model (stragglers on homogeneous hardware)
   s.failures = ""                # simulated failures "worker:start:duration,...": the worker
                                  # is down for those steps (every algorithm)
+  s.episode_rate = 0.0           # fail-slow episodes: onsets per worker per hour of its
+                                 # computation (0: none)
+  s.episode_median = 600.0       # s, an episode's median duration (lognormal)
+  s.episode_sigma = 1.5          # the log-standard deviation of an episode's duration
+  s.episode_factor = 2.0         # a worker computes this many times slower in an episode
+  s.trace = ""                   # CSV of step,worker,seconds: each worker's compute seconds
+                                 # per step from that step on (docs/clock.md)
   return s
 
 

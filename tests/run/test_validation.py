@@ -78,7 +78,9 @@ CASES = [
     bad("cluster.slowdown", 3),
     bad("cluster.slowdown", ("fast", "slow")),
     bad("cluster.failures", 3),
-    bad("cluster.seed", 1.5),
+    bad("cluster.seed", 1.5), bad("cluster.episode_rate", -1.0),
+    bad("cluster.episode_median", 0.0), bad("cluster.episode_sigma", -0.5),
+    bad("cluster.episode_factor", 0.5), bad("cluster.trace", 3),
     # ---- out of range
     bad("num_workers", 0),
     bad("batch_size", 0),
