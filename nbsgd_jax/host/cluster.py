@@ -58,7 +58,9 @@ import numpy as np
 
 from nbsgd_jax.core import checks
 from nbsgd_jax.host import episodes as episodes_lib
-from nbsgd_jax.host.failures import Failure, alive_mask, parse_failures  # noqa: F401
+from nbsgd_jax.host import failures as failures_lib
+from nbsgd_jax.host.failures import (Failure, FailureProcess, alive_mask,  # noqa: F401
+                                    failures_named, failures_on, parse_failures)
 from nbsgd_jax.communications.adjacency import (Adjacency, Group, Neighbours,  # noqa: F401
                                                  live_adjacency)
 # the clock's names, for the callers that read the cluster and its clock together
@@ -281,6 +283,7 @@ def minibatch_finish_times(cluster: Cluster, step: int) -> np.ndarray:
 # cluster.* keys only the host reads (the clock, stragglers, speeds): not the compiled step's
 HOST_KEYS = ("bandwidth", "delay", "delay_mean", "delay_per", "delay_prob", "delay_shift",
              "episode_factor", "episode_median", "episode_rate", "episode_sigma",
+             "failure_mtbf", "failure_repair", "failure_shape",
              "latency", "measure_time_per_example", "overhead", "scenario", "seed",
              "slow_factor", "slowdown", "spread", "step_overhead", "time_per_example", "trace")
 
@@ -295,8 +298,7 @@ def counted_steps(cfg) -> bool:
   """Whether workers may contribute unequal work to a step: with Non-blocking SGD, and with
   simulated failures (a failed worker contributes nothing). Means are then count-weighted and
   the optimizer skips idle steps (:class:`nbsgd_jax.recipes.Builder`)."""
-  fails = cfg.cluster.get("failures")
-  return partial_minibatches(cfg) or (isinstance(fails, str) and bool(fails.strip()))
+  return partial_minibatches(cfg) or failures_on(cfg)
 
 
 def num_minibatches(cfg) -> int:
@@ -333,6 +335,7 @@ def from_config(cfg, time_per_example: Optional[float] = None) -> Cluster:
   return cl._replace(episodes=episodes, trace=trace)
 
 
+
 def _value_errors(cfg) -> list:
   """The lines of the bad ``cluster.*`` values that ``make_cluster`` reads."""
   errs: list = []
@@ -347,6 +350,7 @@ def _value_errors(cfg) -> list:
   checks.number(cfg, errs, "cluster.delay_prob", 0, hi=1)
   checks.integer(cfg, errs, "cluster.seed", 0)
   episodes_lib.check_config(cfg, errs)
+  failures_lib.check_config(cfg, errs)
   v = cfg.cluster.get("slowdown")
   if not isinstance(v, (tuple, list)) or not all(checks.is_num(x) and x > 0 for x in v):
     errs.append(f"config.cluster.slowdown={v!r} is not allowed: it must be a tuple of "
@@ -400,11 +404,20 @@ def cluster_defaults() -> ml_collections.ConfigDict:
                                  # follow this model (stragglers on homogeneous hardware)
   s.failures = ""                # simulated failures "worker:start:duration,...": the worker
                                  # is down for those steps (every algorithm)
+  s.failure_mtbf = 0.0           # failures at a rate: mean hours a worker is up between
+                                 # failures (0: none; Llama 3's rate per GPU: about 50,700,
+                                 # docs/clock.md)
+  s.failure_repair = 600.0       # s, mean time a failed worker is down (exponential; a
+                                 # restart's 5-20 min as Meta's reliability study is quoted)
+  s.failure_shape = 1.0          # Weibull shape of the up time (1: exponential)
   s.episode_rate = 0.0           # fail-slow episodes: onsets per worker per hour of its
-                                 # computation (0: none)
-  s.episode_median = 600.0       # s, an episode's median duration (lognormal)
+                                 # computation (0: none; Greyhound's communication episodes:
+                                 # about 0.03 per node-hour, docs/clock.md)
+  s.episode_median = 1260.0      # s, an episode's median duration (lognormal; Greyhound,
+                                 # ATC '25, Fig. 1: about 21 min)
   s.episode_sigma = 1.5          # the log-standard deviation of an episode's duration
-  s.episode_factor = 2.0         # a worker computes this many times slower in an episode
+  s.episode_factor = 1.5         # a worker computes this many times slower in an episode
+                                 # (Greyhound: 1.39-1.84x for network congestion)
   s.trace = ""                   # CSV of step,worker,seconds: each worker's compute seconds
                                  # per step from that step on (docs/clock.md)
   return s
@@ -421,8 +434,8 @@ def check_config(cfg, errs: list) -> None:
       errs.append(f"config.cluster.clock='wall' is not allowed with config.backend="
                   f"{cfg.get('backend')!r}: the wall clock runs processes apart (use "
                   "backend='multihost', e.g. through nbsgd_jax.launch)")
-    if isinstance(cfg.cluster.get("failures"), str) and cfg.cluster.failures.strip():
-      errs.append("config.cluster.failures is not allowed with config.cluster.clock='wall': "
+    if failures_on(cfg):
+      errs.append(f"{failures_named(cfg)} is not allowed with config.cluster.clock='wall': "
                   "failures are simulated (use clock='simulated')")
     if cfg.nonblocking.get("deadline_group") == "neighbours" and cfg.nonblocking.get("enabled"):
       errs.append("config.nonblocking.deadline_group='neighbours' is not allowed with "

@@ -1,11 +1,22 @@
-"""Simulated worker failures (``config.cluster.failures``): a worker down for a run of steps
-(:class:`Failure`), parsed from ``"worker:start:duration,..."`` (:func:`parse_failures`),
-and the workers up at a step (:func:`alive_mask`; read by
-:class:`nbsgd_jax.host.parts.Failures`). :mod:`nbsgd_jax.host.cluster` re-exports them.
+"""Simulated worker failures: a worker down for a run of steps (:class:`Failure`), given as
+a schedule ``config.cluster.failures = "worker:start:duration,..."`` (:func:`parse_failures`)
+or drawn at a rate (:class:`FailureProcess`, ``config.cluster.failure_mtbf``), and the
+workers up at a step (:func:`alive_mask`; read by :class:`nbsgd_jax.host.parts.Failures`).
+:mod:`nbsgd_jax.host.cluster` re-exports them.
+
+The failure process: each worker, independently, is up for a Weibull time (shape
+``failure_shape``, 1: exponential; mean ``failure_mtbf`` hours of its computation), then down
+for an exponential repair time (mean ``failure_repair`` seconds), and so on. Times are laid on
+the worker's steps at its nominal step time ``s0``: an up time of ``u`` seconds is ``u / s0``
+steps, a repair of ``r`` seconds ``ceil(r / s0)`` steps (at least one). Worker ``i``'s draws
+come from ``SeedSequence(seed, spawn_key=(3, i))``, the same whichever steps are asked for
+first. A failed worker computes and sends nothing and the others go on without it (the
+elastic semantics of every failure here).
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -52,3 +63,87 @@ def alive_mask(failures: list[Failure], step: int, n: int) -> np.ndarray:
     if f.start <= step < f.start + f.duration:
       alive[f.worker] = False
   return alive
+
+
+class FailureProcess:
+  """Failures at a rate (module docstring).
+
+  Args:
+    n: workers.
+    step_seconds: float ``[n]``, each worker's nominal seconds per step.
+    mtbf: mean up time, hours, > 0.
+    repair: mean repair time, seconds, > 0.
+    shape: the Weibull shape of the up time, > 0 (1: exponential).
+    seed: integer >= 0.
+
+  Raises:
+    ValueError: a value out of range (named as its ``cluster.failure_*`` key).
+  """
+
+  def __init__(self, n: int, step_seconds, mtbf: float, repair: float, shape: float = 1.0,
+               seed: int = 0):
+    for key, v in (("failure_mtbf", mtbf), ("failure_repair", repair),
+                   ("failure_shape", shape)):
+      if not checks.is_num(v) or not math.isfinite(v) or v <= 0:
+        raise checks.not_allowed(f"cluster.{key}", v, "it must be a finite number > 0")
+    self.n, self.repair, self.shape = n, float(repair), float(shape)
+    self.scale = 3600.0 * float(mtbf) / math.gamma(1.0 + 1.0 / self.shape)  # Weibull scale, s
+    self.step_seconds = np.broadcast_to(np.asarray(step_seconds, np.float64), (n,))
+    self._down = [[] for _ in range(n)]  # per worker: [Failure]
+    self._rngs = [np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(3, i)))
+                  for i in range(n)]
+    self._drawn = np.zeros(n)  # steps of the worker's timeline drawn so far
+
+  def _extend(self, i: int, step: int) -> None:
+    s0 = self.step_seconds[i]
+    while self._drawn[i] <= step:
+      up = self.scale * self._rngs[i].weibull(self.shape)
+      start = int(math.floor(self._drawn[i] + up / s0))
+      steps = max(1, int(math.ceil(self._rngs[i].exponential(self.repair) / s0)))
+      self._down[i].append(Failure(i, start, steps))
+      self._drawn[i] = start + steps
+
+  def failures(self, upto: int) -> list[Failure]:
+    """Every worker's failures that start before step ``upto``."""
+    for i in range(self.n):
+      self._extend(i, upto)
+    return [f for fs in self._down for f in fs if f.start < upto]
+
+  def alive(self, step: int) -> np.ndarray:
+    """bool ``[n]``: the workers up at ``step``."""
+    return alive_mask(self.failures(step + 1), step, self.n)
+
+
+def failures_on(cfg) -> bool:
+  """Whether ``cfg`` simulates failures: a schedule (``cluster.failures``) or a rate
+  (``cluster.failure_mtbf`` > 0)."""
+  fails, mtbf = cfg.cluster.get("failures"), cfg.cluster.get("failure_mtbf")
+  return ((isinstance(fails, str) and bool(fails.strip()))
+          or (checks.is_num(mtbf) and mtbf > 0))
+
+
+def failures_named(cfg) -> str:
+  """The failures of ``cfg`` as its keys write them, for a refusal's line."""
+  fails, mtbf = str(cfg.cluster.get("failures") or "").strip(), cfg.cluster.get("failure_mtbf")
+  named = [f"config.cluster.failures={fails!r}"] if fails else []
+  if checks.is_num(mtbf) and mtbf > 0:
+    named.append(f"config.cluster.failure_mtbf={mtbf!r}")
+  return " and ".join(named)
+
+
+def check_config(cfg, errs: list) -> None:
+  """cluster.failure_mtbf >= 0 (0: none), failure_repair > 0, failure_shape > 0."""
+  checks.number(cfg, errs, "cluster.failure_mtbf", 0)
+  checks.number(cfg, errs, "cluster.failure_repair", 0, lo_open=True)
+  checks.number(cfg, errs, "cluster.failure_shape", 0, lo_open=True)
+
+
+def failure_process(cfg, cluster):
+  """The :class:`FailureProcess` of ``cfg.cluster.failure_mtbf`` (None when 0), laid on the
+  nominal step times of ``cluster`` (a :class:`nbsgd_jax.host.cluster.Cluster`)."""
+  c = cfg.cluster
+  if not c.failure_mtbf:
+    return None
+  step_seconds = (cluster.minibatch_time - cluster.overhead) * cluster.num_minibatches
+  return FailureProcess(cluster.n, step_seconds, c.failure_mtbf, c.failure_repair,
+                        c.failure_shape, c.seed)

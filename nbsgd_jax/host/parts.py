@@ -134,17 +134,19 @@ class HostPart:
 
 
 class Failures(HostPart):
-  """Simulated worker failures (:func:`nbsgd_jax.host.cluster.parse_failures`): ``alive`` bool
+  """Simulated worker failures, a schedule (:func:`nbsgd_jax.host.cluster.parse_failures`)
+  and a rate (:class:`nbsgd_jax.host.failures.FailureProcess`, or None): ``alive`` bool
   ``[n]`` on every step; without failures no ``alive`` input at all (a lighter program)."""
 
   name = "failures"
 
-  def __init__(self, failures: Sequence[cluster_lib.Failure], n: int):
-    self.failures, self.n = list(failures), n
+  def __init__(self, failures: Sequence[cluster_lib.Failure], n: int, process=None):
+    self.failures, self.n, self.process = list(failures), n, process
 
   def inputs(self, step, inputs, probe):
-    if self.failures:
-      inputs.alive = cluster_lib.alive_mask(self.failures, step, self.n)
+    if self.failures or self.process is not None:
+      alive = cluster_lib.alive_mask(self.failures, step, self.n)
+      inputs.alive = alive if self.process is None else alive & self.process.alive(step)
 
 
 class Activations(HostPart):

@@ -33,6 +33,7 @@ from nbsgd_jax.communications.pairwise import PairwiseAverage
 from nbsgd_jax.communications.server import ParameterServer
 from nbsgd_jax.host import async_orders
 from nbsgd_jax.host import events as events_lib
+from nbsgd_jax.host import failures as failures_lib
 from nbsgd_jax.transforms import asynchronous as A
 from nbsgd_jax.transforms import algorithms
 from nbsgd_jax.recipes.builder import Builder
@@ -109,8 +110,8 @@ def check_sgp_config(cfg, errs: list) -> None:
 
 def check_sgp(cfg, errs: list) -> None:
   """SGP's rules: no simulated failures (push-sum over failed workers is not built)."""
-  if str(cfg.cluster.get("failures") or "").strip():
-    errs.append(f"config.cluster.failures={cfg.cluster.failures!r} is not allowed with "
+  if failures_lib.failures_on(cfg):
+    errs.append(f"{failures_lib.failures_named(cfg)} is not allowed with "
                 "config.algorithm='sgp': push-sum over failed workers is not built")
 
 

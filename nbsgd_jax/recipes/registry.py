@@ -12,6 +12,7 @@ import ml_collections
 from nbsgd_jax import codecs
 from nbsgd_jax import transforms as T
 from nbsgd_jax.communications import Communication
+from nbsgd_jax.host import failures as failures_lib
 
 
 class Recipe(NamedTuple):
@@ -182,8 +183,8 @@ def event_clock_errors(cfg: ml_collections.ConfigDict) -> list[str]:
   if cfg.nonblocking.get("enabled"):
     errs.append(f"config.nonblocking.enabled=True is not allowed with {algo}: an asynchronous "
                 "worker waits for nobody, so there is no deadline")
-  if str(cfg.cluster.get("failures") or "").strip():
-    errs.append(f"config.cluster.failures={cfg.cluster.failures!r} is not allowed with {algo}: "
+  if failures_lib.failures_on(cfg):
+    errs.append(f"{failures_lib.failures_named(cfg)} is not allowed with {algo}: "
                 "the event clock simulates no failures")
   if cfg.cluster.get("clock") != "simulated":
     errs.append(f"config.cluster.clock={cfg.cluster.clock!r} is not allowed with {algo}: the "

@@ -82,10 +82,14 @@ def _consensus_control(cfg, active: set) -> Part:
 
 
 def _failures(cfg, active: set) -> Part:
-  """Simulated failures, as ``cluster.failures`` writes them (worker:start:duration)."""
+  """Simulated failures, as ``cluster.failures`` writes them (worker:start:duration), and
+  failures at a rate (``cluster.failure_mtbf``: the mean up time in hours)."""
   del active
   fails = str(cfg.get("cluster.failures") or "").strip()
-  return Part(f"failures ({fails})" if fails else "", ("cluster.failures",))
+  mtbf = cfg.get("cluster.failure_mtbf") or 0
+  named = ([fails] if fails else []) + ([f"MTBF {mtbf:g} h"] if mtbf else [])
+  return Part(f"failures ({', '.join(named)})" if named else "",
+              ("cluster.failures", "cluster.failure_mtbf"))
 
 
 # the pieces in the order of the name: ``(cfg, active keys) -> Part``

@@ -17,6 +17,7 @@ import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import failures as failures_lib
 from nbsgd_jax import codecs
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import data as data_lib
@@ -370,7 +371,8 @@ def make_host(s: Setup) -> host_lib.Host:
   if cfg.cluster.measure_time_per_example:
     measured = measure_time_per_example(s)
   cluster = cluster_lib.from_config(cfg, measured)
-  parts = [host_lib.Failures(cluster_lib.parse_failures(cfg.cluster.failures, n), n),
+  parts = [host_lib.Failures(cluster_lib.parse_failures(cfg.cluster.failures, n), n,
+                             failures_lib.failure_process(cfg, cluster)),
            host_lib.Activations(comms)]
   if s.recipe.periodic:
     offset = s.task.facts["f_star"] if cfg.local_sgd.offset_optimum else 0.0
