@@ -43,6 +43,8 @@ def rows(res: dict, network: str) -> list[dict]:
   """One dict per method on ``network``: its final and equal-budget figures."""
   ms = {m["method"]: m for m in res["methods"].values() if m["network"] == network
         and _seeds(res, m)}
+  if not ms:
+    return []
   finals = {k: [r["history"][-1] for r in _seeds(res, m)] for k, m in ms.items()}
   mean = lambda k, key: float(np.mean([h[key] for h in finals[k]]))  # noqa: E731
   budget_b = min(mean(k, "bytes_sent") for k in ms if mean(k, "bytes_sent") > 0)
@@ -163,6 +165,9 @@ def plots(res: dict, out: str) -> None:
         keep = xs > 0 if log else np.ones_like(xs, bool)
         ax.plot(xs[keep] / (1e6 if log else 1), ys[keep], "o-", ms=3, color=f"C{i % 10}",
                 label=m["method"])
+      if not ax.lines:  # nothing reported yet
+        plt.close(fig)
+        continue
       ax.set_xscale("log" if log else "linear")
       ax.set_xlabel(label)
       ax.set_ylabel("validation loss (nats/char), mean over seeds")

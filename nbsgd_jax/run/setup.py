@@ -18,6 +18,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax.host import failures as failures_lib
+from nbsgd_jax.host import ledger as ledger_lib
 from nbsgd_jax import codecs
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import data as data_lib
@@ -393,6 +394,8 @@ def make_host(s: Setup) -> host_lib.Host:
   else:  # the recipe's own (the event clock): it charges one worker's model per message
     clock = s.recipe.clock(cluster, comms, jax.eval_shape(lambda: s.task.init()[0]))
   parts += [clock, host_lib.Totals()]
+  if type(clock) is host_lib.Clock:  # the lockstep clock: where its time went
+    parts.append(ledger_lib.Ledger(clock, cfg.cluster.step_overhead))
   return host_lib.Host(parts)
 
 

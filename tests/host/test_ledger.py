@@ -1,0 +1,49 @@
+"""Where a lockstep run's time went (``nbsgd_jax/host/ledger.py``) against closed forms:
+all-reduce on 4 workers, each step computing ``c`` seconds and communicating ``m`` (a ring:
+2 (n - 1) messages of ``latency`` each, no bytes to speak of)."""
+
+import pytest
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import train
+
+N, STEPS, B, TPE, LAT = 4, 10, 16, 1e-3, 2e-3
+C, M = B * TPE, 2 * (N - 1) * LAT  # a step's compute and all-reduce, s
+
+
+def _run(**over):
+  c = config_lib.default_config()
+  c.update(dict(num_workers=N, dataset="least_squares", num_steps=STEPS, eval_every=STEPS,
+                progress=False, batch_size=B, algorithm="allreduce"))
+  c.problem.update(dict(examples_per_worker=16, dim=4, full_batch=True))
+  return train.train(config_lib.override(c, {"cluster.latency": LAT, "cluster.bandwidth": 1e15,
+                                             "cluster.time_per_example": TPE, **over}), None)
+
+
+def test_a_homogeneous_run_computes_and_communicates_and_is_its_own_ideal():
+  out = _run()
+  assert out["sim_time"] == pytest.approx(STEPS * (C + M), rel=1e-6)
+  assert out["sim_time_ideal"] == pytest.approx(out["sim_time"], rel=1e-9)
+  assert out["time_compute"] == pytest.approx(C / (C + M), rel=1e-6)
+  assert out["time_comm"] == pytest.approx(M / (C + M), rel=1e-6)
+  assert out["time_wait"] == pytest.approx(0.0, abs=1e-9) and out["time_down"] == 0.0
+
+
+def test_one_slow_worker_makes_the_others_wait_and_the_ideal_is_without_it():
+  """The last worker 4x slower: a step lasts 4c + m; the others compute c and wait 3c."""
+  out = _run(**{"cluster.scenario": "one_slow", "cluster.slow_factor": 4.0})
+  step = 4 * C + M
+  assert out["sim_time"] == pytest.approx(STEPS * step, rel=1e-6)
+  assert out["sim_time_ideal"] == pytest.approx(STEPS * (C + M), rel=1e-6)
+  assert out["time_compute"] == pytest.approx((3 * C + 4 * C) / N / step, rel=1e-6)
+  assert out["time_wait"] == pytest.approx(3 * 3 * C / N / step, rel=1e-6)
+
+
+def test_a_failed_worker_is_down_for_the_job_s_time_it_missed():
+  """Worker 0 down for steps 2-4 (its clock stands still; the others' steps last c + m):
+  down = 3 (c + m) of worker 0, a quarter of that in the mean; its catch-up is waiting."""
+  out = _run(**{"cluster.failures": "0:2:3"})
+  total = STEPS * (C + M)
+  assert out["sim_time"] == pytest.approx(total, rel=1e-6)
+  assert out["time_down"] == pytest.approx(3 * (C + M) / N / total, rel=1e-6)
+  assert out["time_compute"] == pytest.approx((N * STEPS - 3) * C / N / total, rel=1e-6)
