@@ -283,7 +283,8 @@ def minibatch_finish_times(cluster: Cluster, step: int) -> np.ndarray:
 # cluster.* keys only the host reads (the clock, stragglers, speeds): not the compiled step's
 HOST_KEYS = ("bandwidth", "delay", "delay_mean", "delay_per", "delay_prob", "delay_shift",
              "episode_factor", "episode_median", "episode_rate", "episode_sigma",
-             "failure_mtbf", "failure_repair", "failure_shape",
+             "failure_mtbf", "failure_policy", "failure_repair", "failure_shape",
+             "restart_every", "restart_seconds",
              "latency", "measure_time_per_example", "overhead", "scenario", "seed",
              "slow_factor", "slowdown", "spread", "step_overhead", "time_per_example", "trace")
 
@@ -298,7 +299,7 @@ def counted_steps(cfg) -> bool:
   """Whether workers may contribute unequal work to a step: with Non-blocking SGD, and with
   simulated failures (a failed worker contributes nothing). Means are then count-weighted and
   the optimizer skips idle steps (:class:`nbsgd_jax.recipes.Builder`)."""
-  return partial_minibatches(cfg) or failures_on(cfg)
+  return partial_minibatches(cfg) or failures_lib.drops_workers(cfg)
 
 
 def num_minibatches(cfg) -> int:
@@ -404,17 +405,18 @@ def cluster_defaults() -> ml_collections.ConfigDict:
                                  # follow this model (stragglers on homogeneous hardware)
   s.failures = ""                # simulated failures "worker:start:duration,...": the worker
                                  # is down for those steps (every algorithm)
-  s.failure_mtbf = 0.0           # failures at a rate: mean hours a worker is up between
-                                 # failures (0: none; Llama 3's rate per GPU: about 50,700,
-                                 # docs/clock.md)
+  s.failure_mtbf = 0.0           # failures at a rate: mean hours a worker is up (0: none;
+                                 # Llama 3's per GPU: about 50,700, docs/clock.md)
   s.failure_repair = 600.0       # s, mean time a failed worker is down (exponential; a
                                  # restart's 5-20 min as Meta's reliability study is quoted)
   s.failure_shape = 1.0          # Weibull shape of the up time (1: exponential)
+  s.failure_policy = "elastic"   # elastic: the others go on | restart: from the checkpoint
+  s.restart_every = 100          # restart: steps between the job's checkpoints
+  s.restart_seconds = 600.0      # restart: s to reload, besides the steps lost since then
   s.episode_rate = 0.0           # fail-slow episodes: onsets per worker per hour of its
                                  # computation (0: none; Greyhound's communication episodes:
                                  # about 0.03 per node-hour, docs/clock.md)
-  s.episode_median = 1260.0      # s, an episode's median duration (lognormal; Greyhound,
-                                 # ATC '25, Fig. 1: about 21 min)
+  s.episode_median = 1260.0      # s, median duration (lognormal; Greyhound Fig. 1: 21 min)
   s.episode_sigma = 1.5          # the log-standard deviation of an episode's duration
   s.episode_factor = 1.5         # a worker computes this many times slower in an episode
                                  # (Greyhound: 1.39-1.84x for network congestion)

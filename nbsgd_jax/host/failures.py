@@ -10,8 +10,11 @@ for an exponential repair time (mean ``failure_repair`` seconds), and so on. Tim
 the worker's steps at its nominal step time ``s0``: an up time of ``u`` seconds is ``u / s0``
 steps, a repair of ``r`` seconds ``ceil(r / s0)`` steps (at least one). Worker ``i``'s draws
 come from ``SeedSequence(seed, spawn_key=(3, i))``, the same whichever steps are asked for
-first. A failed worker computes and sends nothing and the others go on without it (the
-elastic semantics of every failure here).
+first. With ``failure_policy="elastic"`` a failed worker computes and sends nothing and the
+others go on without it; with ``"restart"`` a failure restarts the whole job from its last
+checkpoint (:class:`nbsgd_jax.host.ledger.Restarts`): nobody drops out, the steps since the
+checkpoint are computed again (the same steps: a deterministic job's trajectory does not
+change) and the restart's seconds are paid.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from typing import NamedTuple
 import numpy as np
 
 from nbsgd_jax.core import checks
+
+# config.cluster.failure_policy: elastic (the others go on without a failed worker) | restart
+# (a failure restarts the job from its last checkpoint: nobody drops out, time is lost)
+POLICIES = ("elastic", "restart")
 
 
 class Failure(NamedTuple):
@@ -122,6 +129,12 @@ def failures_on(cfg) -> bool:
           or (checks.is_num(mtbf) and mtbf > 0))
 
 
+def drops_workers(cfg) -> bool:
+  """Whether a failure removes a worker from the steps it is down for (failures under the
+  ``elastic`` policy; under ``restart`` the job restarts and nobody drops out)."""
+  return failures_on(cfg) and cfg.cluster.get("failure_policy", "elastic") == "elastic"
+
+
 def failures_named(cfg) -> str:
   """The failures of ``cfg`` as its keys write them, for a refusal's line."""
   fails, mtbf = str(cfg.cluster.get("failures") or "").strip(), cfg.cluster.get("failure_mtbf")
@@ -132,10 +145,14 @@ def failures_named(cfg) -> str:
 
 
 def check_config(cfg, errs: list) -> None:
-  """cluster.failure_mtbf >= 0 (0: none), failure_repair > 0, failure_shape > 0."""
+  """cluster.failure_mtbf >= 0 (0: none), failure_repair > 0, failure_shape > 0,
+  failure_policy, restart_every >= 1, restart_seconds >= 0."""
   checks.number(cfg, errs, "cluster.failure_mtbf", 0)
   checks.number(cfg, errs, "cluster.failure_repair", 0, lo_open=True)
   checks.number(cfg, errs, "cluster.failure_shape", 0, lo_open=True)
+  checks.choice(cfg, errs, "cluster.failure_policy", POLICIES)
+  checks.integer(cfg, errs, "cluster.restart_every", 1)
+  checks.number(cfg, errs, "cluster.restart_seconds", 0)
 
 
 def failure_process(cfg, cluster):
@@ -147,3 +164,12 @@ def failure_process(cfg, cluster):
   step_seconds = (cluster.minibatch_time - cluster.overhead) * cluster.num_minibatches
   return FailureProcess(cluster.n, step_seconds, c.failure_mtbf, c.failure_repair,
                         c.failure_shape, c.seed)
+
+
+
+def starts(failures: list, process, step: int) -> list[int]:
+  """The workers whose failure (a schedule's or the process's) starts at ``step``."""
+  found = [f.worker for f in failures if f.start == step]
+  if process is not None:
+    found += [f.worker for f in process.failures(step + 1) if f.start == step]
+  return sorted(set(found))

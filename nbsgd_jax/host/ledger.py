@@ -1,5 +1,7 @@
 """Where a lockstep run's simulated time went, and what it would have taken without stragglers
-and failures (:class:`Ledger`, a host part after the :class:`~nbsgd_jax.host.parts.Clock`).
+and failures (:class:`Ledger`, a host part after the :class:`~nbsgd_jax.host.parts.Clock`);
+and the restarts of a job whose failures restart it (:class:`Restarts`,
+``cluster.failure_policy="restart"``).
 
 Per worker, over the run: the seconds it computed (its steps' ``compute``), the seconds it
 spent in blocking communication rounds (``comm_i`` of every round that is neither overlapped
@@ -7,7 +9,7 @@ nor deferred: the hidden part of an overlapped round is not communication time),
 seconds that passed while it was down (a failure), and the rest of the job's time, waiting
 for others (including the end of the run after its own last step). Each as a fraction of the
 job's time (``sim_time``), the mean over the workers: ``time_compute + time_comm + time_wait +
-time_down = 1``.
+time_down = 1``; a restart's lost time (:class:`Restarts`) counts as down for every worker.
 
 The counterfactual ``sim_time_ideal``: the same steps and communication rounds (the bytes the
 device reported; a failed worker's are 0) on a second :class:`~nbsgd_jax.host.parts.Clock`,
@@ -17,10 +19,61 @@ every worker up and computing at slowdown 1 without straggler delays, episodes o
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import failures as failures_lib
 from nbsgd_jax.host.parts import Clock, HostPart
+
+
+class Restarts(HostPart):
+  """A failure restarts the whole job from its last checkpoint (``cluster.failure_policy=
+  "restart"``): at a step where a failure starts, every clock advances by the job's time
+  since the last checkpoint (the steps computed again: a deterministic job recomputes the
+  same ones, so the trajectory does not change) plus ``seconds`` (reload and rejoin).
+  Checkpoints are taken every ``every`` steps (at the end of steps ``every - 1``, ``2 every -
+  1``, ...). Nobody drops out.
+
+  Record: ``restarts``, and ``restart_lost`` (simulated seconds lost to them).
+
+  Args:
+    clock: the run's :class:`~nbsgd_jax.host.parts.Clock` (observed before this part).
+    failures: the schedule's :class:`~nbsgd_jax.host.failures.Failure` s.
+    process: a :class:`~nbsgd_jax.host.failures.FailureProcess`, or None.
+    every: steps between checkpoints, >= 1.
+    seconds: a restart's own seconds, >= 0.
+  """
+
+  name = "restarts"
+
+  def __init__(self, clock: Clock, failures, process, every: int, seconds: float):
+    self.clock, self.failures, self.process = clock, list(failures), process
+    self.every, self.seconds = int(every), float(seconds)
+    self.saved = 0.0  # the job's time at the last checkpoint
+    self.count, self.lost = 0, 0.0
+
+  def observe(self, step, inputs, report, probe):
+    now = float(self.clock.clocks.max())
+    if failures_lib.starts(self.failures, self.process, step):
+      lost = now - self.saved + self.seconds
+      self.clock.clocks = self.clock.clocks + lost
+      self.count, self.lost = self.count + 1, self.lost + lost
+      now += lost
+      self.saved = now - self.seconds  # the steps since the checkpoint are done again
+    if (step + 1) % self.every == 0:
+      self.saved = now
+    return None
+
+  def record(self):
+    return {"restarts": float(self.count), "restart_lost": self.lost}
+
+  def state_dict(self):
+    return {"saved": self.saved, "count": self.count, "lost": self.lost}
+
+  def load_state_dict(self, d):
+    self.saved, self.count, self.lost = float(d["saved"]), int(d["count"]), float(d["lost"])
 
 
 class Ledger(HostPart):
@@ -33,14 +86,15 @@ class Ledger(HostPart):
 
   name = "ledger"
 
-  def __init__(self, clock: Clock, step_overhead: float = 0.0):
+  def __init__(self, clock: Clock, step_overhead: float = 0.0,
+               restarts: Optional[Restarts] = None):
     cl = clock.cluster
-    self.clock, n = clock, cl.n
+    self.clock, self.restarts, n = clock, restarts, cl.n
     self.shadow = Clock(cl, clock.communications)
     self.nominal = np.full(n, cl.minibatch_size * cl.time_per_example * cl.num_minibatches
                            + cl.overhead * cl.num_minibatches + float(step_overhead))
     self.compute, self.comm, self.down = np.zeros(n), np.zeros(n), np.zeros(n)
-    self.last = np.zeros(n)
+    self.last, self.restarted = np.zeros(n), 0.0
 
   def observe(self, step, inputs, report, probe):
     alive = np.ones(len(self.last), bool) if inputs.alive is None else np.asarray(inputs.alive)
@@ -48,9 +102,11 @@ class Ledger(HostPart):
                 for r in self.clock.rounds(step, inputs, report)
                 if not r.overlap and not r.delay), np.zeros(len(self.last)))
     job = float(self.clock.clocks.max() - self.last.max())
+    lost = 0.0 if self.restarts is None else self.restarts.lost - self.restarted
+    self.restarted += lost
     self.compute += np.asarray(inputs.compute, np.float64)
     self.comm += np.where(alive, comm, 0.0)
-    self.down += np.where(alive, 0.0, job)
+    self.down += np.where(alive, lost, job)
     self.last = self.clock.clocks.copy()
     ideal = type(inputs)(**{**vars(inputs), "compute": self.nominal, "alive": None})
     self.shadow.observe(step, ideal, report, probe)
@@ -67,12 +123,13 @@ class Ledger(HostPart):
   def state_dict(self):
     return {"compute": self.compute.tolist(), "comm": self.comm.tolist(),
             "down": self.down.tolist(), "last": self.last.tolist(),
-            "shadow": self.shadow.state_dict()}
+            "restarted": self.restarted, "shadow": self.shadow.state_dict()}
 
   def load_state_dict(self, d):
     for key in ("compute", "comm", "down", "last"):
       setattr(self, key, np.asarray(d[key], np.float64))
+    self.restarted = float(d.get("restarted", 0.0))
     self.shadow.load_state_dict(d["shadow"])
 
 
-__all__ = ["Ledger"]
+__all__ = ["Ledger", "Restarts"]

@@ -110,7 +110,7 @@ def check_sgp_config(cfg, errs: list) -> None:
 
 def check_sgp(cfg, errs: list) -> None:
   """SGP's rules: no simulated failures (push-sum over failed workers is not built)."""
-  if failures_lib.failures_on(cfg):
+  if failures_lib.drops_workers(cfg):
     errs.append(f"{failures_lib.failures_named(cfg)} is not allowed with "
                 "config.algorithm='sgp': push-sum over failed workers is not built")
 

@@ -88,8 +88,10 @@ def _failures(cfg, active: set) -> Part:
   fails = str(cfg.get("cluster.failures") or "").strip()
   mtbf = cfg.get("cluster.failure_mtbf") or 0
   named = ([fails] if fails else []) + ([f"MTBF {mtbf:g} h"] if mtbf else [])
+  if named and cfg.get("cluster.failure_policy") == "restart":
+    named.append("restarts")
   return Part(f"failures ({', '.join(named)})" if named else "",
-              ("cluster.failures", "cluster.failure_mtbf"))
+              ("cluster.failures", "cluster.failure_mtbf", "cluster.failure_policy"))
 
 
 # the pieces in the order of the name: ``(cfg, active keys) -> Part``

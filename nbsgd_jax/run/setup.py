@@ -372,8 +372,10 @@ def make_host(s: Setup) -> host_lib.Host:
   if cfg.cluster.measure_time_per_example:
     measured = measure_time_per_example(s)
   cluster = cluster_lib.from_config(cfg, measured)
-  parts = [host_lib.Failures(cluster_lib.parse_failures(cfg.cluster.failures, n), n,
-                             failures_lib.failure_process(cfg, cluster)),
+  schedule = cluster_lib.parse_failures(cfg.cluster.failures, n)
+  process = failures_lib.failure_process(cfg, cluster)
+  restart = cfg.cluster.failure_policy == "restart"  # nobody drops out: the job restarts
+  parts = [host_lib.Failures([] if restart else schedule, n, None if restart else process),
            host_lib.Activations(comms)]
   if s.recipe.periodic:
     offset = s.task.facts["f_star"] if cfg.local_sgd.offset_optimum else 0.0
@@ -393,9 +395,13 @@ def make_host(s: Setup) -> host_lib.Host:
     clock = host_lib.Clock(cluster, comms)
   else:  # the recipe's own (the event clock): it charges one worker's model per message
     clock = s.recipe.clock(cluster, comms, jax.eval_shape(lambda: s.task.init()[0]))
-  parts += [clock, host_lib.Totals()]
+  restarts = None
+  if restart and type(clock) is host_lib.Clock:
+    restarts = ledger_lib.Restarts(clock, schedule, process, cfg.cluster.restart_every,
+                                   cfg.cluster.restart_seconds)
+  parts += [clock] + ([restarts] if restarts else []) + [host_lib.Totals()]
   if type(clock) is host_lib.Clock:  # the lockstep clock: where its time went
-    parts.append(ledger_lib.Ledger(clock, cfg.cluster.step_overhead))
+    parts.append(ledger_lib.Ledger(clock, cfg.cluster.step_overhead, restarts))
   return host_lib.Host(parts)
 
 

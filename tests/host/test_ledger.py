@@ -47,3 +47,18 @@ def test_a_failed_worker_is_down_for_the_job_s_time_it_missed():
   assert out["sim_time"] == pytest.approx(total, rel=1e-6)
   assert out["time_down"] == pytest.approx(3 * (C + M) / N / total, rel=1e-6)
   assert out["time_compute"] == pytest.approx((N * STEPS - 3) * C / N / total, rel=1e-6)
+
+
+def test_a_failure_under_the_restart_policy_costs_the_steps_since_the_checkpoint():
+  """Checkpoints every 4 steps (after steps 3, 7); worker 1 fails at step 6: the job computes
+  steps 4-6 again and pays 1 s to restart, nobody drops out (the bytes of a run without
+  failures), and the lost time is down time for every worker."""
+  plain = _run()
+  out = _run(**{"cluster.failures": "1:6:2", "cluster.failure_policy": "restart",
+                "cluster.restart_every": 4, "cluster.restart_seconds": 1.0})
+  lost = 3 * (C + M) + 1.0
+  assert (out["restarts"], out["restart_lost"]) == (1.0, pytest.approx(lost, rel=1e-9))
+  assert out["sim_time"] == pytest.approx(STEPS * (C + M) + lost, rel=1e-6)
+  assert out["bytes_sent"] == plain["bytes_sent"] and out["train_loss"] == plain["train_loss"]
+  assert out["time_down"] == pytest.approx(lost / out["sim_time"], rel=1e-6)
+  assert out["algorithm_as_run"] == "allreduce + failures (1:6:2, restarts)"

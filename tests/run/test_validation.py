@@ -82,7 +82,8 @@ CASES = [
     bad("cluster.episode_median", 0.0), bad("cluster.episode_sigma", -0.5),
     bad("cluster.episode_factor", 0.5), bad("cluster.trace", 3),
     bad("cluster.failure_mtbf", -1.0), bad("cluster.failure_repair", 0.0),
-    bad("cluster.failure_shape", 0.0),
+    bad("cluster.failure_shape", 0.0), bad("cluster.failure_policy", "retry"),
+    bad("cluster.restart_every", 0), bad("cluster.restart_seconds", -1.0),
     # ---- out of range
     bad("num_workers", 0),
     bad("batch_size", 0),
