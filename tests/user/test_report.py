@@ -187,7 +187,7 @@ def test_the_name_states_its_keys_and_ignored_keys_are_named_as_unused():
   cfg = config_lib.override(config_lib.default_config(), {"nonblocking.enabled": True})
   assert naming.named_keys(cfg) == {  # the words' keys, and the switches of those off
       "algorithm", "nonblocking.enabled", "nonblocking.num_minibatches", "compression.name",
-      "consensus.control", "cluster.failures"}
+      "consensus.control", "cluster.failures", "cluster.failure_mtbf", "cluster.failure_policy"}
   choco = config_lib.override(config_lib.default_config(), {
       "algorithm": "choco_sgd", "compression.name": "top_k", "compression.error_feedback": False})
   assert naming.algorithm_as_run(choco) == "choco_sgd + top_k (density 0.01)"

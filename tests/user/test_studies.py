@@ -240,7 +240,9 @@ def test_the_headline_runs_were_recorded_with_todays_configs():
   config files and defaults, every key of their config.json: a change of a default forces a
   re-record (issue 53: the main job's record had been made under another default). Keys of
   the sections the run's algorithm leaves off (``config.inactive_keys``: e.g. another
-  algorithm's) do not change the run and are not compared."""
+  algorithm's) do not change the run and are not compared; nor do keys added after the run
+  was recorded whose value today is their default (the run ran as the default does:
+  ``records.config_diff``'s rule for resuming)."""
   from nbsgd_jax import config as config_lib
   runs = {("main_job",): ("mnist", {})}
   guide = _guide_runs()
@@ -251,7 +253,9 @@ def test_the_headline_runs_were_recorded_with_todays_configs():
       have = config_lib.flatten_dict(json.load(f))
     want = _config_file(name, over)
     off = config_lib.inactive_keys(config_lib.override(config_lib.default_config(), want))
-    diff = {k: (have.get(k), want.get(k)) for k in (set(have) | set(want)) - off
+    defaults = config_lib.flatten_dict(config_lib.default_config().to_dict())
+    newer = {k for k in set(want) - set(have) if want[k] == defaults.get(k)}
+    diff = {k: (have.get(k), want.get(k)) for k in (set(have) | set(want)) - off - newer
             if have.get(k) != want.get(k)}
     assert not diff, (parts, "recorded / today's", diff)
 
