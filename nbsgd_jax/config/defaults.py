@@ -14,7 +14,7 @@ from nbsgd_jax.host import consensus as consensus_lib
 from nbsgd_jax import models as models_lib
 from nbsgd_jax.models import problems as problems_lib
 from nbsgd_jax import recipes as recipes_lib
-from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import cluster_config
 from nbsgd_jax.recipes import Section
 
 
@@ -181,10 +181,10 @@ SECTIONS: dict[str, Section] = {
                      'on-device input augmentation of image batches'),
     "dpsgd": Section(recipes_lib.dpsgd_defaults, recipes_lib.check_dpsgd_config,
                      "D-PSGD's order of the local step and the gossip (every recipe that gossips)"),
-    "cluster": Section(cluster_lib.cluster_defaults, cluster_lib.check_config,
+    "cluster": Section(cluster_config.cluster_defaults, cluster_config.check_config,
                      'simulated cluster behind sim_time (He & Dube)',
-                     host=cluster_lib.HOST_KEYS),
-    "nonblocking": Section(cluster_lib.nonblocking_defaults, cluster_lib.check_nonblocking_config,
+                     host=cluster_config.HOST_KEYS),
+    "nonblocking": Section(cluster_config.nonblocking_defaults, cluster_config.check_nonblocking_config,
                      'Non-blocking SGD (He & Dube 2022)'),
     "compression": Section(codecs_lib.compression_defaults, codecs_lib.check_config,
                      'codecs (nbsgd_jax.codecs), error feedback'),

@@ -278,6 +278,16 @@ def compute_time(finish: np.ndarray,
   return np.minimum(_check_deadline_array(deadline, f.shape[0]), last)
 
 
+def round_time(cluster, r) -> np.ndarray:
+  """float64 ``[n]``: each worker's seconds in the round ``r`` (a
+  :class:`~nbsgd_jax.communications.Round`): by the links its messages cross on a
+  hierarchical network (:meth:`nbsgd_jax.host.network.Network.round_time`), else
+  :func:`comm_time`."""
+  if getattr(cluster, "network", None) is None:
+    return comm_time(cluster, r.messages, r.num_bytes)
+  return cluster.network.round_time(r.messages, r.num_bytes, r.adjacency, r.collective)
+
+
 def comm_time(cluster, messages, num_bytes) -> np.ndarray:
   """Alpha-beta communication time (Hockney 1994).
 

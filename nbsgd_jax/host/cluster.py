@@ -53,12 +53,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Optional, Sequence
 
-import ml_collections
 import numpy as np
 
 from nbsgd_jax.core import checks
 from nbsgd_jax.host import episodes as episodes_lib
-from nbsgd_jax.host import failures as failures_lib
 from nbsgd_jax.host.failures import (Failure, FailureProcess, alive_mask,  # noqa: F401
                                     failures_named, failures_on, parse_failures)
 from nbsgd_jax.communications.adjacency import (Adjacency, Group, Neighbours,  # noqa: F401
@@ -66,7 +64,8 @@ from nbsgd_jax.communications.adjacency import (Adjacency, Group, Neighbours,  #
 # the clock's names, for the callers that read the cluster and its clock together
 from nbsgd_jax.host.clock import (DeadlineHistory, DeadlineRule, advance_clocks,  # noqa: F401
                                   check_deadline, comm_time, compute_time, deadline,
-                                  finished_counts, full_time_estimate, parse_deadline)
+                                  finished_counts, full_time_estimate, parse_deadline,
+                                  round_time)
 
 SCENARIOS = ("homogeneous", "one_slow", "lognormal")
 DELAYS = ("none", "shifted_exponential", "bernoulli_exponential")
@@ -95,6 +94,8 @@ class Cluster(NamedTuple):
     episodes: fail-slow episodes (:class:`nbsgd_jax.host.episodes.SlowEpisodes`), or None.
     trace: per-worker compute seconds over time (:class:`nbsgd_jax.host.episodes.
       ComputeTrace`), or None.
+    network: the levels of a hierarchical network (:class:`nbsgd_jax.host.network.Network`),
+      or None: every link is ``latency`` and ``bandwidth``.
   """
   n: int
   num_minibatches: int
@@ -112,6 +113,7 @@ class Cluster(NamedTuple):
   seed: int
   episodes: Optional[object] = None
   trace: Optional[object] = None
+  network: Optional[object] = None
 
   @property
   def minibatch_time(self) -> np.ndarray:
@@ -275,226 +277,3 @@ def minibatch_finish_times(cluster: Cluster, step: int) -> np.ndarray:
   d = delays(cluster, step)
   return np.cumsum(episodes_lib.step_minibatch_time(cluster, step)[:, None] + d, axis=1)
 
-
-
-# ----------------------------------------------------------------------------- config
-
-
-# cluster.* keys only the host reads (the clock, stragglers, speeds): not the compiled step's
-HOST_KEYS = ("bandwidth", "delay", "delay_mean", "delay_per", "delay_prob", "delay_shift",
-             "episode_factor", "episode_median", "episode_rate", "episode_sigma",
-             "failure_mtbf", "failure_policy", "failure_repair", "failure_shape",
-             "restart_every", "restart_seconds",
-             "latency", "measure_time_per_example", "overhead", "scenario", "seed",
-             "slow_factor", "slowdown", "spread", "step_overhead", "time_per_example", "trace")
-
-
-def partial_minibatches(cfg) -> bool:
-  """Whether a step's batch is split into ``nonblocking.num_minibatches`` mini-batches of which
-  some may be dropped: with Non-blocking SGD (:func:`nbsgd_jax.run.step.gradient_source`)."""
-  return cfg.nonblocking.get("enabled") is True
-
-
-def counted_steps(cfg) -> bool:
-  """Whether workers may contribute unequal work to a step: with Non-blocking SGD, and with
-  simulated failures (a failed worker contributes nothing). Means are then count-weighted and
-  the optimizer skips idle steps (:class:`nbsgd_jax.recipes.Builder`)."""
-  return partial_minibatches(cfg) or failures_lib.drops_workers(cfg)
-
-
-def num_minibatches(cfg) -> int:
-  """``M`` of the cluster model: ``nonblocking.num_minibatches`` when mini-batches may be
-  dropped (:func:`partial_minibatches`), else 1 (the batch at once)."""
-  return cfg.nonblocking.num_minibatches if partial_minibatches(cfg) else 1
-
-
-def from_config(cfg, time_per_example: Optional[float] = None) -> Cluster:
-  """The :class:`Cluster` of ``cfg.cluster`` (``M`` from :func:`num_minibatches`, ``B`` from
-  ``batch_size``).
-
-  Args:
-    cfg: the config.
-    time_per_example: seconds, used instead of ``cluster.time_per_example`` when
-      ``cluster.measure_time_per_example`` (:func:`nbsgd_jax.run.setup.
-      measure_time_per_example`); None: the configured value.
-
-  Raises:
-    ValueError: a bad ``cluster.*`` value (the message names the field).
-  """
-  c = cfg.cluster
-  tpe = c.time_per_example if time_per_example is None else time_per_example
-  cl = make_cluster(
-      cfg.num_workers, num_minibatches(cfg), scenario=c.scenario,
-      slowdown=list(c.slowdown) or None, time_per_example=tpe, batch_size=cfg.batch_size,
-      overhead=c.overhead, delay=c.delay, delay_per=c.delay_per, delay_mean=c.delay_mean,
-      delay_shift=c.delay_shift, delay_prob=c.delay_prob, spread=c.spread,
-      slow_factor=c.slow_factor, latency=c.latency, bandwidth=c.bandwidth, seed=c.seed)
-  step_seconds = (cl.minibatch_time - cl.overhead) * cl.num_minibatches
-  episodes, trace = episodes_lib.speed_over_time(
-      cl.n, step_seconds, c.episode_rate, c.episode_median, c.episode_sigma, c.episode_factor,
-      c.trace, c.seed)
-  return cl._replace(episodes=episodes, trace=trace)
-
-
-
-def _value_errors(cfg) -> list:
-  """The lines of the bad ``cluster.*`` values that ``make_cluster`` reads."""
-  errs: list = []
-  checks.choice(cfg, errs, "cluster.scenario", SCENARIOS)
-  checks.choice(cfg, errs, "cluster.delay", DELAYS)
-  checks.choice(cfg, errs, "cluster.delay_per", DELAY_PER)
-  checks.boolean(cfg, errs, "cluster.measure_time_per_example")
-  for key in ("time_per_example", "slow_factor", "bandwidth"):
-    checks.number(cfg, errs, f"cluster.{key}", 0, lo_open=True)
-  for key in ("spread", "delay_mean", "delay_shift", "latency", "overhead", "step_overhead"):
-    checks.number(cfg, errs, f"cluster.{key}", 0)
-  checks.number(cfg, errs, "cluster.delay_prob", 0, hi=1)
-  checks.integer(cfg, errs, "cluster.seed", 0)
-  episodes_lib.check_config(cfg, errs)
-  failures_lib.check_config(cfg, errs)
-  v = cfg.cluster.get("slowdown")
-  if not isinstance(v, (tuple, list)) or not all(checks.is_num(x) and x > 0 for x in v):
-    errs.append(f"config.cluster.slowdown={v!r} is not allowed: it must be a tuple of "
-                "numbers > 0, one per worker (() for none)")
-  return errs
-
-
-def try_from_config(cfg) -> tuple:
-  """``(from_config(cfg), None)``; ``(None, line)`` when the cluster refuses the values
-  (non-finite, not one slowdown per worker); ``(None, None)`` when a value it needs is bad on
-  its own (the section checks report it)."""
-  n, m, b = (cfg.get("num_workers"), cfg.nonblocking.get("num_minibatches"),
-             cfg.get("batch_size"))
-  if _value_errors(cfg) or not all(checks.is_int(x) and x >= 1 for x in (n, m, b)):
-    return None, None
-  try:
-    return from_config(cfg), None
-  except ValueError as e:
-    return None, f"config.{e}"
-
-
-CLOCKS = ("simulated", "wall")
-
-
-def cluster_defaults() -> ml_collections.ConfigDict:
-  """``config.cluster.*`` with their defaults: simulated cluster behind sim_time (He & Dube)."""
-  s = ml_collections.ConfigDict()
-  s.scenario = "homogeneous"     # homogeneous | one_slow | lognormal (worker speeds)
-  s.slowdown = ()                # explicit per-worker slowdown factors (overrides scenario)
-  s.slow_factor = 4.0            # one_slow: slowdown of the last worker
-  s.spread = 0.5                 # lognormal: sigma of log slowdown
-  s.time_per_example = 1e-3      # s of forward + backward per example at slowdown 1
-  s.measure_time_per_example = False  # True: time_per_example is timed on this
-                                 # device at start (the run's model and batch), in summary.json
-  s.overhead = 0.0               # s per mini-batch on top (launch, data), not slowed down
-  s.step_overhead = 0.0          # s per step after the computation (the update, dispatch and
-                                 # host sync around the collective), not slowed down
-  s.delay_per = "iteration"      # iteration: one straggler delay per worker per step |
-                                     # minibatch: one per mini-batch
-  s.delay = "none"               # none | shifted_exponential | bernoulli_exponential
-  s.delay_mean = 0.0             # s, mean of the exponential part of a straggler delay
-  s.delay_shift = 0.0            # s, shift of shifted_exponential
-  s.delay_prob = 0.0             # probability of a delay (bernoulli_exponential)
-  s.latency = 1e-4               # s per message (alpha of the alpha-beta model)
-  s.bandwidth = 1e9              # bytes/s (1 / beta)
-  s.seed = 0                     # seed of the delays and of lognormal speeds
-  s.clock = "simulated"          # simulated: counts and sim_time from this model | wall:
-                                 # each process runs its mini-batches against its own wall
-                                 # clock (backend=multihost; deadlines in real seconds)
-  s.emulate = True               # wall: each process sleeps so that its mini-batch times
-                                 # follow this model (stragglers on homogeneous hardware)
-  s.failures = ""                # simulated failures "worker:start:duration,...": the worker
-                                 # is down for those steps (every algorithm)
-  s.failure_mtbf = 0.0           # failures at a rate: mean hours a worker is up (0: none;
-                                 # Llama 3's per GPU: about 50,700, docs/clock.md)
-  s.failure_repair = 600.0       # s, mean time a failed worker is down (exponential; a
-                                 # restart's 5-20 min as Meta's reliability study is quoted)
-  s.failure_shape = 1.0          # Weibull shape of the up time (1: exponential)
-  s.failure_policy = "elastic"   # elastic: the others go on | restart: from the checkpoint
-  s.restart_every = 100          # restart: steps between the job's checkpoints
-  s.restart_seconds = 600.0      # restart: s to reload, besides the steps lost since then
-  s.episode_rate = 0.0           # fail-slow episodes: onsets per worker per hour of its
-                                 # computation (0: none; Greyhound's communication episodes:
-                                 # about 0.03 per node-hour, docs/clock.md)
-  s.episode_median = 1260.0      # s, median duration (lognormal; Greyhound Fig. 1: 21 min)
-  s.episode_sigma = 1.5          # the log-standard deviation of an episode's duration
-  s.episode_factor = 1.5         # a worker computes this many times slower in an episode
-                                 # (Greyhound: 1.39-1.84x for network congestion)
-  s.trace = ""                   # CSV of step,worker,seconds: each worker's compute seconds
-                                 # per step from that step on (docs/clock.md)
-  return s
-
-
-def check_config(cfg, errs: list) -> None:
-  """cluster.*: the simulated cluster behind sim_time and the failures; the wall clock runs
-  on the multihost backend without failures."""
-  errs.extend(_value_errors(cfg))
-  checks.choice(cfg, errs, "cluster.clock", CLOCKS)
-  checks.boolean(cfg, errs, "cluster.emulate")
-  if cfg.cluster.get("clock") == "wall":
-    if cfg.get("backend") != "multihost":
-      errs.append(f"config.cluster.clock='wall' is not allowed with config.backend="
-                  f"{cfg.get('backend')!r}: the wall clock runs processes apart (use "
-                  "backend='multihost', e.g. through nbsgd_jax.launch)")
-    if failures_on(cfg):
-      errs.append(f"{failures_named(cfg)} is not allowed with config.cluster.clock='wall': "
-                  "failures are simulated (use clock='simulated')")
-    if cfg.nonblocking.get("deadline_group") == "neighbours" and cfg.nonblocking.get("enabled"):
-      errs.append("config.nonblocking.deadline_group='neighbours' is not allowed with "
-                  "config.cluster.clock='wall': one deadline for every process (use 'all')")
-  _, line = try_from_config(cfg)
-  if line:
-    errs.append(line)
-  fails = cfg.cluster.get("failures")
-  if not isinstance(fails, str):
-    errs.append(f"config.cluster.failures={fails!r} is not allowed: write a string "
-                "'worker:start:duration,...' ('' for none)")
-  elif fails.strip():
-    try:
-      parse_failures(fails, cfg.num_workers if checks.is_int(cfg.get("num_workers")) else 0)
-    except ValueError as e:
-      errs.append(f"config.{e}")
-
-
-def nonblocking_defaults() -> ml_collections.ConfigDict:
-  """``config.nonblocking.*`` with their defaults: Non-blocking SGD (He & Dube 2022)."""
-  s = ml_collections.ConfigDict()
-  s.enabled = False              # accumulate only the mini-batches finished by the deadline
-  s.num_minibatches = 4          # M: mini-batches per worker batch (divides batch_size)
-  s.deadline = "fastest"         # fastest | kth:K | adaptive | seconds (e.g. "0.05")
-  s.adaptive_k = 2.0             # adaptive: deadline = median + k * MAD of finishing times
-  s.window = 10                  # steps of finishing times behind adaptive (and, on the wall
-                                 # clock, fastest / kth:K)
-  s.deadline_group = "all"       # all: one deadline for every worker | neighbours:
-                                        # each worker's over itself and its neighbours
-  s.unroll = True                # unroll the loop over the M mini-batches (XLA CPU runs
-                                 # convolutions in a rolled loop ~20x slower); False: a rolled
-                                 # lax.scan, one mini-batch's activations live at a time
-  return s
-
-
-def check_nonblocking_config(cfg, errs: list) -> None:
-  """nonblocking.*: M divides the batch when the batch is split; the deadline rule against the
-  cluster."""
-  checks.boolean(cfg, errs, "nonblocking.enabled")
-  checks.boolean(cfg, errs, "nonblocking.unroll")
-  m, b = cfg.nonblocking.get("num_minibatches"), cfg.get("batch_size")
-  if (checks.integer(cfg, errs, "nonblocking.num_minibatches", 1) and partial_minibatches(cfg)
-      and checks.is_int(b) and b >= 1 and b % m):
-    errs.append(f"config.batch_size={b} is not allowed with "
-                f"config.nonblocking.num_minibatches={m}: the batch must split into M equal "
-                "mini-batches (batch_size divisible by num_minibatches)")
-  checks.choice(cfg, errs, "nonblocking.deadline_group", ("all", "neighbours"))
-  checks.number(cfg, errs, "nonblocking.adaptive_k", 0)
-  checks.integer(cfg, errs, "nonblocking.window", 1)
-  try:
-    rule = parse_deadline(cfg.nonblocking.get("deadline"))
-    if rule == "adaptive" and cfg.nonblocking.get("deadline_group") == "neighbours":
-      errs.append("config.nonblocking.deadline='adaptive' is not allowed with "
-                  "config.nonblocking.deadline_group='neighbours': the adaptive deadline is "
-                  "one for every worker (use 'all')")
-    cluster, _ = try_from_config(cfg)
-    if cluster is not None:
-      check_deadline(cluster, rule)
-  except ValueError as e:
-    errs.append(f"config.{e}")

@@ -98,7 +98,7 @@ class Ledger(HostPart):
 
   def observe(self, step, inputs, report, probe):
     alive = np.ones(len(self.last), bool) if inputs.alive is None else np.asarray(inputs.alive)
-    comm = sum((cluster_lib.comm_time(self.clock.cluster, r.messages, r.num_bytes)
+    comm = sum((cluster_lib.round_time(self.clock.cluster, r)
                 for r in self.clock.rounds(step, inputs, report)
                 if not r.overlap and not r.delay), np.zeros(len(self.last)))
     job = float(self.clock.clocks.max() - self.last.max())

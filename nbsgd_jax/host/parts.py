@@ -341,7 +341,7 @@ class Clock(HostPart):
   def observe(self, step, inputs, report, probe):
     compute = np.asarray(inputs.compute, np.float64)
     for r in self.rounds(step, inputs, report):
-      comm = cluster_lib.comm_time(self.cluster, r.messages, r.num_bytes)
+      comm = cluster_lib.round_time(self.cluster, r)
       done = cluster_lib.advance_clocks(self.clocks, compute, comm, r.adjacency,
                                         r.collective, r.overlap)
       if r.delay:

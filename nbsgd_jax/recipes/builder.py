@@ -17,7 +17,7 @@ from nbsgd_jax import transforms as T
 from nbsgd_jax.core.axis import AXIS
 from nbsgd_jax.communications import (AllReduce, Gossip, Matchings, MessageAllGather,
                                       SparseAllGather)
-from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import cluster_config
 from nbsgd_jax.topology import matcha as matcha_lib
 from nbsgd_jax.host import periods as local_sgd_lib
 from nbsgd_jax.transforms import powersgd  # noqa: F401  (its reducer)
@@ -38,7 +38,7 @@ class Builder:
     self.cfg, self.topology, self.axis_name = cfg, topology, axis_name
     self.n = cfg.num_workers
     # mini-batches may be missing (Non-blocking SGD, failures): count-weighted means, skips
-    self.weighted = cluster_lib.counted_steps(cfg)
+    self.weighted = cluster_config.counted_steps(cfg)
     self.compressed = cfg.compression.name != codecs.NONE
     self.compression_used = False
 

@@ -17,6 +17,7 @@ import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import cluster_config
 from nbsgd_jax.host import failures as failures_lib
 from nbsgd_jax.host import ledger as ledger_lib
 from nbsgd_jax import codecs
@@ -371,7 +372,7 @@ def make_host(s: Setup) -> host_lib.Host:
   measured = None
   if cfg.cluster.measure_time_per_example:
     measured = measure_time_per_example(s)
-  cluster = cluster_lib.from_config(cfg, measured)
+  cluster = cluster_config.from_config(cfg, measured)
   schedule = cluster_lib.parse_failures(cfg.cluster.failures, n)
   process = failures_lib.failure_process(cfg, cluster)
   restart = cfg.cluster.failure_policy == "restart"  # nobody drops out: the job restarts

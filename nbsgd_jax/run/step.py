@@ -28,7 +28,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import cluster_config
 from nbsgd_jax import transforms
 from nbsgd_jax.core.axis import varying_like
 from nbsgd_jax.transforms import CONTEXT_AXES, StepContext
@@ -80,8 +80,8 @@ def gradient_source(cfg: ml_collections.ConfigDict) -> Callable:
   """Counted mini-batches whenever workers may contribute unequal work
   (:func:`nbsgd_jax.host.cluster.counted_steps`: Non-blocking SGD's ``M``, failures' single batch,
   :func:`nbsgd_jax.host.cluster.num_minibatches`), else the whole batch."""
-  if cluster_lib.counted_steps(cfg):
-    return minibatches(cluster_lib.num_minibatches(cfg), cfg.nonblocking.unroll)
+  if cluster_config.counted_steps(cfg):
+    return minibatches(cluster_config.num_minibatches(cfg), cfg.nonblocking.unroll)
   return full_batch
 
 

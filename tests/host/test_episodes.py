@@ -11,6 +11,7 @@ from scipy import stats
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import train
 from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import cluster_config
 from nbsgd_jax.host.episodes import ComputeTrace, SlowEpisodes
 
 N, T, S0 = 3000, 2000, 1.0  # workers, steps, seconds per step
@@ -74,7 +75,7 @@ def test_a_compute_trace_replays_exactly(tmp_path):
 def test_episodes_slow_the_clock_by_their_factor():
   """One worker always in an episode (a rate so high the first gap is under a step, and
   episodes longer than the run): every blocking step lasts factor x the nominal step."""
-  cl = cluster_lib.from_config(_cfg(**{"cluster.episode_rate": 3.6e9,
+  cl = cluster_config.from_config(_cfg(**{"cluster.episode_rate": 3.6e9,
                                        "cluster.episode_median": 1e6,
                                        "cluster.episode_factor": 3.0}))
   steps = [cluster_lib.minibatch_finish_times(cl, t)[:, -1] for t in range(6)]

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import cluster_config
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import recipes
 from tests.helpers import malformed
@@ -146,7 +146,7 @@ def test_batch_not_divisible_by_m_is_accepted_without_nonblocking(failures):
   with failures too, computes it at once (M = 1 in the cluster model)."""
   cfg = cfg_with(batch_size=30, nonblocking__num_minibatches=4, cluster__failures=failures)
   config_lib.validate(cfg)
-  assert cluster_lib.num_minibatches(cfg) == 1
+  assert cluster_config.num_minibatches(cfg) == 1
 
 
 def test_num_minibatches_warns_when_nonblocking_is_off():

@@ -1,0 +1,121 @@
+"""A hierarchical network: levels of groups (devices in a node, nodes in a region, ...), each
+with its alpha-beta link, and a message charged by the link it crosses.
+
+``cluster.levels`` lists the levels innermost first as ``"size:latency:bandwidth"`` strings
+(``size`` workers, or groups of the level below, per group; seconds per message; bytes per
+second): ``("8:1e-6:3e11", "4:1e-5:1.25e10")`` is 8 workers a node over NVLink-like links, 4
+nodes a region over a datacenter network. Beyond the last level the cluster's own
+``latency`` and ``bandwidth`` are the link (the wide-area one). Workers sit in order: worker
+``i`` is in node ``i // 8`` and region ``i // 32``. A message from ``i`` to ``j`` crosses the
+innermost level whose group holds both.
+
+A round of a communication (:class:`~nbsgd_jax.communications.Round`: who waits for whom,
+messages and bytes per worker) costs, per worker (:meth:`Network.round_time`):
+
+* a collective (an all-reduce over a group): a flat ring over the slowest link the group
+  spans, ``comm_i = latency_L messages_i + bytes_i / bandwidth_L`` with ``L`` the outermost
+  level any two members cross (DESIGN.md, "Fleets": a flat ring runs at its slowest link);
+* point to point (gossip, a pairwise exchange): worker ``i``'s messages go to the workers it
+  exchanges with (its neighbourhood), each at its own link: ``comm_i = messages_i mean_j
+  latency_(i,j) + bytes_i mean_j 1 / bandwidth_(i,j)`` over its neighbours ``j`` (exact when
+  it sends each of them the same message).
+
+Without levels, every link is the cluster's, the alpha-beta model of
+:func:`nbsgd_jax.host.clock.comm_time`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from nbsgd_jax.core import checks
+from nbsgd_jax.communications.adjacency import Group, Neighbours
+
+
+def parse_levels(levels: Sequence[str]) -> list[tuple[int, float, float]]:
+  """``[(size, latency, bandwidth)]`` of ``cluster.levels``.
+
+  Raises:
+    ValueError: a malformed entry, a size < 2, a latency < 0 or a bandwidth <= 0 (named as
+      ``cluster.levels``).
+  """
+  out = []
+  for item in levels:
+    try:
+      size, lat, bw = str(item).split(":")
+      size, lat, bw = int(size), float(lat), float(bw)
+    except ValueError:
+      raise checks.not_allowed("cluster.levels", tuple(levels), f"entry {item!r} must be "
+                               "'size:latency:bandwidth', e.g. '8:1e-6:3e11'") from None
+    if size < 2 or lat < 0 or bw <= 0 or not (math.isfinite(lat) and math.isfinite(bw)):
+      raise checks.not_allowed("cluster.levels", tuple(levels), f"entry {item!r} needs size "
+                               ">= 2, latency >= 0 and bandwidth > 0")
+    out.append((size, lat, bw))
+  return out
+
+
+class Network:
+  """The levels of ``cluster.levels`` over ``n`` workers (module docstring).
+
+  Args:
+    n: workers.
+    levels: ``[(size, latency, bandwidth)]``, innermost first.
+    latency, bandwidth: the outermost link (the cluster's own).
+  """
+
+  def __init__(self, n: int, levels: Sequence[tuple], latency: float, bandwidth: float):
+    self.n = n
+    spans = np.cumprod([1] + [int(s) for s, _, _ in levels])  # workers per group, by level
+    self.spans = spans[1:]
+    self.latency = np.array([lat for _, lat, _ in levels] + [latency], np.float64)
+    self.bandwidth = np.array([bw for _, _, bw in levels] + [bandwidth], np.float64)
+
+  def level(self, i, j) -> np.ndarray:
+    """The level of the link between workers ``i`` and ``j`` (arrays broadcast): the
+    innermost level whose group holds both, ``len(levels)`` for the outermost link."""
+    i, j = np.asarray(i), np.asarray(j)
+    same = np.stack([i // s == j // s for s in self.spans] + [np.ones(np.broadcast(i, j).shape,
+                                                                      bool)])
+    return np.argmax(same, axis=0)
+
+  def _group_level(self, members: np.ndarray) -> int:
+    """The outermost level two of ``members`` cross: that of the first and the last (a
+    group is a contiguous range, so theirs holds every member in between)."""
+    idx = np.flatnonzero(members)
+    return int(self.level(idx.min(), idx.max())) if idx.size > 1 else 0
+
+  def round_time(self, messages, num_bytes, adjacency, collective: bool) -> np.ndarray:
+    """float64 ``[n]``: each worker's seconds in the round (module docstring)."""
+    messages = np.broadcast_to(np.asarray(messages, np.float64), (self.n,))
+    num_bytes = np.broadcast_to(np.asarray(num_bytes, np.float64), (self.n,))
+    if collective:
+      members = (np.ones(self.n, bool) if adjacency is None else
+                 np.asarray(adjacency.members, bool) if isinstance(adjacency, Group) else
+                 np.asarray(_dense(adjacency)).any(axis=0))
+      lv = self._group_level(members)
+      return self.latency[lv] * messages + num_bytes / self.bandwidth[lv]
+    lat, inv = np.empty(self.n), np.empty(self.n)
+    for i, peers in enumerate(_peers(adjacency, self.n)):
+      lv = self.level(i, peers) if len(peers) else np.array([len(self.spans)])
+      lat[i], inv[i] = self.latency[lv].mean(), (1.0 / self.bandwidth[lv]).mean()
+    return lat * messages + num_bytes * inv
+
+
+def _dense(adjacency) -> np.ndarray:
+  return adjacency.dense() if hasattr(adjacency, "dense") else np.asarray(adjacency, bool)
+
+
+def _peers(adjacency, n: int) -> list:
+  """Each worker's neighbours (itself excluded) in a round's adjacency."""
+  if adjacency is None:
+    return [np.array([j for j in range(n) if j != i]) for i in range(n)]
+  if isinstance(adjacency, Neighbours):
+    return [np.array(sorted(set(row.tolist()) - {i})) for i, row in enumerate(adjacency.index)]
+  d = _dense(adjacency)
+  return [np.array([j for j in np.flatnonzero(d[i]) if j != i]) for i in range(n)]
+
+
+__all__ = ["Network", "parse_levels"]

@@ -1,0 +1,73 @@
+"""A hierarchical network (``nbsgd_jax/host/network.py``) against closed forms on two levels:
+16 workers, 4 a node (1 us, 100 GB/s), 2 nodes a region (10 us, 10 GB/s), regions over the
+cluster's own link (50 ms, 100 MB/s); through the lockstep clock of train()."""
+
+import numpy as np
+import pytest
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax import train
+from nbsgd_jax.communications.adjacency import Group, Neighbours
+from nbsgd_jax.host.network import Network, parse_levels
+
+LEVELS = ("4:1e-6:1e11", "2:1e-5:1e10")
+LAT = [1e-6, 1e-5, 0.05]
+BW = [1e11, 1e10, 1e8]
+NET = Network(16, parse_levels(LEVELS), LAT[2], BW[2])
+
+
+def test_a_message_crosses_the_innermost_level_that_holds_both():
+  np.testing.assert_array_equal(NET.level(0, [1, 3, 4, 7, 8, 15]), [0, 0, 1, 1, 2, 2])
+  np.testing.assert_array_equal(NET.level(9, [8, 11, 12, 15]), [0, 0, 1, 1])
+
+
+@pytest.mark.parametrize("members,level", [(range(16), 2), (range(8), 1), (range(4, 8), 0),
+                                           ([4, 5], 0), ([3, 4], 1), ([7, 8], 2)])
+def test_a_collective_runs_at_the_slowest_link_its_group_spans(members, level):
+  """A flat ring: comm_i = latency_L messages_i + bytes_i / bandwidth_L."""
+  mask = np.zeros(16, bool)
+  mask[list(members)] = True
+  got = NET.round_time(6.0, 3e6, Group(mask), True)
+  np.testing.assert_allclose(got, LAT[level] * 6 + 3e6 / BW[level])
+
+
+def test_gossip_charges_each_neighbour_at_its_link():
+  """A ring: worker 0's neighbours are 15 (across regions) and 1 (in its node); worker 3's
+  are 2 (its node) and 4 (the next node of its region); worker 7's 6 and 8 (the next region)."""
+  ring = Neighbours.of_lists([[(i - 1) % 16, (i + 1) % 16] for i in range(16)])
+  got = NET.round_time(2.0, 2e6, ring, False)
+  per = lambda a, b: 2 * (LAT[a] + LAT[b]) / 2 + 2e6 * (1 / BW[a] + 1 / BW[b]) / 2  # noqa
+  np.testing.assert_allclose(got[[0, 1, 3, 7]], [per(2, 0), per(0, 0), per(0, 1), per(0, 2)])
+
+
+def _cfg(algorithm, **over):
+  c = config_lib.default_config()
+  c.update(dict(num_workers=16, dataset="least_squares", num_steps=3, eval_every=3,
+                progress=False, batch_size=16, algorithm=algorithm, topology="ring"))
+  c.problem.update(dict(examples_per_worker=16, dim=250, full_batch=True))
+  return config_lib.override(c, {"cluster.levels": LEVELS, "cluster.latency": LAT[2],
+                                 "cluster.bandwidth": BW[2], **over})
+
+
+def test_the_clock_charges_an_all_reduce_at_the_wide_area_link():
+  """16 x 1 ms compute, then a ring all-reduce of 1,000 bytes over the regions' link."""
+  out = train.train(_cfg("allreduce"), None)
+  comm = 2 * 15 * LAT[2] + 2 * 15 / 16 * 1000 / BW[2]
+  assert out["sim_time"] == pytest.approx(3 * (16e-3 + comm), rel=1e-9)
+
+
+def test_a_bad_level_is_refused_by_name():
+  with pytest.raises(config_lib.ConfigError, match=r"config\.cluster\.levels=.* is not "
+                                                   r"allowed: entry '1:0:1' needs size >= 2"):
+    config_lib.validate(_cfg("allreduce", **{"cluster.levels": ("1:0:1",)}))
+  with pytest.raises(config_lib.ConfigError, match=r"event clock charges a message by one"):
+    config_lib.validate(_cfg("ad_psgd"))
+
+
+def test_the_clock_charges_gossip_by_the_slowest_neighbour_it_waits_for():
+  """D-PSGD on the ring: a worker waits for its neighbours' messages; the ones at a region's
+  edge send one of their two messages over the wide-area link, so every step lasts their
+  time (``c_i = max_j (r_j + comm_j)`` for the edge's neighbours)."""
+  out = train.train(_cfg("dpsgd"), None)
+  edge = 2 * (LAT[2] + LAT[0]) / 2 + 2 * 1000 * (1 / BW[2] + 1 / BW[0]) / 2
+  assert out["sim_time"] == pytest.approx(3 * (16e-3 + edge), rel=1e-9)
