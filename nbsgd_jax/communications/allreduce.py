@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from nbsgd_jax.communications import adjacency as adjacency_lib
 from nbsgd_jax.communications import collectives
 from nbsgd_jax.core.axis import AXIS, tree_bytes
-from nbsgd_jax.communications.base import Communication, Pattern
+from nbsgd_jax.communications.base import Communication, Pattern, Round
 
 
 class AllReduce(Communication):
@@ -63,3 +64,56 @@ class AllReduce(Communication):
       leaves[i] = s / self.n if w is None else s
     sent = self.charge(self.num_bytes([leaves[i] for i in pos]), ctx)
     return jax.tree.unflatten(treedef, leaves), self.report(sent)
+
+
+class HierarchicalAllReduce(AllReduce):
+  """The same mean, run in three phases over a two-level layout (NCCL's 2-D ring as the
+  model): a ring reduce-scatter inside each group of ``group_size`` consecutive workers (a
+  node), a ring all-reduce of each worker's ``1 / g`` share across the ``m = n / g`` groups
+  (among the workers of the same rank in their group), and a ring all-gather inside the group.
+
+  Bytes per worker for a message of ``S`` bytes: ``2 (g - 1) / g S + 2 (m - 1) / m S / g``;
+  the clock charges the three rounds apart, each with its own who-waits-for-whom, so a
+  hierarchical network (``cluster.levels``) charges each at the link it crosses.
+
+  Args:
+    n, axis_name, key, weighted, ring, parts: as :class:`AllReduce`.
+    group_size: ``g``, dividing ``n``, >= 2.
+
+  Raises:
+    ValueError: ``group_size`` < 2 or not dividing ``n``.
+  """
+
+  def __init__(self, n: int, group_size: int, axis_name: Any = AXIS, key: str = "allreduce",
+               weighted: bool = False, ring: bool = False, parts: int = 1):
+    if group_size < 2 or n % group_size:
+      raise ValueError(f"cluster.allreduce_group={group_size} is not allowed with {n} "
+                       "workers: it must be >= 2 and divide the workers")
+    super().__init__(n, axis_name, key, weighted, ring, parts)
+    self.g, self.m = int(group_size), n // int(group_size)
+
+  def _fractions(self) -> tuple[float, float]:
+    """Bytes of the inside phases (both) and of the across phase, per byte of the message."""
+    g, m = self.g, self.m
+    return 2.0 * (g - 1) / g, 2.0 * (m - 1) / m / g
+
+  def num_bytes(self, tree) -> float:
+    return float(sum(self._fractions())) * tree_bytes(tree)
+
+  def clock_rounds(self, step, active, alive, report) -> list:
+    if f"bytes/{self.key}" not in report:
+      return []
+    inside, across = self._fractions()
+    per = np.asarray(report[f"bytes/{self.key}"], np.float64) / (inside + across)
+    i = np.arange(self.n)
+    node = adjacency_lib.Neighbours(np.stack([i // self.g * self.g + r
+                                              for r in range(self.g)], 1))
+    rank = adjacency_lib.Neighbours(np.stack([i % self.g + k * self.g
+                                              for k in range(self.m)], 1))
+    up = np.ones(self.n) if alive is None else np.asarray(alive, np.float64)
+    live = lambda a: a if alive is None else adjacency_lib.live_adjacency(a, alive)  # noqa
+    half = self.parts * (self.g - 1.0) * up
+    flags = (True, self.overlap, self.delay)
+    return [Round(live(node), half, per * inside / 2, *flags),
+            Round(live(rank), self.parts * 2.0 * (self.m - 1) * up, per * across, *flags),
+            Round(live(node), half, per * inside / 2, *flags)]

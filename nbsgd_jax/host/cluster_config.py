@@ -90,6 +90,12 @@ def _value_errors(cfg) -> list:
   checks.number(cfg, errs, "cluster.delay_prob", 0, hi=1)
   checks.integer(cfg, errs, "cluster.seed", 0)
   episodes_lib.check_config(cfg, errs)
+  g, n = cfg.cluster.get("allreduce_group"), cfg.get("num_workers")
+  if checks.integer(cfg, errs, "cluster.allreduce_group", 0) and g and checks.is_int(n) and (
+      g < 2 or n % g):
+    errs.append(f"config.cluster.allreduce_group={g} is not allowed with "
+                f"config.num_workers={n}: it must be 0 (a flat ring) or >= 2 and divide the "
+                "workers")
   levels = cfg.cluster.get("levels")
   if not isinstance(levels, (tuple, list)):
     errs.append(f"config.cluster.levels={levels!r} is not allowed: it must be a tuple of "
@@ -148,6 +154,9 @@ def cluster_defaults() -> ml_collections.ConfigDict:
   s.bandwidth = 1e9              # bytes/s (1 / beta); with levels, of the outermost link
   s.levels = ()                  # a hierarchical network, innermost first: "size:latency:
                                  # bandwidth" each, e.g. ("8:1e-6:3e11", "4:1e-5:1.25e10")
+  s.allreduce_group = 0          # 0: a flat ring | g: the hierarchical all-reduce over groups
+                                 # of g consecutive workers (reduce-scatter inside, all-reduce
+                                 # across, all-gather inside)
   s.seed = 0                     # seed of the delays and of lognormal speeds
   s.clock = "simulated"          # simulated: counts and sim_time from this model | wall:
                                  # each process runs its mini-batches against its own wall

@@ -15,6 +15,8 @@ messages and bytes per worker) costs, per worker (:meth:`Network.round_time`):
 * a collective (an all-reduce over a group): a flat ring over the slowest link the group
   spans, ``comm_i = latency_L messages_i + bytes_i / bandwidth_L`` with ``L`` the outermost
   level any two members cross (DESIGN.md, "Fleets": a flat ring runs at its slowest link);
+  with each worker in its own group (the phases of a hierarchical all-reduce), ``L`` is the
+  outermost level between the worker and its group;
 * point to point (gossip, a pairwise exchange): worker ``i``'s messages go to the workers it
   exchanges with (its neighbourhood), each at its own link: ``comm_i = messages_i mean_j
   latency_(i,j) + bytes_i mean_j 1 / bandwidth_(i,j)`` over its neighbours ``j`` (exact when
@@ -91,11 +93,14 @@ class Network:
     """float64 ``[n]``: each worker's seconds in the round (module docstring)."""
     messages = np.broadcast_to(np.asarray(messages, np.float64), (self.n,))
     num_bytes = np.broadcast_to(np.asarray(num_bytes, np.float64), (self.n,))
-    if collective:
+    if collective and (adjacency is None or isinstance(adjacency, Group)):
       members = (np.ones(self.n, bool) if adjacency is None else
-                 np.asarray(adjacency.members, bool) if isinstance(adjacency, Group) else
-                 np.asarray(_dense(adjacency)).any(axis=0))
+                 np.asarray(adjacency.members, bool))
       lv = self._group_level(members)
+      return self.latency[lv] * messages + num_bytes / self.bandwidth[lv]
+    if collective:  # a collective in each worker's own group (a phase of a 2-D all-reduce)
+      lv = np.array([int(self.level(i, p).max()) if len(p) else 0
+                     for i, p in enumerate(_peers(adjacency, self.n))])
       return self.latency[lv] * messages + num_bytes / self.bandwidth[lv]
     lat, inv = np.empty(self.n), np.empty(self.n)
     for i, peers in enumerate(_peers(adjacency, self.n)):

@@ -17,6 +17,7 @@ from nbsgd_jax import transforms as T
 from nbsgd_jax.core.axis import AXIS
 from nbsgd_jax.communications import (AllReduce, Gossip, Matchings, MessageAllGather,
                                       SparseAllGather)
+from nbsgd_jax.communications.allreduce import HierarchicalAllReduce
 from nbsgd_jax.host import cluster_config
 from nbsgd_jax.topology import matcha as matcha_lib
 from nbsgd_jax.host import periods as local_sgd_lib
@@ -73,6 +74,11 @@ class Builder:
   # ------------------------------------------------------------------ communications
 
   def allreduce(self, ring: bool = False, key: str = "allreduce") -> AllReduce:
+    """An all-reduce; with ``cluster.allreduce_group`` = g, the hierarchical one over groups
+    of g consecutive workers (:class:`~nbsgd_jax.communications.HierarchicalAllReduce`)."""
+    g = self.cfg.cluster.allreduce_group
+    if g:
+      return HierarchicalAllReduce(self.n, g, self.axis_name, key, self.weighted, ring)
     return AllReduce(self.n, self.axis_name, key, self.weighted, ring)
 
   def gossip(self, key: str = "gossip", lazy: bool = False, kind=Gossip) -> Gossip:

@@ -71,3 +71,32 @@ def test_the_clock_charges_gossip_by_the_slowest_neighbour_it_waits_for():
   out = train.train(_cfg("dpsgd"), None)
   edge = 2 * (LAT[2] + LAT[0]) / 2 + 2 * 1000 * (1 / BW[2] + 1 / BW[0]) / 2
   assert out["sim_time"] == pytest.approx(3 * (16e-3 + edge), rel=1e-9)
+
+
+def test_the_hierarchical_all_reduce_pays_the_wide_area_link_once_for_a_quarter():
+  """Groups of 4 (the nodes): a reduce-scatter and an all-gather inside the node, 3 messages
+  and 3/4 of the message each at the node's link, and across the 4 nodes an all-reduce of
+  a quarter of it, 6 messages at the regions' link (each worker's rank group spans them)."""
+  out = train.train(_cfg("allreduce", **{"cluster.allreduce_group": 4}), None)
+  s = 1000.0
+  inside = 3 * LAT[0] + 0.75 * s / BW[0]
+  across = 6 * LAT[2] + 2 * 3 / 4 * s / 4 / BW[2]
+  assert out["sim_time"] == pytest.approx(3 * (16e-3 + 2 * inside + across), rel=1e-9)
+  assert out["bytes_sent"] == pytest.approx(3 * (2 * 0.75 * s + 2 * 3 / 4 * s / 4), rel=1e-9)
+  flat = train.train(_cfg("allreduce"), None)
+  assert out["sim_time"] < flat["sim_time"] / 4  # the same bytes over faster links:
+  assert out["bytes_sent"] == pytest.approx(flat["bytes_sent"], rel=1e-9)  # 2 (n - 1) / n S
+
+
+def test_the_hierarchical_all_reduce_composes_device_bytes_equal_clock_bytes():
+  """Under Non-blocking SGD and failures (run_cell: the device's bytes = the clock's three
+  rounds' at every step, a failed worker charged nothing), and DiLoCo's deferred outer
+  all-reduce; a group size that does not divide the workers is refused by name."""
+  from tests.algorithms.test_composition import cell_cfg, run_cell
+  for algorithm, over in (("allreduce", {}), ("diloco", {"diloco.overlap": "delayed"})):
+    cfg = cell_cfg(algorithm, True, False, True, False,
+                   **{"cluster.allreduce_group": 2, **over})
+    run_cell(cfg)
+  with pytest.raises(config_lib.ConfigError, match=r"config\.cluster\.allreduce_group=3 is "
+                                                   r"not allowed with config\.num_workers=16"):
+    config_lib.validate(_cfg("allreduce", **{"cluster.allreduce_group": 3}))
