@@ -83,8 +83,19 @@ class EventTimes(HostPart):
                        self._resources)
     return clock
 
+  def pair_s(self, i: int, j: int) -> float:
+    """Seconds of one message from worker ``i`` to ``j`` (``j = n``: the server, which sits
+    with worker 0): the cluster's link, or on a hierarchical network
+    (``cluster.levels``) the link between them."""
+    net = self.cluster.network
+    if net is None:
+      return self.message_s
+    lv = int(net.level(i, 0 if j >= self.cluster.n else j))
+    return float(net.latency[lv] + self.message_bytes / net.bandwidth[lv])
+
   def _comm(self, i: int, k: int, touched: tuple) -> float:
-    return self.message_s if len(touched) > 1 else 0.0
+    peers = [j for j in touched if j != i]
+    return self.pair_s(i, peers[0]) if peers else 0.0
 
   def inputs(self, step, inputs, probe):
     batch = self.clock.next_batch()
@@ -218,10 +229,11 @@ class ServerEventTimes(EventTimes):
 
   def _duration(self, k: int) -> np.ndarray:
     compute = cluster_lib.minibatch_finish_times(self.cluster, k)[:, -1] + self.overhead
-    return np.where(self._kinds(k) == 0, self.message_s, compute)
+    server = np.array([self.pair_s(i, self.cluster.n) for i in range(self.cluster.n)])
+    return np.where(self._kinds(k) == 0, server, compute)
 
   def _comm(self, i: int, k: int, touched: tuple) -> float:
-    return self.message_s if k % self.cycle[i] == self.cycle[i] - 1 else 0.0
+    return self.pair_s(i, self.cluster.n) if k % self.cycle[i] == self.cycle[i] - 1 else 0.0
 
   def inputs(self, step, inputs, probe):
     n = self.cluster.n

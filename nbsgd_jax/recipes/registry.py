@@ -177,8 +177,8 @@ def is_asynchronous(algorithm: str) -> bool:
 
 def event_clock_errors(cfg: ml_collections.ConfigDict) -> list[str]:
   """The rules of every recipe on the event clock, one line each: no Non-blocking SGD
-  deadline (a worker waits for nobody), no simulated failures, no wall clock (the event
-  clock is the run's time) and no hierarchical network yet."""
+  deadline (a worker waits for nobody), no simulated failures and no wall clock (the event
+  clock is the run's time)."""
   algo, errs = f"config.algorithm={cfg.algorithm!r}", []
   if cfg.nonblocking.get("enabled"):
     errs.append(f"config.nonblocking.enabled=True is not allowed with {algo}: an asynchronous "
@@ -189,9 +189,6 @@ def event_clock_errors(cfg: ml_collections.ConfigDict) -> list[str]:
   if cfg.cluster.get("clock") != "simulated":
     errs.append(f"config.cluster.clock={cfg.cluster.clock!r} is not allowed with {algo}: the "
                 "event clock is simulated")
-  if cfg.cluster.get("levels"):
-    errs.append(f"config.cluster.levels={tuple(cfg.cluster.levels)!r} is not allowed with "
-                f"{algo}: the event clock charges a message by one link (not built yet)")
   return errs
 
 

@@ -60,8 +60,6 @@ def test_a_bad_level_is_refused_by_name():
   with pytest.raises(config_lib.ConfigError, match=r"config\.cluster\.levels=.* is not "
                                                    r"allowed: entry '1:0:1' needs size >= 2"):
     config_lib.validate(_cfg("allreduce", **{"cluster.levels": ("1:0:1",)}))
-  with pytest.raises(config_lib.ConfigError, match=r"event clock charges a message by one"):
-    config_lib.validate(_cfg("ad_psgd"))
 
 
 def test_the_clock_charges_gossip_by_the_slowest_neighbour_it_waits_for():
@@ -100,3 +98,18 @@ def test_the_hierarchical_all_reduce_composes_device_bytes_equal_clock_bytes():
   with pytest.raises(config_lib.ConfigError, match=r"config\.cluster\.allreduce_group=3 is "
                                                    r"not allowed with config\.num_workers=16"):
     config_lib.validate(_cfg("allreduce", **{"cluster.allreduce_group": 3}))
+
+
+@pytest.mark.parametrize("algorithm", ["ad_psgd", "async_diloco"])
+def test_the_event_clock_charges_a_message_at_the_link_between_its_ends(algorithm):
+  """AD-PSGD's exchange with a peer, asynchronous DiLoCo's push to the server (which sits
+  with worker 0): one model's bytes at the link the pair crosses."""
+  from tests.helpers import make_stepper
+  stepper = make_stepper(_cfg(algorithm, **{"diloco.inner_steps": 2}))
+  clock = stepper.hosts[0].part("clock")
+  model = clock.message_bytes
+  cost = lambda lv: LAT[lv] + model / BW[lv]  # noqa: E731
+  assert clock.pair_s(0, 1) == pytest.approx(cost(0)) and clock.pair_s(5, 1) == pytest.approx(
+      cost(1))
+  assert clock.pair_s(9, 16) == pytest.approx(cost(2))  # 16 = n: the server, by worker 0
+  assert clock.pair_s(2, 16) == pytest.approx(cost(0))
