@@ -31,31 +31,37 @@ def parse_deadline(value) -> DeadlineRule:
   """Validates a deadline rule (``nonblocking.deadline``).
 
   Args:
-    value: ``"fastest"``, ``"kth:K"`` (integer ``K >= 1``), ``"adaptive"`` (median + k MAD
-      of recent finishing times, :class:`DeadlineHistory`), or a fixed budget in seconds (a
-      number or numeric string, finite and > 0).
+    value: ``"fastest"``, ``"kth:K"`` (integer ``K >= 1``), ``"kth:K:G"`` (a grace window
+      of ``G >= 0`` seconds after the K-th worker: a quorum of K, as torchft's
+      ``min_replica_size`` with its quorum timeout), ``"adaptive"`` (median + k MAD of recent
+      finishing times, :class:`DeadlineHistory`), or a fixed budget in seconds (a number or
+      numeric string, finite and > 0).
 
   Returns:
-    ``"fastest"``, ``"kth:K"`` (normalised), ``"adaptive"`` or a float number of seconds.
+    ``"fastest"``, ``"kth:K"`` or ``"kth:K:G"`` (normalised), ``"adaptive"`` or a float
+    number of seconds.
 
   Raises:
     ValueError: anything else, naming ``nonblocking.deadline``.
   """
   field = "nonblocking.deadline"
-  why = ("it must be 'fastest', 'kth:K' with an integer K >= 1, 'adaptive', or a number of "
-         "seconds > 0")
+  why = ("it must be 'fastest', 'kth:K' with an integer K >= 1 (or 'kth:K:G', a grace of G "
+         ">= 0 seconds after the K-th), 'adaptive', or a number of seconds > 0")
   if isinstance(value, str):
     v = value.strip()
     if v in ("fastest", "adaptive"):
       return v
     if v.startswith("kth:"):
       try:
-        k = int(v[4:])
+        parts = v[4:].split(":")
+        k, grace = int(parts[0]), (float(parts[1]) if len(parts) == 2 else None)
+        if len(parts) > 2:
+          raise ValueError
       except ValueError:
         raise checks.not_allowed(field, value, why) from None
-      if k < 1:
+      if k < 1 or (grace is not None and not (math.isfinite(grace) and grace >= 0)):
         raise checks.not_allowed(field, value, why)
-      return f"kth:{k}"
+      return f"kth:{k}" if grace is None else f"kth:{k}:{grace:g}"
     try:
       seconds = float(v)
     except ValueError:
@@ -146,7 +152,7 @@ class DeadlineHistory:
       return med + self.k * float(np.median(np.abs(x - med)))
     per = np.sort(np.nanmedian(np.where(np.isfinite(t), t, np.nan), axis=0))
     per = per[np.isfinite(per)]
-    kth = int(self.rule[4:]) if self.rule.startswith("kth:") else 1
+    kth = int(self.rule[4:].split(":")[0]) if self.rule.startswith("kth:") else 1
     return float(per[min(kth, per.size) - 1])
 
   def state_dict(self) -> dict:
@@ -172,7 +178,8 @@ def deadline(finish: np.ndarray, rule: DeadlineRule = "fastest",
 
   * ``"fastest"``: the time the fastest worker finishes all ``M``: ``min_i finish[i, M-1]``.
   * ``"kth:K"``: the K-th smallest ``finish[i, M-1]`` (``K = 1`` is ``"fastest"``,
-    ``K = n`` waits for everybody); ``1 <= K <= n``.
+    ``K = n`` waits for everybody); ``1 <= K <= n``; ``"kth:K:G"``: that plus ``G`` seconds
+    (a quorum of K with a grace window: a worker whose batch is done by then takes part).
   * a float: a fixed budget in seconds.
 
   With ``group`` (an :data:`Adjacency`: a boolean ``[n, n]`` matrix, row ``i`` = worker ``i``'s
@@ -199,12 +206,19 @@ def deadline(finish: np.ndarray, rule: DeadlineRule = "fastest",
     raise checks.not_allowed("nonblocking.deadline", rule, "it is set from earlier steps: use a "
                "DeadlineHistory")
   last = f[:, -1]
+  grace = 0.0
   if isinstance(rule, str) and rule.startswith("kth:"):
-    k = int(rule[4:])
+    k, *rest = rule[4:].split(":")
+    k, grace = int(k), float(rest[0]) if rest else 0.0
     if k > n:
       raise checks.not_allowed("nonblocking.deadline", rule, f"K must be <= num_workers={n}")
   else:
     k = 1
+  return _kth(last, k, rule, group, n) + grace
+
+
+def _kth(last: np.ndarray, k: int, rule, group, n: int):
+  """The K-th finish time of the workers (or of each worker's group), or the fixed budget."""
   if group is None:
     if isinstance(rule, float):
       return rule
@@ -399,6 +413,6 @@ def check_deadline(cluster, rule: DeadlineRule) -> DeadlineRule:
       raise checks.not_allowed("nonblocking.deadline", rule,
                  f"no worker can finish a mini-batch before it (the fastest first mini-batch "
                  f"takes at least {first:g} s)")
-  elif parsed.startswith("kth:") and int(parsed[4:]) > cluster.n:
+  elif parsed.startswith("kth:") and int(parsed[4:].split(":")[0]) > cluster.n:
     raise checks.not_allowed("nonblocking.deadline", rule, f"K must be <= num_workers={cluster.n}")
   return parsed

@@ -224,7 +224,8 @@ def nonblocking_defaults() -> ml_collections.ConfigDict:
   s = ml_collections.ConfigDict()
   s.enabled = False              # accumulate only the mini-batches finished by the deadline
   s.num_minibatches = 4          # M: mini-batches per worker batch (divides batch_size)
-  s.deadline = "fastest"         # fastest | kth:K | adaptive | seconds (e.g. "0.05")
+  s.deadline = "fastest"         # fastest | kth:K | kth:K:G (a quorum of K and G s of grace)
+                                 # | adaptive | seconds (e.g. "0.05")
   s.adaptive_k = 2.0             # adaptive: deadline = median + k * MAD of finishing times
   s.window = 10                  # steps of finishing times behind adaptive (and, on the wall
                                  # clock, fastest / kth:K)

@@ -62,3 +62,18 @@ def test_a_failure_under_the_restart_policy_costs_the_steps_since_the_checkpoint
   assert out["bytes_sent"] == plain["bytes_sent"] and out["train_loss"] == plain["train_loss"]
   assert out["time_down"] == pytest.approx(lost / out["sim_time"], rel=1e-6)
   assert out["algorithm_as_run"] == "allreduce + failures (1:6:2, restarts)"
+
+
+def test_a_quorum_with_a_grace_window_waits_that_long_after_the_kth_worker():
+  """Non-blocking SGD with one mini-batch (a worker's batch counts whole or not at all) and
+  the deadline 'kth:3:0.01': the step's compute ends 10 ms after the 3rd of 4 workers; the
+  last worker, 4x slower, misses it (torchft's quorum of 3 with a grace window)."""
+  over = {"cluster.scenario": "one_slow", "cluster.slow_factor": 4.0,
+          "nonblocking.enabled": True, "nonblocking.num_minibatches": 1,
+          "nonblocking.deadline": "kth:3:0.01"}
+  out = _run(**over)
+  assert out["sim_time"] == pytest.approx(STEPS * (C + 0.01 + M), rel=1e-6)
+  assert out["minibatch_fraction"] == pytest.approx(3 / 4)
+  wide = _run(**{**over, "nonblocking.deadline": "kth:3:0.1"})  # a grace past the slowest
+  assert wide["minibatch_fraction"] == 1.0
+  assert wide["sim_time"] == pytest.approx(STEPS * (4 * C + M), rel=1e-6)
