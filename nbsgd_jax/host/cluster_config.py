@@ -21,6 +21,7 @@ from nbsgd_jax.host.failures import failures_named, failures_on, parse_failures
 HOST_KEYS = ("bandwidth", "delay", "delay_mean", "delay_per", "delay_prob", "delay_shift",
              "episode_factor", "episode_median", "episode_rate", "episode_sigma",
              "failure_mtbf", "failure_policy", "failure_repair", "failure_shape", "levels",
+             "placement",
              "restart_every", "restart_seconds",
              "latency", "measure_time_per_example", "overhead", "scenario", "seed",
              "slow_factor", "slowdown", "spread", "step_overhead", "time_per_example", "trace")
@@ -71,7 +72,7 @@ def from_config(cfg, time_per_example: Optional[float] = None) -> Cluster:
       cl.n, step_seconds, c.episode_rate, c.episode_median, c.episode_sigma, c.episode_factor,
       c.trace, c.seed)
   network = (network_lib.Network(cl.n, network_lib.parse_levels(c.levels), cl.latency,
-                                 cl.bandwidth) if c.levels else None)
+                                 cl.bandwidth, c.placement) if c.levels else None)
   return cl._replace(episodes=episodes, trace=trace, network=network)
 
 
@@ -105,6 +106,15 @@ def _value_errors(cfg) -> list:
       network_lib.parse_levels(levels)
     except ValueError as e:
       errs.append(f"config.{e}")
+  place = cfg.cluster.get("placement")
+  if not isinstance(place, (tuple, list)) or (len(place) and sorted(place) != list(
+      range(n if checks.is_int(n) else -1))):
+    errs.append(f"config.cluster.placement={place!r} is not allowed: it must be () or a "
+                f"permutation of the workers 0..num_workers-1 (worker i's place)")
+  elif len(place) and cfg.cluster.get("allreduce_group"):
+    errs.append(f"config.cluster.placement={tuple(place)!r} is not allowed with "
+                "config.cluster.allreduce_group: the hierarchical all-reduce groups "
+                "consecutive workers")
   failures_lib.check_config(cfg, errs)
   v = cfg.cluster.get("slowdown")
   if not isinstance(v, (tuple, list)) or not all(checks.is_num(x) and x > 0 for x in v):
@@ -154,6 +164,7 @@ def cluster_defaults() -> ml_collections.ConfigDict:
   s.bandwidth = 1e9              # bytes/s (1 / beta); with levels, of the outermost link
   s.levels = ()                  # a hierarchical network, innermost first: "size:latency:
                                  # bandwidth" each, e.g. ("8:1e-6:3e11", "4:1e-5:1.25e10")
+  s.placement = ()               # levels: worker i's place (a permutation; () for i itself)
   s.allreduce_group = 0          # 0: a flat ring | g: the hierarchical all-reduce over groups
                                  # of g consecutive workers (reduce-scatter inside, all-reduce
                                  # across, all-gather inside)

@@ -5,8 +5,9 @@ with its alpha-beta link, and a message charged by the link it crosses.
 (``size`` workers, or groups of the level below, per group; seconds per message; bytes per
 second): ``("8:1e-6:3e11", "4:1e-5:1.25e10")`` is 8 workers a node over NVLink-like links, 4
 nodes a region over a datacenter network. Beyond the last level the cluster's own
-``latency`` and ``bandwidth`` are the link (the wide-area one). Workers sit in order: worker
-``i`` is in node ``i // 8`` and region ``i // 32``. A message from ``i`` to ``j`` crosses the
+``latency`` and ``bandwidth`` are the link (the wide-area one). Worker ``i`` sits at place
+``p_i`` (``cluster.placement``, a permutation; by default ``p_i = i``), in node ``p_i // 8``
+and region ``p_i // 32``. A message from ``i`` to ``j`` crosses the
 innermost level whose group holds both.
 
 A round of a communication (:class:`~nbsgd_jax.communications.Round`: who waits for whom,
@@ -68,8 +69,13 @@ class Network:
     latency, bandwidth: the outermost link (the cluster's own).
   """
 
-  def __init__(self, n: int, levels: Sequence[tuple], latency: float, bandwidth: float):
+  def __init__(self, n: int, levels: Sequence[tuple], latency: float, bandwidth: float,
+               placement: Sequence[int] = ()):
     self.n = n
+    self.pos = np.arange(n) if not len(placement) else np.asarray(placement, np.int64)
+    if sorted(self.pos.tolist()) != list(range(n)):
+      raise checks.not_allowed("cluster.placement", tuple(placement),
+                               f"it must be a permutation of 0..{n - 1} (worker i's place)")
     spans = np.cumprod([1] + [int(s) for s, _, _ in levels])  # workers per group, by level
     self.spans = spans[1:]
     self.latency = np.array([lat for _, lat, _ in levels] + [latency], np.float64)
@@ -78,16 +84,19 @@ class Network:
   def level(self, i, j) -> np.ndarray:
     """The level of the link between workers ``i`` and ``j`` (arrays broadcast): the
     innermost level whose group holds both, ``len(levels)`` for the outermost link."""
-    i, j = np.asarray(i), np.asarray(j)
+    i, j = self.pos[np.asarray(i)], self.pos[np.asarray(j)]
     same = np.stack([i // s == j // s for s in self.spans] + [np.ones(np.broadcast(i, j).shape,
                                                                       bool)])
     return np.argmax(same, axis=0)
 
   def _group_level(self, members: np.ndarray) -> int:
-    """The outermost level two of ``members`` cross: that of the first and the last (a
-    group is a contiguous range, so theirs holds every member in between)."""
+    """The outermost level two of ``members`` cross: that of the first and the last place
+    (a group is a contiguous range of places, so theirs holds every member in between)."""
     idx = np.flatnonzero(members)
-    return int(self.level(idx.min(), idx.max())) if idx.size > 1 else 0
+    if idx.size < 2:
+      return 0
+    first, last = idx[np.argmin(self.pos[idx])], idx[np.argmax(self.pos[idx])]
+    return int(self.level(first, last))
 
   def round_time(self, messages, num_bytes, adjacency, collective: bool) -> np.ndarray:
     """float64 ``[n]``: each worker's seconds in the round (module docstring)."""

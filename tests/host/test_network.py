@@ -113,3 +113,19 @@ def test_the_event_clock_charges_a_message_at_the_link_between_its_ends(algorith
       cost(1))
   assert clock.pair_s(9, 16) == pytest.approx(cost(2))  # 16 = n: the server, by worker 0
   assert clock.pair_s(2, 16) == pytest.approx(cost(0))
+
+
+def test_a_placement_moves_workers_between_nodes_and_regions():
+  """Workers 0 and 8 swapped: worker 0 sits in the second region, so its links to 1 cross
+  the regions and to 9 stay in a node; an all-reduce of workers 0..7 now spans the regions."""
+  place = list(range(16))
+  place[0], place[8] = 8, 0
+  net = Network(16, parse_levels(LEVELS), LAT[2], BW[2], place)
+  np.testing.assert_array_equal(net.level(0, [1, 9, 8]), [2, 0, 2])
+  members = np.zeros(16, bool)
+  members[:8] = True
+  np.testing.assert_allclose(net.round_time(1.0, 0.0, Group(members), True), LAT[2])
+  with pytest.raises(ValueError, match=r"cluster\.placement=.* a permutation"):
+    Network(16, parse_levels(LEVELS), LAT[2], BW[2], [0] * 16)
+  with pytest.raises(config_lib.ConfigError, match=r"config\.cluster\.placement=\(1, 0\)"):
+    config_lib.validate(_cfg("allreduce", **{"cluster.placement": (1, 0)}))

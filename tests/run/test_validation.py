@@ -85,6 +85,7 @@ CASES = [
     bad("cluster.failure_shape", 0.0), bad("cluster.failure_policy", "retry"),
     bad("cluster.restart_every", 0), bad("cluster.restart_seconds", -1.0),
     bad("cluster.levels", ("8:fast:1",)), bad("cluster.allreduce_group", -1),
+    bad("cluster.placement", (0, 0)),
     # ---- out of range
     bad("num_workers", 0),
     bad("batch_size", 0),
