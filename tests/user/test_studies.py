@@ -253,7 +253,8 @@ def test_the_headline_runs_were_recorded_with_todays_configs():
       have = config_lib.flatten_dict(json.load(f))
     want = _config_file(name, over)
     off = config_lib.inactive_keys(config_lib.override(config_lib.default_config(), want))
-    defaults = config_lib.flatten_dict(config_lib.default_config().to_dict())
+    defaults = config_lib.flatten_dict(json.loads(
+        config_lib.default_config().to_json_best_effort()))
     newer = {k for k in set(want) - set(have) if want[k] == defaults.get(k)}
     diff = {k: (have.get(k), want.get(k)) for k in (set(have) | set(want)) - off - newer
             if have.get(k) != want.get(k)}
