@@ -153,6 +153,7 @@ def test_every_codec_composes_with_nonblocking_and_failures(algorithm, codec):
   assert host.record()["bytes_sent"] > 0
 
 
+@pytest.mark.slow  # the overlap's reference tests are fast
 @pytest.mark.parametrize("overlap", ["delayed", "eager"])
 def test_diloco_overlap_composes_with_nonblocking_compression_and_failures(overlap):
   """DiLoCo's overlapped outer steps with every feature on: the deferred all-reduce's bytes on

@@ -357,6 +357,7 @@ def test_train_counts_rounds_bytes_and_time_only_at_syncs():
   assert mid["consensus_distance"] > 1e-6
 
 
+@pytest.mark.slow  # test_tau_1_local_sgd_equals_allreduce_and_ada_lupa_grows is fast
 def test_train_ada_lupa_grows_the_period():
   cfg = small_cfg(algorithm="local_sgd", num_steps=60, eval_every=60, learning_rate=0.1,
                   **{"local_sgd.tau": 2, "local_sgd.schedule": "ada_lupa"})

@@ -12,7 +12,7 @@ from tests.helpers import logreg_grads_numpy, run_steps, slow_except, small_cfg
 ALGOS = ["allreduce", "allreduce_ring", "dpsgd", "matcha"]
 
 
-@pytest.mark.parametrize("algorithm", slow_except(ALGOS, fast=("allreduce", "dpsgd")))
+@pytest.mark.parametrize("algorithm", slow_except(ALGOS, fast=("dpsgd",)))
 def test_homogeneous_nonblocking_equals_blocking(algorithm):
   """Equal speeds, no delays: every worker finishes all M by the deadline, so the
   non-blocking trajectory is the blocking one."""

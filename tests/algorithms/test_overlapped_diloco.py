@@ -69,6 +69,7 @@ def _cfg(overlap, **over):
                                  "cluster.bandwidth": 1e6, "cluster.latency": 0.0, **over})
 
 
+@pytest.mark.slow  # a clock check (the reference test is fast)
 def test_the_overlap_hides_the_all_reduce_behind_the_next_inner_steps():
   """Same bytes; the blocking run pays both all-reduces, the overlapped one none (eager's clock is the same): each runs
   behind the next H = 4 inner steps (4 x 0.016 s against 0.012 s), and the run's last one is

@@ -86,6 +86,7 @@ def test_the_hierarchical_all_reduce_pays_the_wide_area_link_once_for_a_quarter(
   assert out["bytes_sent"] == pytest.approx(flat["bytes_sent"], rel=1e-9)  # 2 (n - 1) / n S
 
 
+@pytest.mark.slow  # composition (the closed forms are fast)
 def test_the_hierarchical_all_reduce_composes_device_bytes_equal_clock_bytes():
   """Under Non-blocking SGD and failures (run_cell: the device's bytes = the clock's three
   rounds' at every step, a failed worker charged nothing), and DiLoCo's deferred outer

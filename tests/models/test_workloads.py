@@ -116,7 +116,8 @@ def test_batchnorm_statistics_are_each_workers_own(backend):
   assert not np.allclose(first[0], first[1])  # the workers' statistics differ
 
 
-@pytest.mark.parametrize("with_mesh", [False, pytest.param(True, marks=pytest.mark.long)])
+@pytest.mark.long  # CI's 15 minutes: BatchNorm's per-worker statistics stay in the slow tier
+@pytest.mark.parametrize("with_mesh", [False, True])
 def test_batchnorm_simulate_equals_mesh_and_survives_a_resume(tmp_path, with_mesh):
   """ResNet's BatchNorm statistics through local SGD's periodic programs: a run crashed at
   step 3 resumes from step 2's checkpoint to exactly the uninterrupted run's parameters and
@@ -227,7 +228,7 @@ def test_language_model_learns(algorithm, tmp_path):
   assert summary["test_loss"] < math.log(summary["vocab_size"]), summary
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI's 15 minutes: their reference tests are fast; docs/compare_cnn trains them
 @pytest.mark.parametrize("algorithm", ["epidemic", "teleportation"])
 def test_the_sampled_decentralized_line_trains_the_cnn(algorithm):
   """Epidemic Learning and Teleportation train the main job's CNN on mnist10k, 8 workers:

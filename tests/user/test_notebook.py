@@ -87,6 +87,7 @@ def test_install_cell_imports_the_package_from_the_source_archive(tmp_path):
   assert shape == "(8000, 28, 28, 1)"
 
 
+@pytest.mark.long  # CI's 15 minutes: the install cell's test stays in the slow tier
 @pytest.mark.optimized  # three runs and a report in a kernel: XLA's optimisations pay
 def test_notebook_runs(tmp_path, monkeypatch):
   """The notebook top to bottom in a Jupyter kernel, checked for what a Colab user reads
