@@ -11,6 +11,10 @@ for others (including the end of the run after its own last step). Each as a fra
 job's time (``sim_time``), the mean over the workers: ``time_compute + time_comm + time_wait +
 time_down = 1``; a restart's lost time (:class:`Restarts`) counts as down for every worker.
 
+Each step's record (``steps.jsonl``, with per-step records on: ``consensus.log_every_step``)
+names the workers that took no part in it, ``absent`` (down, or no mini-batch by a
+deadline), when there are any.
+
 The counterfactual ``sim_time_ideal``: the same steps and communication rounds (the bytes the
 device reported; a failed worker's are 0) on a second :class:`~nbsgd_jax.host.parts.Clock`,
 every worker up and computing at slowdown 1 without straggler delays, episodes or traces
@@ -110,7 +114,8 @@ class Ledger(HostPart):
     self.last = self.clock.clocks.copy()
     ideal = type(inputs)(**{**vars(inputs), "compute": self.nominal, "alive": None})
     self.shadow.observe(step, ideal, report, probe)
-    return None
+    absent = [] if inputs.count is None else np.flatnonzero(np.asarray(inputs.count) == 0)
+    return {"absent": [int(i) for i in absent]} if len(absent) else None
 
   def record(self):
     total = max(float(self.clock.clocks.max()), 1e-300)

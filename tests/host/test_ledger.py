@@ -77,3 +77,18 @@ def test_a_quorum_with_a_grace_window_waits_that_long_after_the_kth_worker():
   wide = _run(**{**over, "nonblocking.deadline": "kth:3:0.1"})  # a grace past the slowest
   assert wide["minibatch_fraction"] == 1.0
   assert wide["sim_time"] == pytest.approx(STEPS * (4 * C + M), rel=1e-6)
+
+
+def test_each_step_s_record_names_who_took_no_part(tmp_path):
+  """steps.jsonl (written with per-step records on): worker 1 down at steps 2-4 (records
+  3-5), worker 3 at step 6 (record 7)."""
+  import json
+  c = config_lib.default_config()
+  c.update(dict(num_workers=N, dataset="least_squares", num_steps=8, eval_every=8,
+                progress=False, batch_size=B, algorithm="allreduce"))
+  c.problem.update(dict(examples_per_worker=16, dim=4, full_batch=True))
+  train.train(config_lib.override(c, {"cluster.failures": "1:2:3,3:6:1",
+                                      "consensus.log_every_step": True}), str(tmp_path))
+  rows = [json.loads(l) for l in (tmp_path / "steps.jsonl").read_text().splitlines()]
+  assert {r["step"]: r.get("absent") for r in rows if "absent" in r} == {
+      3: [1], 4: [1], 5: [1], 7: [3]}
