@@ -27,7 +27,6 @@ from typing import Optional
 
 import numpy as np
 
-from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax.host import failures as failures_lib
 from nbsgd_jax.host.parts import Clock, HostPart
 
@@ -102,9 +101,7 @@ class Ledger(HostPart):
 
   def observe(self, step, inputs, report, probe):
     alive = np.ones(len(self.last), bool) if inputs.alive is None else np.asarray(inputs.alive)
-    comm = sum((cluster_lib.round_time(self.clock.cluster, r)
-                for r in self.clock.rounds(step, inputs, report)
-                if not r.overlap and not r.delay), np.zeros(len(self.last)))
+    comm = self.clock.blocking  # the clock's own charge of the step's blocking rounds
     job = float(self.clock.clocks.max() - self.last.max())
     lost = 0.0 if self.restarts is None else self.restarts.lost - self.restarted
     self.restarted += lost

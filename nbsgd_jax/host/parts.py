@@ -320,6 +320,7 @@ class Clock(HostPart):
     self.cluster, self.communications = cluster, list(communications)
     self.clocks = np.zeros(cluster.n)
     self.pending: list = []  # [step the result is needed, arrival times [n]] of deferred rounds
+    self.blocking = np.zeros(cluster.n)
     self.steps = 0  # steps observed (step + 1 of the last: no state of its own to restore)
 
   def steps_for(self, grads):
@@ -340,8 +341,11 @@ class Clock(HostPart):
 
   def observe(self, step, inputs, report, probe):
     compute = np.asarray(inputs.compute, np.float64)
+    self.blocking = np.zeros(self.cluster.n)  # the step's blocking rounds' seconds (Ledger)
     for r in self.rounds(step, inputs, report):
       comm = cluster_lib.round_time(self.cluster, r)
+      if not r.overlap and not r.delay:
+        self.blocking = self.blocking + comm
       done = cluster_lib.advance_clocks(self.clocks, compute, comm, r.adjacency,
                                         r.collective, r.overlap)
       if r.delay:
