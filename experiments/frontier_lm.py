@@ -107,20 +107,29 @@ def tune(a, res: dict) -> dict:
     picks[name] = {"rate": best, "edge": edge, "grid": rates,
                    "train_loss": diloco_paper._final(where[_key(best)], "train_loss")}
     print(f"  {name}: lr {best:g}" + (" (at the grid's edge)" if edge else ""), flush=True)
-  res["picks"] = picks
+  res.setdefault("picks", {}).update(picks)
   diloco_paper.save(a, res)
   return picks
 
 
 def report(a, res: dict, picks: dict) -> None:
-  """Every method at its pick on every reported seed and network."""
+  """Every method at its pick on every reported seed and network: one call a method (its
+  seeds on both networks train as one program; only the simulated clock differs)."""
   for name in methods(a):
+    where, make = {}, {}
     for network in NETWORKS:
-      where = res["methods"].setdefault(f"{name}@{network}", {
+      rec = res["methods"].setdefault(f"{name}@{network}", {
           "method": name, "network": network, "rate": picks[name]["rate"], "seeds": {}})
-      diloco_paper._run_group(a, res, where["seeds"], {
-          str(seed): functools.partial(continuation, a, seed, name, picks[name]["rate"],
-                                       network) for seed in a.seeds})
+      for seed in a.seeds:
+        where[f"{network}/{seed}"] = rec["seeds"].get(str(seed))
+        make[f"{network}/{seed}"] = functools.partial(continuation, a, seed, name,
+                                                      picks[name]["rate"], network)
+    done = {k: v for k, v in where.items() if v is not None}
+    diloco_paper._run_group(a, res, done, make)
+    for key, r in done.items():
+      network, seed = key.split("/")
+      res["methods"][f"{name}@{network}"]["seeds"][seed] = r
+    diloco_paper.save(a, res)
 
 
 def main():
@@ -162,8 +171,9 @@ def main():
   if os.path.exists(path):
     with open(path) as f:
       old = json.load(f)
-    if {k: v for k, v in old.get("settings", {}).items() if k != "out"} == {
-        k: v for k, v in settings.items() if k != "out"}:
+    free = ("out", "methods")  # a subset of the methods resumes the same study
+    if {k: v for k, v in old.get("settings", {}).items() if k not in free} == {
+        k: v for k, v in settings.items() if k not in free}:
       res.update(old)
       print(f"resuming {path}", flush=True)
   res["seconds_before"], res["_start"] = res.get("seconds", 0.0), time.time()

@@ -32,10 +32,12 @@ from nbsgd_jax.core import checks
 from nbsgd_jax.communications.pairwise import PairwiseAverage
 from nbsgd_jax.communications.server import ParameterServer
 from nbsgd_jax.host import async_orders
+from nbsgd_jax.host import regional_servers
 from nbsgd_jax.host import events as events_lib
 from nbsgd_jax.host import failures as failures_lib
 from nbsgd_jax.transforms import asynchronous as A
 from nbsgd_jax.transforms import algorithms
+from nbsgd_jax.transforms import hierarchical
 from nbsgd_jax.recipes.builder import Builder
 from nbsgd_jax.recipes.registry import GOSSIP_REASON, Recipe, Section, register
 from nbsgd_jax.recipes.synchronous import DILOCO
@@ -153,6 +155,41 @@ def check_async_diloco(cfg, errs: list) -> None:
                 "config.algorithm='async_diloco': its outer step is delayed Nesterov")
 
 
+def halos_defaults() -> ml_collections.ConfigDict:
+  """``config.halos.*`` with their defaults: utnslab/halos ``examples/run_halos.sh`` (commit
+  4b5bf73; its learning rates already multiplied by the buffer sizes, as the script does)."""
+  s = ml_collections.ConfigDict()
+  s.regions = 4              # L: regions, each with its local parameter server (LPS); region
+                             # l holds workers [l n / L, (l + 1) n / L)
+  s.inner_steps = 8          # H: a worker's local steps between two pushes to its LPS
+  s.accumulation = 32        # K: pushes an LPS takes before it sends its update to the GPS
+  s.merge_weight = 0.25      # alpha: the global model's weight when an LPS merges it
+  s.lps_lr = 3.2             # the LPS's delayed Nesterov: lr (0.2 x its buffer 16)
+  s.lps_momentum = 0.9       # beta
+  s.lps_buffer = 16          # N: pushes per momentum update
+  s.gps_lr = 0.3             # the GPS's delayed Nesterov: lr (0.15 x its buffer 2)
+  s.gps_momentum = 0.5       # beta
+  s.gps_buffer = 2           # N: LPS updates per momentum update
+  return s
+
+
+def check_halos_config(cfg, errs: list) -> None:
+  """halos.*."""
+  for key in ("regions", "inner_steps", "accumulation", "lps_buffer", "gps_buffer"):
+    checks.integer(cfg, errs, "halos." + key, 1)
+  checks.number(cfg, errs, "halos.merge_weight", 0, hi=1)
+  for key in ("lps_lr", "gps_lr"):
+    checks.number(cfg, errs, "halos." + key, 0)
+  for key in ("lps_momentum", "gps_momentum"):
+    checks.number(cfg, errs, "halos." + key, 0, hi=1)
+  h = cfg.get("halos")
+  if h is not None and isinstance(h.get("regions"), int) and h.regions >= 1 \
+      and cfg.get("algorithm") == "halos" and cfg.num_workers % h.regions:
+    errs.append(f"config.halos.regions={h.regions} is not allowed with "
+                f"config.num_workers={cfg.num_workers}: a divisor of the workers (equal "
+                "contiguous regions)")
+
+
 def two_colouring(n: int, edges) -> np.ndarray | None:
   """bool ``[n]``, a side of each worker such that every edge joins the two sides (breadth
   first from the lowest worker of each component, which gets True), or None when the graph has
@@ -193,6 +230,10 @@ AD_PSGD = Section(ad_psgd_defaults, check_ad_psgd_config,
 ASYNC_DILOCO = Section(async_diloco_defaults, check_async_diloco_config,
                        "asynchronous DiLoCo (Liu, Douillard et al. 2024)",
                        host=("dynamic_local_updates", "min_inner_steps", "pull"))
+HALOS = Section(halos_defaults, check_halos_config,
+                "HALoS (Kim et al., ICML 2025)",
+                hparams=("merge_weight", "lps_lr", "lps_momentum", "gps_lr", "gps_momentum"),
+                host=("inner_steps", "accumulation"))
 SGP = Section(sgp_defaults, check_sgp_config, "SGP (Assran et al. 2019)")
 SWARM_SGD = Section(swarm_sgd_defaults, check_swarm_sgd_config,
                     "SwarmSGD (Nadiradze et al. 2021)", host=("local_steps", "seed"))
@@ -284,6 +325,27 @@ def async_diloco(b: Builder) -> Recipe:
                 evaluated=A.outer_models)
 
 
+@register("halos", no_compression="the reference's messages are full float32 models",
+          sections={"halos": HALOS}, clock="event", no_face=EVENT_NO_FACE)
+def halos(b: Builder) -> Recipe:
+  """HALoS (Kim et al., ICML 2025, Algorithm 1; utnslab/halos, commit 4b5bf73): a local
+  parameter server per region, a global one, delayed Nesterov on both, the LPS's merge of the
+  global model (:mod:`~nbsgd_jax.transforms.hierarchical`,
+  :mod:`~nbsgd_jax.host.regional_servers`); an evaluation reads the global model."""
+  cfg, server = b.cfg, ParameterServer(b.n, b.axis_name)
+  h = cfg.halos
+  t = b.injected(lambda a, llr, lm, glr, gm: hierarchical.regional_servers(
+      b.optimizer(), server, h.regions, hierarchical.Optimizer(llr, lm, h.lps_buffer),
+      hierarchical.Optimizer(glr, gm, h.gps_buffer), a),
+      "halos.merge_weight", "halos.lps_lr", "halos.lps_momentum", "halos.gps_lr",
+      "halos.gps_momentum")
+  clock = lambda cluster, comms, params: regional_servers.RegionalServerTimes(
+      cluster, server.message_bytes(params), np.full(cluster.n, h.inner_steps), h.regions,
+      h.accumulation, cfg.cluster.step_overhead)
+  return Recipe(t, decentralized=True, primary=server, clock=clock,
+                evaluated=hierarchical.global_models)
+
+
 @register("sgp", no_compression=GOSSIP_REASON, sections={"sgp": SGP},
           check=check_sgp, face="sgp")
 def sgp(b: Builder) -> Recipe:
@@ -295,6 +357,6 @@ def sgp(b: Builder) -> Recipe:
   return Recipe(t, decentralized=True, primary=t.communications[-1])
 
 
-__all__ = ["AD_PSGD", "AD_PSGD_ORDERS", "ASYNC_DILOCO", "PAIRINGS", "SGP", "SWARM_SGD", "ad_psgd",
-           "async_diloco", "check_async_diloco", "inner_steps", "sgp", "swarm_sgd",
+__all__ = ["AD_PSGD", "AD_PSGD_ORDERS", "ASYNC_DILOCO", "HALOS", "PAIRINGS", "SGP", "SWARM_SGD", "ad_psgd",
+           "async_diloco", "check_async_diloco", "halos", "inner_steps", "sgp", "swarm_sgd",
            "two_colouring"]

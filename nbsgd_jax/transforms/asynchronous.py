@@ -50,6 +50,12 @@ class Events(NamedTuple):
     push: bool, the worker's event pushes its pseudo-gradient (server).
     read: bool, the worker reads the server's model after this step's push (server).
     staleness: int32, server updates since the worker's read (server).
+    send: bool, the worker's push completes its regional server's K pushes: the server sends
+      its update to the global one (HALoS).
+    slot_kind: int32 ``[S]``, the servers' messages that land before this step's push, in
+      time order: 0 none, 1 the global server receives a region's update, 2 a regional
+      server receives the global model (HALoS; the same on every worker).
+    slot_region: int32 ``[S]``, each slot's region (HALoS).
   """
 
   fire: Any
@@ -60,6 +66,9 @@ class Events(NamedTuple):
   push: Any = None
   read: Any = None
   staleness: Any = None
+  send: Any = None
+  slot_kind: Any = None
+  slot_region: Any = None
 
 
 class InFlightState(NamedTuple):
@@ -234,6 +243,33 @@ def outer_models(opt_state, params):
   return found[0].server if isinstance(found[0], ServerState) else found[0].anchor
 
 
+def delayed_nesterov(x, momentum, pushed, t, g, lr, beta, buffer: int, activation=0.0):
+  """One step of the delayed Nesterov optimizer on the pushed ``g`` (utnslab/halos
+  ``src/halos/opt.py``, ``DelayedNesterovOptimizer.step``, commit 4b5bf73; Kim et al., ICML
+  2025, arXiv 2506.04531): ``D += g``; when ``(t + 1) % N == 0``: ``m <- beta m + D / N``,
+  ``x <- x - lr ((1 - cN + c) beta m + g / N)``, ``D <- 0``; else ``x <- x - lr (c beta m +
+  g / N)``.
+
+  Args:
+    x, momentum, pushed: the model, m and D (trees of one structure).
+    t: int32 scalar, pushes applied so far.
+    g: the pushed tree.
+    lr, beta, activation: lr, beta and c (traced values are fine).
+    buffer: N >= 1.
+
+  Returns:
+    ``(x, m, D, t + 1)``.
+  """
+  pushed = jax.tree.map(lambda d, u: d + u, pushed, g)
+  boundary = (t + 1) % buffer == 0
+  m_new = jax.tree.map(lambda m, d: jnp.where(boundary, beta * m + d / buffer, m),
+                       momentum, pushed)
+  scale = jnp.where(boundary, (1 - activation * buffer + activation) * beta, activation * beta)
+  x = jax.tree.map(lambda p, m, u: p - lr * (scale * m + u / buffer), x, m_new, g)
+  clear = jax.tree.map(lambda d: jnp.where(boundary, jnp.zeros_like(d), d), pushed)
+  return x, m_new, clear, t + 1
+
+
 def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
                   weight: str = "none", reset_inner: bool = True) -> WorkerTransform:
   """Asynchronous DiLoCo (Liu, Douillard et al. 2024, arXiv 2401.09135) on the event clock:
@@ -269,16 +305,10 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
     return ServerState(params, inner.init(params), params, zero, zero, jnp.int32(0))
 
   def outer(state, g, any_push):
-    pushed = jax.tree.map(lambda d, u: d + u, state.pushed, g)
-    boundary = (state.pushes + 1) % buffer == 0
-    m_new = jax.tree.map(lambda m, d: jnp.where(boundary, beta * m + d / buffer, m),
-                         state.momentum, pushed)
-    scale = jnp.where(boundary, (1 - activation * buffer + activation) * beta,
-                      activation * beta)
-    srv = jax.tree.map(lambda x, m, u: x - lr * (scale * m + u / buffer), state.server, m_new, g)
-    clear = jax.tree.map(lambda d: jnp.where(boundary, jnp.zeros_like(d), d), pushed)
+    srv, m_new, clear, t = delayed_nesterov(state.server, state.momentum, state.pushed,
+                                            state.pushes, g, lr, beta, buffer, activation)
     return (tree_where(any_push, srv, state.server), tree_where(any_push, m_new, state.momentum),
-            tree_where(any_push, clear, state.pushed), state.pushes + any_push.astype(jnp.int32))
+            tree_where(any_push, clear, state.pushed), jnp.where(any_push, t, state.pushes))
 
   def update(grads, state, params, ctx):
     ev = ctx.events
@@ -301,5 +331,5 @@ def server_rounds(inner, server, lr, beta, buffer: int, activation: float = 0.0,
   return WorkerTransform(init, update, (server,) + inner.communications)
 
 
-__all__ = ["AVERAGING", "Events", "InFlightState", "ORDERS", "PublishedState", "ServerState",
+__all__ = ["AVERAGING", "Events", "delayed_nesterov", "InFlightState", "ORDERS", "PublishedState", "ServerState",
            "WEIGHTS", "outer_models", "pairwise_events", "server_rounds", "staleness_weight"]

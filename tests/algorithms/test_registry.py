@@ -23,7 +23,7 @@ def test_a_fresh_import_of_recipes_sees_every_algorithm():
 
 def test_the_event_clock_family_is_declared():
   assert [n for n in config_lib.ALGORITHMS if recipes.is_asynchronous(n)] == [
-      "ad_psgd", "swarm_sgd", "async_diloco"]
+      "ad_psgd", "swarm_sgd", "async_diloco", "halos"]
   assert not recipes.is_asynchronous("sgp") and not recipes.is_asynchronous("no_such_sgd")
 
 
