@@ -30,9 +30,14 @@ CLAIMS = {
         "Table 2 (500M model, 2.4 s of communication hidden, H = 30): eval loss 2.69 (eager) "
         "against 2.67 (no overlap) and 3.01 (naive one-outer-step delay).",
         "diloco",
-        "H = 20 here (the paper's Table 2: H = 30); the rule is transcribed from the paper's "
-        "equations as secondary sources quote them (no public code); the WAN network shows "
-        "the time it saves."),
+        "H = 20 here (the paper's Table 2: H = 30) and only 10 outer steps; the rule is "
+        "transcribed from the paper's equations as secondary sources quote them (no public "
+        "code). At the DiLoCo paper's outer Nesterov (lr 0.7, momentum 0.9) eager diverges "
+        "here at every inner rate, as the paper's naive delay does in its Table 2 (3.01); "
+        "the flaw check below shows the rule itself at outer momentum 0 within 0.034 of "
+        "blocking DiLoCo at momentum 0 (2.101 against 2.067 training loss, seed 3), so what "
+        "breaks here is heavy outer momentum on a one-step-stale mean, which the paper's "
+        "longer runs may not meet; the WAN network shows the time it saves."),
     "muloco": (
         'arXiv 2505.23725, abstract (v1): "MuLoCo (Muon inner optimizer DiLoCo) significantly '
         'outperforms DiLoCo while communicating 8X less" (with 2-bit error-feedback '

@@ -127,7 +127,25 @@ def tuning(res: dict) -> list[str]:
   return lines + [""]
 
 
-def markdown(res: dict) -> str:
+def eager_check(out: str) -> list[str]:
+  """The flaw check of DiLoCo's eager outer steps (``frontier_eager_check.py``), if run."""
+  path = os.path.join(out, "eager_check.json")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    chk = json.load(f)
+  lines = ["## Flaw check: DiLoCo with eager outer steps", "",
+           f"`{chk['command']}`: seed {chk['seed']}, inner rate {chk['rate']:g}, one setting "
+           "changed at a time (final training loss, validation loss; the study's own runs, "
+           "Nesterov 0.9, are in the tuning list above).", ""]
+  for k, v in chk["variants"].items():
+    h = v["history"][-1]
+    lines.append(f"* {k} ({', '.join(f'{a}={b}' for a, b in v['overrides'].items())}): "
+                 f"{h['train_loss']:.3f} ({h['test_loss']:.3f})")
+  return lines + [""]
+
+
+def markdown(res: dict, out: str = "") -> str:
   s = res["settings"]
   lines = [f"`{res['command']}`", "",
            f"The DiLoCo paper's protocol on the character LM: an all-reduce prefix of "
@@ -139,6 +157,7 @@ def markdown(res: dict) -> str:
   for network in s["networks"]:
     lines += table(res, network)
   lines += tuning(res)
+  lines += eager_check(out) if out else []
   lines += ["## Each paper's claim beside ours", "",
             "Ours: the method's final validation loss against the baseline the paper names "
             "(mean over the reported seeds; the difference per seed), and its bytes per worker "
@@ -180,7 +199,7 @@ def plots(res: dict, out: str) -> None:
 def write(res: dict, out: str) -> None:
   """``results.md`` and the plots of the study's records ``res``."""
   plots(res, out)
-  common.write_atomic(os.path.join(out, "results.md"), markdown(res))
+  common.write_atomic(os.path.join(out, "results.md"), markdown(res, out))
 
 
 if __name__ == "__main__":
