@@ -22,7 +22,7 @@ HOST_KEYS = ("bandwidth", "delay", "delay_mean", "delay_per", "delay_prob", "del
              "episode_factor", "episode_median", "episode_rate", "episode_sigma",
              "failure_mtbf", "failure_policy", "failure_repair", "failure_shape", "levels",
              "placement",
-             "restart_every", "restart_seconds",
+             "rejoin_fetch", "restart_every", "restart_seconds",
              "latency", "measure_time_per_example", "overhead", "scenario", "seed",
              "slow_factor", "slowdown", "spread", "step_overhead", "time_per_example", "trace")
 
@@ -184,6 +184,9 @@ def cluster_defaults() -> ml_collections.ConfigDict:
   s.failure_policy = "elastic"   # elastic: the others go on | restart: from the checkpoint
   s.restart_every = 100          # restart: steps between the job's checkpoints
   s.restart_seconds = 600.0      # restart: s to reload, besides the steps lost since then
+  s.rejoin_fetch = False         # elastic: a worker back from a failure fetches the current
+                                 # model first (one model's bytes and time charged on its
+                                 # link; for methods whose workers share a model)
   s.episode_rate = 0.0           # fail-slow episodes: onsets per worker per hour of its
                                  # computation (0: none; Greyhound's communication episodes:
                                  # about 0.03 per node-hour, docs/clock.md)

@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from nbsgd_jax.communications import Round
+from nbsgd_jax.communications.adjacency import Neighbours
 from nbsgd_jax.core import checks
 
 # config.cluster.failure_policy: elastic (the others go on without a failed worker) | restart
@@ -144,9 +146,47 @@ def failures_named(cfg) -> str:
   return " and ".join(named)
 
 
+class ModelFetch:
+  """A worker back from a failure fetches the current model before it computes again
+  (``cluster.rejoin_fetch``; torchft's and Decoupled DiLoCo's joiners): one message of the
+  model's bytes from the lowest worker up that did not join (the source), in a round of its
+  own: the source sends one model to each joiner, one after another (its messages and bytes,
+  in ``bytes_sent``), and a joiner has it when the source's sends are done (point to point,
+  :func:`~nbsgd_jax.host.clock.advance_clocks`). One object for the clock's time
+  (:class:`~nbsgd_jax.host.parts.Clock`) and the bytes (:class:`~nbsgd_jax.host.parts.Totals`).
+
+  Args:
+    n: workers.
+    model_bytes: bytes of one model.
+  """
+
+  def __init__(self, n: int, model_bytes: float):
+    self.n, self.model_bytes = int(n), float(model_bytes)
+
+  def round(self, joined, alive):
+    """The step's fetches as a :class:`~nbsgd_jax.communications.Round`, or None when no
+    worker joined. ``joined``, ``alive``: bool ``[n]`` (or None: no failures)."""
+    if joined is None or not np.any(joined):
+      return None
+    joined = np.asarray(joined, bool)
+    source = int(np.argmax(np.asarray(alive, bool) & ~joined))
+    peer = np.where(joined, source, np.arange(self.n))
+    m = np.zeros(self.n)
+    m[source] = joined.sum()  # the source sends one model to each joiner, one after another
+    return Round(Neighbours(np.stack([np.arange(self.n), peer], 1)), m, m * self.model_bytes)
+
+
+def joined_at(alive_of, step: int):
+  """bool ``[n]``: the workers up at ``step`` and down at ``step - 1`` (``alive_of(step)``
+  the mask), all False at step 0."""
+  now = alive_of(step)
+  return now & ~alive_of(step - 1) if step > 0 else np.zeros_like(now)
+
+
 def check_config(cfg, errs: list) -> None:
   """cluster.failure_mtbf >= 0 (0: none), failure_repair > 0, failure_shape > 0,
-  failure_policy, restart_every >= 1, restart_seconds >= 0."""
+  failure_policy, restart_every >= 1, restart_seconds >= 0, rejoin_fetch."""
+  checks.boolean(cfg, errs, "cluster.rejoin_fetch")
   checks.number(cfg, errs, "cluster.failure_mtbf", 0)
   checks.number(cfg, errs, "cluster.failure_repair", 0, lo_open=True)
   checks.number(cfg, errs, "cluster.failure_shape", 0, lo_open=True)

@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import failures as failures_lib
 
 
 @dataclasses.dataclass
@@ -46,6 +47,7 @@ class HostInputs:
     active: bool ``[K]``, what the communications draw (MATCHA's activations; ``[1]`` False
       when none).
     alive: bool ``[n]``, the workers up (Failures), or None without failures.
+    joined: bool ``[n]``, the workers up again this step after a failure (Failures; host).
     target: float32, the consensus-control target Xi (Targets), or None without control.
     target_value: the same as a Python float (``inf``: not controlled at this step).
     period_end: whether the step ends a communication period (Periods; any static hashable
@@ -68,6 +70,7 @@ class HostInputs:
   deadline: float = math.inf
   active: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((1,), bool))
   alive: Optional[np.ndarray] = None
+  joined: Optional[np.ndarray] = None
   target: Optional[np.float32] = None
   target_value: Optional[float] = None
   period_end: Any = True
@@ -145,8 +148,12 @@ class Failures(HostPart):
 
   def inputs(self, step, inputs, probe):
     if self.failures or self.process is not None:
-      alive = cluster_lib.alive_mask(self.failures, step, self.n)
-      inputs.alive = alive if self.process is None else alive & self.process.alive(step)
+      inputs.alive = self.alive(step)
+      inputs.joined = failures_lib.joined_at(self.alive, step)
+
+  def alive(self, step: int) -> np.ndarray:
+    alive = cluster_lib.alive_mask(self.failures, step, self.n)
+    return alive if self.process is None else alive & self.process.alive(step)
 
 
 class Activations(HostPart):
@@ -316,8 +323,8 @@ class Clock(HostPart):
 
   name = "clock"
 
-  def __init__(self, cluster, communications: Sequence):
-    self.cluster, self.communications = cluster, list(communications)
+  def __init__(self, cluster, communications: Sequence, fetch=None):
+    self.cluster, self.communications, self.fetch = cluster, list(communications), fetch
     self.clocks = np.zeros(cluster.n)
     self.pending: list = []  # [step the result is needed, arrival times [n]] of deferred rounds
     self.blocking = np.zeros(cluster.n)
@@ -335,6 +342,8 @@ class Clock(HostPart):
   def rounds(self, step: int, inputs: HostInputs, report: dict) -> list:
     """Every :class:`~nbsgd_jax.communications.Round` of the step, in chain order."""
     out = []
+    fetch = self.fetch and self.fetch.round(inputs.joined, inputs.alive)
+    out = [fetch] if fetch else []  # a joiner fetches the model before it computes
     for comm in self.communications:
       out += comm.clock_rounds(step, inputs.active, inputs.alive, report)
     return out
@@ -381,12 +390,14 @@ class Totals(HostPart):
 
   name = "totals"
 
-  def __init__(self):
-    self.bytes_sent, self.rounds = 0.0, 0
+  def __init__(self, fetch=None):
+    self.bytes_sent, self.rounds, self.fetch = 0.0, 0, fetch
 
   def observe(self, step, inputs, report, probe):
     if "bytes_sent" in report:
       self.bytes_sent += float(np.mean(np.asarray(report["bytes_sent"], np.float64)))
+    fetch = self.fetch and self.fetch.round(inputs.joined, inputs.alive)
+    self.bytes_sent += float(np.mean(fetch.num_bytes)) if fetch else 0.0
     sync = bool(inputs.period_end)
     self.rounds += int(sync and any(k.startswith("rounds/") for k in report))
     return None

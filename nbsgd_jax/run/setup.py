@@ -33,7 +33,7 @@ from nbsgd_jax.core import multihost
 from nbsgd_jax.recipes import optim
 from nbsgd_jax import recipes as recipes_lib
 from nbsgd_jax import topology as topology_lib
-from nbsgd_jax.core.axis import AXIS
+from nbsgd_jax.core.axis import AXIS, tree_bytes
 from nbsgd_jax.run import task as task_lib
 from nbsgd_jax.run import wallclock
 from nbsgd_jax.core.backends import Backend, make_backend
@@ -392,15 +392,18 @@ def make_host(s: Setup) -> host_lib.Host:
   if cfg.consensus.control:
     parts.append(_targets(cfg))
   parts += [make() for make in s.recipe.host_parts]  # the recipe's own (its open context)
+  fetch = None
+  if cfg.cluster.rejoin_fetch and not restart:
+    fetch = failures_lib.ModelFetch(n, tree_bytes(jax.eval_shape(lambda: s.task.init()[0])))
   if s.recipe.clock is None:
-    clock = host_lib.Clock(cluster, comms)
+    clock = host_lib.Clock(cluster, comms, fetch)
   else:  # the recipe's own (the event clock): it charges one worker's model per message
     clock = s.recipe.clock(cluster, comms, jax.eval_shape(lambda: s.task.init()[0]))
   restarts = None
   if restart and type(clock) is host_lib.Clock:
     restarts = ledger_lib.Restarts(clock, schedule, process, cfg.cluster.restart_every,
                                    cfg.cluster.restart_seconds)
-  parts += [clock] + ([restarts] if restarts else []) + [host_lib.Totals()]
+  parts += [clock] + ([restarts] if restarts else []) + [host_lib.Totals(fetch)]
   if type(clock) is host_lib.Clock:  # the lockstep clock: where its time went
     parts.append(ledger_lib.Ledger(clock, cfg.cluster.step_overhead, restarts))
   return host_lib.Host(parts)

@@ -49,6 +49,20 @@ def test_a_failed_worker_is_down_for_the_job_s_time_it_missed():
   assert out["time_compute"] == pytest.approx((N * STEPS - 3) * C / N / total, rel=1e-6)
 
 
+@pytest.mark.parametrize("fetch", [False, True])
+def test_a_joiner_fetches_the_model_on_its_link_when_asked(fetch):
+  """Worker 1 down for steps 2-4 (``cluster.rejoin_fetch``): at step 5 it first receives
+  one model (4 float32, 16 bytes) from worker 0, ``latency + 16 / bandwidth`` s after worker
+  0's clock, and every worker waits for it at the all-reduce: the run is that much longer
+  and the mean bytes per worker 16 / n more; without the knob nothing is charged."""
+  base, out = _run(**{"cluster.failures": "1:2:3"}), _run(**{
+      "cluster.failures": "1:2:3", "cluster.rejoin_fetch": fetch})
+  f = (LAT + 16 / 1e15) if fetch else 0.0
+  assert out["sim_time"] - base["sim_time"] == pytest.approx(f, rel=1e-6, abs=1e-12)
+  assert out["bytes_sent"] - base["bytes_sent"] == pytest.approx(16 / N if fetch else 0.0)
+  assert base["sim_time"] == pytest.approx(STEPS * (C + M), rel=1e-6)
+
+
 def test_a_failure_under_the_restart_policy_costs_the_steps_since_the_checkpoint():
   """Checkpoints every 4 steps (after steps 3, 7); worker 1 fails at step 6: the job computes
   steps 4-6 again and pays 1 s to restart, nobody drops out (the bytes of a run without
