@@ -2,11 +2,16 @@
 
 Bytes per worker for a message of ``S`` bytes: ``2 (n - 1) / n * S`` (a bandwidth-optimal ring,
 Patarasuk & Yuan 2009, also charged for ``psum``); the clock charges ``2 (n - 1)`` messages
-and everyone waits for everyone.
+and everyone waits for everyone. With ``tree`` (``cluster.allreduce_algorithm='tree'``, NCCL's
+double binary tree: Sanders, Speck, Traeff, "Two-tree algorithms for full bandwidth broadcast,
+reduction and scan", Parallel Computing 35(12), 2009): ``2 ceil(log2 n)`` messages (up the
+trees and down) and ``2 S`` bytes per worker (each worker is interior in one of the two trees
+and a leaf in the other: ``S / 2`` up in each, ``S / 2`` to each of two children in one).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -20,6 +25,20 @@ from nbsgd_jax.core.axis import AXIS, tree_bytes
 from nbsgd_jax.communications.base import Communication, Pattern, Round
 
 
+def messages(n: int, tree: bool = False) -> float:
+  """Messages one worker sends in an all-reduce over ``n``: ``2 (n - 1)`` (ring) or
+  ``2 ceil(log2 n)`` (double binary tree)."""
+  return 2.0 * math.ceil(math.log2(n)) if tree else 2.0 * (n - 1)
+
+
+def fraction(n: int, tree: bool = False) -> float:
+  """Bytes one worker sends per byte of the message: ``2 (n - 1) / n`` (ring) or 2 (tree;
+  0 for one worker)."""
+  if n <= 1:
+    return 0.0
+  return 2.0 if tree else collectives.ring_all_reduce_bytes(1.0, n)
+
+
 class AllReduce(Communication):
   """Mean of a tree over the workers.
 
@@ -29,16 +48,18 @@ class AllReduce(Communication):
       ``lax.psum``.
     parts: all-reduces per use (e.g. 2 for a vector and a scalar): the clock charges
       ``parts * 2 (n - 1)`` messages.
+    tree: charge the double binary tree (module docstring) instead of the ring.
   """
 
   def __init__(self, n: int, axis_name: Any = AXIS, key: str = "allreduce",
-               weighted: bool = False, ring: bool = False, parts: int = 1):
+               weighted: bool = False, ring: bool = False, parts: int = 1, tree: bool = False):
     super().__init__(n, axis_name, key, weighted)
-    self.ring, self.parts = bool(ring), int(parts)
+    self.ring, self.parts, self.tree = bool(ring), int(parts), bool(tree)
 
   def pattern(self, step: int, active: np.ndarray) -> Pattern:
     del step, active
-    return Pattern(None, np.full(self.n, self.parts * 2.0 * (self.n - 1)), collective=True)
+    return Pattern(None, np.full(self.n, self.parts * messages(self.n, self.tree)),
+                   collective=True)
 
   def reduce_sum(self, tree):
     """``sum_i tree_i`` on every worker (device half, no report)."""
@@ -48,7 +69,7 @@ class AllReduce(Communication):
 
   def num_bytes(self, tree) -> float:
     """Bytes one worker sends to all-reduce ``tree`` (static, from shapes and dtypes)."""
-    return collectives.ring_all_reduce_bytes(tree_bytes(tree), self.n)
+    return fraction(self.n, self.tree) * tree_bytes(tree)
 
   def mean(self, tree, ctx, by: str = "count"):
     """``(sum_i w_i tree_i, report)`` with the weights of :meth:`weight` (plain mean
@@ -72,7 +93,9 @@ class HierarchicalAllReduce(AllReduce):
   node), a ring all-reduce of each worker's ``1 / g`` share across the ``m = n / g`` groups
   (among the workers of the same rank in their group), and a ring all-gather inside the group.
 
-  Bytes per worker for a message of ``S`` bytes: ``2 (g - 1) / g S + 2 (m - 1) / m S / g``;
+  Bytes per worker for a message of ``S`` bytes: ``2 (g - 1) / g S + 2 (m - 1) / m S / g``
+  (with ``tree`` the across phase is the double binary tree: ``2 S / g``, ``2 ceil(log2 m)``
+  messages);
   the clock charges the three rounds apart, each with its own who-waits-for-whom, so a
   hierarchical network (``cluster.levels``) charges each at the link it crosses.
 
@@ -85,17 +108,18 @@ class HierarchicalAllReduce(AllReduce):
   """
 
   def __init__(self, n: int, group_size: int, axis_name: Any = AXIS, key: str = "allreduce",
-               weighted: bool = False, ring: bool = False, parts: int = 1):
+               weighted: bool = False, ring: bool = False, parts: int = 1, tree: bool = False):
     if group_size < 2 or n % group_size:
       raise ValueError(f"cluster.allreduce_group={group_size} is not allowed with {n} "
                        "workers: it must be >= 2 and divide the workers")
-    super().__init__(n, axis_name, key, weighted, ring, parts)
+    super().__init__(n, axis_name, key, weighted, ring, parts, tree)
     self.g, self.m = int(group_size), n // int(group_size)
 
   def _fractions(self) -> tuple[float, float]:
-    """Bytes of the inside phases (both) and of the across phase, per byte of the message."""
+    """Bytes of the inside phases (both) and of the across phase (a ring, or with ``tree``
+    the double binary tree), per byte of the message."""
     g, m = self.g, self.m
-    return 2.0 * (g - 1) / g, 2.0 * (m - 1) / m / g
+    return 2.0 * (g - 1) / g, fraction(m, self.tree) / g
 
   def num_bytes(self, tree) -> float:
     return float(sum(self._fractions())) * tree_bytes(tree)
@@ -115,5 +139,6 @@ class HierarchicalAllReduce(AllReduce):
     half = self.parts * (self.g - 1.0) * up
     flags = (True, self.overlap, self.delay)
     return [Round(live(node), half, per * inside / 2, *flags),
-            Round(live(rank), self.parts * 2.0 * (self.m - 1) * up, per * across, *flags),
+            Round(live(rank), self.parts * messages(self.m, self.tree) * up, per * across,
+                  *flags),
             Round(live(node), half, per * inside / 2, *flags)]

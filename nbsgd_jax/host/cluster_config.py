@@ -91,6 +91,10 @@ def _value_errors(cfg) -> list:
   checks.number(cfg, errs, "cluster.delay_prob", 0, hi=1)
   checks.integer(cfg, errs, "cluster.seed", 0)
   episodes_lib.check_config(cfg, errs)
+  if checks.choice(cfg, errs, "cluster.allreduce_algorithm", ("ring", "tree")) and \
+      cfg.cluster.allreduce_algorithm == "tree" and cfg.get("algorithm") == "allreduce_ring":
+    errs.append("config.cluster.allreduce_algorithm='tree' is not allowed with "
+                "config.algorithm='allreduce_ring': that is the explicit ring")
   g, n = cfg.cluster.get("allreduce_group"), cfg.get("num_workers")
   if checks.integer(cfg, errs, "cluster.allreduce_group", 0) and g and checks.is_int(n) and (
       g < 2 or n % g):
@@ -168,6 +172,9 @@ def cluster_defaults() -> ml_collections.ConfigDict:
   s.allreduce_group = 0          # 0: a flat ring | g: the hierarchical all-reduce over groups
                                  # of g consecutive workers (reduce-scatter inside, all-reduce
                                  # across, all-gather inside)
+  s.allreduce_algorithm = "ring"  # ring | tree: NCCL's double binary tree, 2 ceil(log2 n)
+                                 # messages and 2 S bytes per worker (with allreduce_group:
+                                 # its across phase)
   s.seed = 0                     # seed of the delays and of lognormal speeds
   s.clock = "simulated"          # simulated: counts and sim_time from this model | wall:
                                  # each process runs its mini-batches against its own wall

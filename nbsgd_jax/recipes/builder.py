@@ -75,11 +75,13 @@ class Builder:
 
   def allreduce(self, ring: bool = False, key: str = "allreduce") -> AllReduce:
     """An all-reduce; with ``cluster.allreduce_group`` = g, the hierarchical one over groups
-    of g consecutive workers (:class:`~nbsgd_jax.communications.HierarchicalAllReduce`)."""
-    g = self.cfg.cluster.allreduce_group
+    of g consecutive workers (:class:`~nbsgd_jax.communications.HierarchicalAllReduce`);
+    ``cluster.allreduce_algorithm='tree'`` charges the double binary tree."""
+    g, tree = self.cfg.cluster.allreduce_group, self.cfg.cluster.allreduce_algorithm == "tree"
     if g:
-      return HierarchicalAllReduce(self.n, g, self.axis_name, key, self.weighted, ring)
-    return AllReduce(self.n, self.axis_name, key, self.weighted, ring)
+      return HierarchicalAllReduce(self.n, g, self.axis_name, key, self.weighted, ring,
+                                   tree=tree)
+    return AllReduce(self.n, self.axis_name, key, self.weighted, ring, tree=tree)
 
   def gossip(self, key: str = "gossip", lazy: bool = False, kind=Gossip) -> Gossip:
     """Gossip over the topology's W (or its period of W_t); ``lazy``: over ``(I + W) / 2``;

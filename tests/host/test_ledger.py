@@ -106,3 +106,18 @@ def test_each_step_s_record_names_who_took_no_part(tmp_path):
   rows = [json.loads(l) for l in (tmp_path / "steps.jsonl").read_text().splitlines()]
   assert {r["step"]: r.get("absent") for r in rows if "absent" in r} == {
       3: [1], 4: [1], 5: [1], 7: [3]}
+
+
+def test_elastic_diloco_without_failures_or_stragglers_is_diloco():
+  """DiLoCo as torchft and Decoupled DiLoCo run it elastically (Non-blocking SGD with one
+  mini-batch, a quorum of 3 of 4 with a 10 ms grace, failures elastic with the joiner's fetch)
+  on a cluster with no failures and no stragglers: every worker arrives together, so its
+  records (losses, bytes, simulated time) are plain DiLoCo's."""
+  base = {"algorithm": "diloco", "diloco.inner_steps": 3, "eval_every": 3}
+  plain = _run(**base)
+  elastic = _run(**base, **{"nonblocking.enabled": True, "nonblocking.num_minibatches": 1,
+                            "nonblocking.deadline": "kth:3:0.01", "cluster.rejoin_fetch": True,
+                            "cluster.failure_policy": "elastic"})
+  for key in ("train_loss", "gap", "bytes_sent", "sim_time", "consensus_distance"):
+    assert elastic[key] == pytest.approx(plain[key], rel=1e-6, abs=1e-9), key
+  assert elastic["minibatch_fraction"] == 1.0

@@ -86,6 +86,28 @@ def test_the_hierarchical_all_reduce_pays_the_wide_area_link_once_for_a_quarter(
   assert out["bytes_sent"] == pytest.approx(flat["bytes_sent"], rel=1e-9)  # 2 (n - 1) / n S
 
 
+def test_the_tree_all_reduce_pays_log_n_latencies_and_two_messages_of_bytes():
+  """The double binary tree (``cluster.allreduce_algorithm='tree'``): flat over 16 workers,
+  2 log2 16 = 8 messages and 2 S bytes per worker at the regions' link; hierarchical
+  (groups of 4), the across phase a tree of 4 nodes: 2 log2 4 = 4 messages and 2 S / 4 bytes.
+  With these latency-bound links the tree beats the ring (30 messages) and its bytes are
+  2 S against the ring's 2 (n - 1) / n S."""
+  s, tree = 1000.0, {"cluster.allreduce_algorithm": "tree"}
+  flat = train.train(_cfg("allreduce", **tree), None)
+  assert flat["sim_time"] == pytest.approx(3 * (16e-3 + 8 * LAT[2] + 2 * s / BW[2]), rel=1e-9)
+  assert flat["bytes_sent"] == pytest.approx(3 * 2 * s, rel=1e-9)
+  hier = train.train(_cfg("allreduce", **tree, **{"cluster.allreduce_group": 4}), None)
+  inside = 3 * LAT[0] + 0.75 * s / BW[0]
+  across = 4 * LAT[2] + 2 * s / 4 / BW[2]
+  assert hier["sim_time"] == pytest.approx(3 * (16e-3 + 2 * inside + across), rel=1e-9)
+  assert hier["bytes_sent"] == pytest.approx(3 * (2 * 0.75 * s + 2 * s / 4), rel=1e-9)
+  ring = train.train(_cfg("allreduce"), None)
+  assert flat["sim_time"] < ring["sim_time"] / 3
+  with pytest.raises(config_lib.ConfigError, match=r"allreduce_algorithm='tree' is not "
+                                                   r"allowed with config\.algorithm="):
+    config_lib.validate(_cfg("allreduce_ring", **tree))
+
+
 @pytest.mark.slow  # composition (the closed forms are fast)
 def test_the_hierarchical_all_reduce_composes_device_bytes_equal_clock_bytes():
   """Under Non-blocking SGD and failures (run_cell: the device's bytes = the clock's three

@@ -159,6 +159,7 @@ CASES = [
     bad("async_diloco.reset_inner", 1, algorithm="async_diloco"),
     bad("async_diloco.pull", "eager", algorithm="async_diloco"),
     bad("cluster.rejoin_fetch", "yes"),
+    bad("cluster.allreduce_algorithm", "butterfly"),
     bad("halos.regions", 0, algorithm="halos"),
     bad("halos.inner_steps", 0, algorithm="halos"),
     bad("halos.accumulation", 1.5, algorithm="halos"),

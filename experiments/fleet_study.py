@@ -1,0 +1,231 @@
+"""Clusters like real fleets (issue 58, item 7): what each algorithm keeps of its throughput on
+a geo-distributed fleet with fail-slow episodes and failures at published rates.
+
+    python experiments/fleet_study.py --out docs/fleet
+    python experiments/fleet_study.py --out /tmp/fleet --quick    # a minute-long smoke run
+
+The fleet (``fleet()``): n workers in R regions (``--regions``), 8 to a node; an NVLink-class
+link in a node (1 us, 300 GB/s), a datacenter link in a region (10 us, 25 GB/s) and a
+wide-area link between regions (PCCL's measured transatlantic 25 Gbit/s, 30 ms). Each message
+takes the time the modelled model's would (``--model_params``, 1B float32 parameters: the
+bandwidths are scaled by the workload's model bytes over the modelled model's), and a step
+computes for ``--step_s`` s at full speed. The workload is linear least squares on
+heterogeneous shards (``gap`` = F - F*), small enough for 1,024 simulated workers on a CPU.
+
+Fleet events (``--kappa``-fold time-compressed: rates x kappa, durations / kappa, so the same
+fraction of time is slow or down, in events short enough for a short run): fail-slow episodes
+at Greyhound's (ATC '25) 0.03 per node-hour, median 21 min, sigma 1.5, 1.5x slower
+(``docs/clock.md``), and failures at Llama 3's 50,700 h per GPU with 10-minute repairs
+(``docs/clock.md``), elastic (a joiner fetches the model). The event-clock methods (AD-PSGD,
+asynchronous DiLoCo, HALoS) run without failures (the event clock refuses them): episodes
+only, said in the table.
+
+Methods: all-reduce flat and hierarchical (reduce-scatter in a region, all-reduce across),
+Non-blocking SGD (4 mini-batches, the fastest worker's deadline), backup workers (a quorum of
+n - n / 16, one mini-batch), AD-PSGD (exponential graph), DiLoCo (H), asynchronous DiLoCo,
+elastic DiLoCo (a quorum of 90 % with a 10 % step grace, joiners fetch), HALoS (an LPS per
+region). Each method's learning rate is tuned on ``--tune_seed`` (fleet, not reported) by the
+final gap; the reported seeds run on the fleet and on a clean cluster (no episodes, no
+failures, the same draws otherwise). Reported per method and scale: the time to the target
+(the gap all-reduce reaches on the clean cluster at half its budget), and the throughput it
+keeps: clean time to target / fleet time to target. Runs are cached under ``OUT/runs``: the
+study resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np  # noqa: E402
+
+import common  # noqa: E402
+
+from nbsgd_jax import config as config_lib  # noqa: E402
+
+KEEP = ("step", "grads_per_worker", "sim_time", "bytes_sent", "gap", "train_loss")
+GREYHOUND = {"rate": 0.03, "median": 1260.0, "sigma": 1.5, "factor": 1.5}
+LLAMA3 = {"mtbf_h": 50_700.0, "repair_s": 600.0}
+
+
+def workload_bytes(a) -> float:
+  return 4.0 * a.dim  # least squares: one weight per dimension, float32
+
+
+def fleet(a, n: int, events: bool, failures: bool) -> dict:
+  """The cluster's config keys (module docstring)."""
+  scale = workload_bytes(a) / (4.0 * a.model_params)
+  per = n // a.regions
+  out = {"cluster.levels": (f"8:1e-6:{300e9 * scale:g}", f"{per}:1e-5:{25e9 * scale:g}"),
+         "cluster.latency": 0.03, "cluster.bandwidth": 25e9 / 8 * scale,
+         "cluster.time_per_example": a.step_s / a.batch, "cluster.seed": 0}
+  if events:
+    out.update({"cluster.episode_rate": GREYHOUND["rate"] / 8 * a.kappa,  # per worker
+                "cluster.episode_median": GREYHOUND["median"] / a.kappa,
+                "cluster.episode_sigma": GREYHOUND["sigma"],
+                "cluster.episode_factor": GREYHOUND["factor"]})
+  if failures:
+    out.update({"cluster.failure_mtbf": LLAMA3["mtbf_h"] / a.kappa,
+                "cluster.failure_repair": LLAMA3["repair_s"] / a.kappa,
+                "cluster.rejoin_fetch": True})
+  return out
+
+
+def methods(a, n: int) -> dict:
+  """name -> (config overrides, runs on the event clock)."""
+  per, h = n // a.regions, a.h
+  quorum = int(np.ceil(0.9 * n))
+  return {
+      "allreduce": ({"algorithm": "allreduce"}, False),
+      "allreduce_hier": ({"algorithm": "allreduce", "cluster.allreduce_group": per}, False),
+      "nonblocking": ({"algorithm": "allreduce", "nonblocking.enabled": True,
+                       "nonblocking.num_minibatches": 4}, False),
+      "backup": ({"algorithm": "allreduce", "nonblocking.enabled": True,
+                  "nonblocking.num_minibatches": 1,
+                  "nonblocking.deadline": f"kth:{n - max(n // 16, 1)}"}, False),
+      "ad_psgd": ({"algorithm": "ad_psgd", "topology": "exponential"}, True),
+      "diloco": ({"algorithm": "diloco", "diloco.inner_steps": h}, False),
+      "async_diloco": ({"algorithm": "async_diloco", "diloco.inner_steps": h}, True),
+      "elastic_diloco": ({"algorithm": "diloco", "diloco.inner_steps": h,
+                          "nonblocking.enabled": True, "nonblocking.num_minibatches": 1,
+                          "nonblocking.deadline": f"kth:{quorum}:{0.1 * a.step_s:g}"}, False),
+      "halos": ({"algorithm": "halos", "halos.regions": a.regions, "halos.inner_steps": h,
+                 "halos.accumulation": per}, True),
+  }
+
+
+def config(a, n: int, name: str, seed: int, lr: float, clean: bool):
+  over, event = methods(a, n)[name]
+  c = config_lib.default_config()
+  base = {"dataset": "least_squares", "problem.shards": n, "problem.examples_per_worker": 64,
+          "problem.dim": a.dim, "problem.noise": 0.5, "problem.heterogeneity": 1.0,
+          "problem.l2": 0.0, "problem.seed": 0, "num_workers": n, "batch_size": a.batch,
+          "learning_rate": lr, "momentum": 0.0, "seed": seed, "progress": False,
+          "budget_unit": "grads_per_worker", "num_steps": a.steps, "eval_every": a.eval_every}
+  return config_lib.override(c, {**base, **fleet(a, n, not clean, not clean and not event),
+                                 **over})
+
+
+def _runs(a, cfgs: dict) -> dict:
+  keys = list(cfgs)
+  got = common.cached_histories([cfgs[k] for k in keys], KEEP, os.path.join(a.out, "runs"))
+  return dict(zip(keys, got))
+
+
+def _final_gap(r) -> float:
+  v = r["history"][-1].get("gap", float("nan"))
+  return v if np.isfinite(v) else float("inf")
+
+
+def study(a) -> dict:
+  res = {"command": "python experiments/fleet_study.py " + " ".join(sys.argv[1:]),
+         "settings": {k: v for k, v in vars(a).items()}, "scales": {}}
+  for n in a.workers:
+    names = [m for m in methods(a, n) if not a.methods or m in a.methods]
+    tune = _runs(a, {(m, lr): config(a, n, m, a.tune_seed, lr, False)
+                     for m in names for lr in a.lrs})
+    picks = {m: min(a.lrs, key=lambda lr: _final_gap(tune[(m, lr)])) for m in names}
+    runs = _runs(a, {(m, s, clean): config(a, n, m, s, picks[m], clean)
+                     for m in names for s in a.seeds for clean in (False, True)})
+    scale = {"picks": {m: {"lr": picks[m], "edge": picks[m] in (min(a.lrs), max(a.lrs)),
+                           "tuning": {f"{lr:g}": _final_gap(tune[(m, lr)]) for lr in a.lrs}}
+                       for m in names},
+             "runs": {f"{m}/{s}/{'clean' if c else 'fleet'}": r
+                      for (m, s, c), r in runs.items()}}
+    res["scales"][str(n)] = scale
+    print(f"n = {n}: {len(tune) + len(runs)} runs", flush=True)
+  return res
+
+
+def targets(res: dict, n: str) -> dict:
+  """seed -> the gap clean all-reduce reaches at half its budget."""
+  out = {}
+  for key, r in res["scales"][n]["runs"].items():
+    m, s, kind = key.split("/")
+    if m == "allreduce" and kind == "clean":
+      h = r["history"]
+      mid = h[-1]["grads_per_worker"] / 2
+      out[s] = min(x["gap"] for x in h if x["grads_per_worker"] <= mid)
+  return out
+
+
+def table(res: dict, n: str) -> list[str]:
+  runs, tgt = res["scales"][n]["runs"], targets(res, n)
+  events = {m for m, (_, e) in methods(argparse.Namespace(**res["settings"]), int(n)).items()
+            if e}
+  lines = [f"### {n} workers", "",
+           "| method | lr | time to target, fleet (s) | clean (s) | throughput kept | "
+           "final gap, fleet | MB per worker |", "| --- | --- | --- | --- | --- | --- | --- |"]
+  for m, pick in res["scales"][n]["picks"].items():
+    fl, cl, kept, gaps, mb = [], [], [], [], []
+    for s in res["settings"]["seeds"]:
+      f, c = runs.get(f"{m}/{s}/fleet"), runs.get(f"{m}/{s}/clean")
+      if f is None or c is None or str(s) not in tgt:
+        continue
+      tf, tc = (common.time_to(f["history"], tgt[str(s)], "gap"),
+                common.time_to(c["history"], tgt[str(s)], "gap"))
+      fl.append(np.nan if tf is None else tf)
+      cl.append(np.nan if tc is None else tc)
+      kept.append(np.nan if tf is None or tc is None else tc / tf)
+      gaps.append(f["history"][-1]["gap"])
+      mb.append(f["history"][-1]["bytes_sent"] / 1e6)
+    if not fl:
+      continue
+    st = lambda v: (f"{np.nanmean(v):.3g} +- {np.nanstd(v, ddof=1):.2g}" if  # noqa: E731
+                    np.isfinite(v).sum() > 1 else f"{np.nanmean(v):.3g}")
+    name = m + (" (episodes only)" if m in events else "")
+    lines.append(f"| {name} | {pick['lr']:g}{' (edge)' if pick['edge'] else ''} | {st(fl)} | "
+                 f"{st(cl)} | {st(kept)} | {st(gaps)} | {np.mean(mb):.4g} |")
+  return lines + [""]
+
+
+def markdown(res: dict) -> str:
+  s = res["settings"]
+  lines = [f"`{res['command']}`", "", __doc__.split("\n\n", 2)[2].split("\n\n")[0], "",
+           f"Settings: R = {s['regions']} regions, H = {s['h']}, {s['steps']} gradients per "
+           f"worker, batch {s['batch']}, a step {s['step_s']} s, modelled model "
+           f"{s['model_params']:g} parameters, kappa = {s['kappa']:g}; learning rates "
+           f"{s['lrs']} tuned on seed {s['tune_seed']}; seeds {s['seeds']} reported "
+           "(mean +- std, ddof = 1; nan: not reached).", ""]
+  for n in res["scales"]:
+    lines += table(res, n)
+  lines += [f"Wall time: {res.get('seconds', 0):.0f} s.", ""]
+  return "\n".join(lines)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--out", required=True)
+  p.add_argument("--quick", action="store_true")
+  p.add_argument("--workers", type=int, nargs="+", default=[64, 256])
+  p.add_argument("--regions", type=int, default=4)
+  p.add_argument("--methods", nargs="+", default=None)
+  p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  p.add_argument("--tune_seed", type=int, default=3)
+  p.add_argument("--lrs", type=float, nargs="+", default=[0.02, 0.05, 0.1])
+  p.add_argument("--steps", type=int, default=200, help="gradients per worker")
+  p.add_argument("--eval_every", type=int, default=10)
+  p.add_argument("--h", type=int, default=10)
+  p.add_argument("--dim", type=int, default=32)
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--step_s", type=float, default=0.5)
+  p.add_argument("--model_params", type=float, default=1e9)
+  p.add_argument("--kappa", type=float, default=3000.0)
+  a = p.parse_args()
+  if a.quick:
+    a.workers, a.steps, a.eval_every, a.seeds, a.lrs = [16], 20, 5, [0], [0.05]
+  os.makedirs(a.out, exist_ok=True)
+  t = time.time()
+  res = study(a)
+  res["seconds"] = time.time() - t
+  common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(res))
+  common.write_atomic(os.path.join(a.out, "results.md"), markdown(res))
+  print(markdown(res))
+
+
+if __name__ == "__main__":
+  main()
