@@ -220,9 +220,11 @@ def check_config(cfg, errs: list) -> None:
     if failures_on(cfg):
       errs.append(f"{failures_named(cfg)} is not allowed with config.cluster.clock='wall': "
                   "failures are simulated (use clock='simulated')")
-    if cfg.cluster.get("levels"):
+    if cfg.cluster.get("levels") and cfg.cluster.get("emulate") is False:
       errs.append(f"config.cluster.levels={tuple(cfg.cluster.levels)!r} is not allowed with "
-                  "config.cluster.clock='wall': the wall clock's links are the real ones")
+                  "config.cluster.clock='wall' and config.cluster.emulate=False: the wall "
+                  "clock's links are then the real ones (emulate=True sleeps the modelled "
+                  "links' time after each collective)")
     if cfg.nonblocking.get("deadline_group") == "neighbours" and cfg.nonblocking.get("enabled"):
       errs.append("config.nonblocking.deadline_group='neighbours' is not allowed with "
                   "config.cluster.clock='wall': one deadline for every process (use 'all')")

@@ -18,6 +18,11 @@ add_minibatch` and :func:`nbsgd_jax.transforms.mean_of_sums`, then
 :func:`nbsgd_jax.run.step.apply_update`), so feeding the recorded counts to a simulated run
 gives the same losses.
 
+Links (``cluster.emulate`` with ``cluster.levels``): after the collective step each process
+also sleeps the seconds the step's blocking rounds take on the modelled hierarchical network
+(the recipe's communications' rounds, as the simulated clock charges them, the slowest
+worker's), added to the real (loopback) collective: per-level link delays on one machine.
+
 Emulation (``cluster.emulate``): each process sleeps so that its mini-batch ``j`` finishes at
 ``t0 + finish[i, j]`` of the cluster model (:func:`nbsgd_jax.host.cluster.minibatch_finish_times`:
 examples x time per example x slowdown + delays) whenever the real computation was faster:
@@ -37,9 +42,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from nbsgd_jax.core import multihost
 from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax import transforms
-from nbsgd_jax.host.parts import HostPart
+from nbsgd_jax.host.parts import Clock, HostPart
 from nbsgd_jax.run import step as step_lib
 
 
@@ -144,6 +150,18 @@ class WallClockStep:
     self.local = local_workers(b)
     self._index = [self._global(np.full(self.n, j, np.int32)) for j in range(m)]
     self._own: dict = {}  # the programs of a run without a structure key
+    cl = workload.cluster
+    self.links = (Clock(cl, list(dict.fromkeys(s.recipe.transform.communications)))
+                  if workload.emulate and cl.network is not None else None)
+
+  def link_seconds(self, step: int, inputs, report: dict) -> float:
+    """s of the step's blocking rounds on the modelled network (module docstring), from the
+    step's report (``{key: [n]}``); 0 without levels."""
+    if self.links is None:
+      return 0.0
+    return float(sum(np.max(cluster_lib.round_time(self.workload.cluster, r))
+                     for r in self.links.rounds(step, inputs, report)
+                     if not r.overlap and not r.delay))
 
   def _functions(self):
     """The step's three functions, jitted for the backend (compiled by :meth:`_program`)."""
@@ -237,6 +255,11 @@ class WallClockStep:
     program = self._program("update", key, state, sums, counts, measured, ctx, hparams)
     state, out, shared = program(state, sums, counts, measured, ctx, hparams)
     rows = np.asarray(shared.addressable_shards[0].data)[0].astype(np.float64)
+    if self.links is not None:  # the modelled links' delay, after the real collective
+      inputs.update(count=np.rint(rows[:, 0]).astype(np.int32))
+      report = {k: multihost.fetch(v) for k, v in out[1].items()
+                if k.startswith(("bytes/", "rounds/"))}
+      time.sleep(self.link_seconds(step, inputs, report))
     self.workload.measured(step, inputs, rows, time.perf_counter() - t0)
     return state, out
 

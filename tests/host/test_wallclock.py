@@ -135,3 +135,24 @@ def test_a_second_wall_clock_run_with_another_rate_or_seed_compiles_nothing():
   cold, names = backend_compiles(lambda: train.train(other))
   assert names  # compiled again once the cache is cleared: the check above can fail
   assert cold["train_loss"] == pytest.approx(second["train_loss"], rel=1e-6)
+
+
+def test_the_wall_clock_sleeps_each_step_s_modelled_links(tmp_path):
+  """``cluster.levels`` on the wall clock (one process, 8 workers, an all-reduce): each step
+  also sleeps the ring's time on the modelled network, 14 messages at the outer link's 4 ms
+  (nodes of 4 behind it) = 56 ms, and the simulated clock charges the same rounds: every
+  measured step is at least that long, and the step object computes exactly that."""
+  cfg = small_cfg(algorithm="allreduce", num_workers=8, num_steps=3, eval_every=3,
+                  backend="multihost",
+                  **{"cluster.clock": "wall", "cluster.levels": ("4:1e-4:1e12",),
+                     "cluster.latency": 4e-3, "cluster.bandwidth": 1e12,
+                     "consensus.log_every_step": True})
+  train.train(cfg, str(tmp_path))
+  rows = [json.loads(l) for l in (tmp_path / "steps.jsonl").read_text().splitlines()]
+  walls = [r["wall_step_s"] for r in rows if "wall_step_s" in r]
+  assert len(walls) == 3 and min(walls) >= 14 * 4e-3
+  stepper = make_stepper(cfg)
+  step = stepper.program
+  inputs = HostInputs(0, count=np.full(8, 4, np.int32))
+  report = {"bytes/allreduce": np.zeros(8), "rounds/allreduce": np.ones(8)}
+  assert step.link_seconds(0, inputs, report) == pytest.approx(14 * 4e-3, rel=1e-9)
