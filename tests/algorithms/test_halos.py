@@ -129,3 +129,16 @@ def test_halos_charges_every_message_and_evaluates_the_global_model():
 def test_bad_halos_regions_is_one_line_naming_the_key():
   with pytest.raises(ValueError, match=r"halos\.regions=3"):
     train.train(_cfg(**{"halos.regions": 3}))
+
+
+@pytest.mark.slow  # two runs and a resume
+def test_a_crashed_halos_run_resumes_to_the_records_of_a_run_never_stopped(tmp_path):
+  """The servers' messages in flight, the LPS versions and the GPS's steps travel in the
+  checkpoint: a run stopped after a checkpoint resumes to the same records."""
+  from tests.helpers import full_and_crashed, read_records, without_wall
+  cfg = _cfg(num_steps=40, eval_every=8, checkpoint_every=16)
+  full = full_and_crashed(cfg, tmp_path, at=20)
+  train.train(cfg, str(tmp_path / "run"))
+  assert full["global_updates"] >= 1
+  assert (without_wall(read_records(tmp_path / "run" / "metrics.jsonl"))
+          == without_wall(read_records(tmp_path / "full" / "metrics.jsonl")))
