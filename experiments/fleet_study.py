@@ -216,14 +216,44 @@ def markdown(res: dict) -> str:
            "(mean +- std, ddof = 1; nan: not reached).", ""]
   for n in res["scales"]:
     lines += table(res, n)
-  lines += [f"Wall time: {res.get('seconds', 0):.0f} s.", ""]
+  lines += [f"![gap against simulated time, {n} workers](gap_vs_time_{n}.png)"
+            for n in res["scales"]]
+  lines += ["", f"Wall time: {res.get('seconds', 0):.0f} s.", ""]
   return "\n".join(lines)
+
+
+def plots(res: dict, out: str) -> None:
+  """The gap against simulated time per method (mean over the reported seeds, fleet solid,
+  clean dashed), one figure per scale: ``OUT/gap_vs_time_<n>.png``."""
+  plt = common.pyplot()
+  for n, sc in res["scales"].items():
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for i, m in enumerate(sc["picks"]):
+      for kind, style in (("fleet", "-"), ("clean", "--")):
+        runs = [sc["runs"].get(f"{m}/{s}/{kind}") for s in res["settings"]["seeds"]]
+        runs = [r for r in runs if r is not None]
+        if not runs:
+          continue
+        k = min(len(r["history"]) for r in runs)
+        t = np.mean([[h["sim_time"] for h in r["history"][:k]] for r in runs], axis=0)
+        g = np.mean([[h["gap"] for h in r["history"][:k]] for r in runs], axis=0)
+        ax.plot(t, g, style, color=f"C{i % 10}", label=m if kind == "fleet" else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("simulated s")
+    ax.set_ylabel("gap F - F*, mean over seeds")
+    ax.set_title(f"{n} workers in {res['settings']['regions']} regions: fleet (solid), "
+                 "clean (dashed)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    common.save_figure(fig, os.path.join(out, f"gap_vs_time_{n}.png"))
 
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", required=True)
   p.add_argument("--quick", action="store_true")
+  p.add_argument("--report", action="store_true", help="rewrite results.md and the plots "
+                 "from OUT/results.json")
   p.add_argument("--workers", type=int, nargs="+", default=[64, 256])
   p.add_argument("--regions", type=int, default=4)
   p.add_argument("--methods", nargs="+", default=None)
@@ -242,11 +272,16 @@ def main():
   if a.quick:
     a.workers, a.steps, a.eval_every, a.seeds, a.lrs = [16], 20, 5, [0], [0.05]
   os.makedirs(a.out, exist_ok=True)
-  t = time.time()
-  res = study(a)
-  res["seconds"] = time.time() - t
-  common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(res))
+  if a.report:
+    with open(os.path.join(a.out, "results.json")) as f:
+      res = json.load(f)
+  else:
+    t = time.time()
+    res = study(a)
+    res["seconds"] = time.time() - t
+    common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(res))
   common.write_atomic(os.path.join(a.out, "results.md"), markdown(res))
+  plots(res, a.out)
   print(markdown(res))
 
 
