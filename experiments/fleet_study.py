@@ -160,7 +160,13 @@ def study(a) -> dict:
                       for (m, s, c), r in runs.items()}}
     res["scales"][str(n)] = scale
     print(f"n = {n}: {len(tune) + len(runs)} runs", flush=True)
+    save(a, res)  # each scale as it ends
   return res
+
+
+def save(a, res: dict) -> None:
+  common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(res))
+  common.write_atomic(os.path.join(a.out, "results.md"), markdown(res))
 
 
 def targets(res: dict, n: str) -> dict:
@@ -279,7 +285,7 @@ def main():
     t = time.time()
     res = study(a)
     res["seconds"] = time.time() - t
-    common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(res))
+    save(a, res)
   common.write_atomic(os.path.join(a.out, "results.md"), markdown(res))
   plots(res, a.out)
   print(markdown(res))
