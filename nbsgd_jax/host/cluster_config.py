@@ -91,10 +91,7 @@ def _value_errors(cfg) -> list:
   checks.number(cfg, errs, "cluster.delay_prob", 0, hi=1)
   checks.integer(cfg, errs, "cluster.seed", 0)
   episodes_lib.check_config(cfg, errs)
-  if checks.choice(cfg, errs, "cluster.allreduce_algorithm", ("ring", "tree")) and \
-      cfg.cluster.allreduce_algorithm == "tree" and cfg.get("algorithm") == "allreduce_ring":
-    errs.append("config.cluster.allreduce_algorithm='tree' is not allowed with "
-                "config.algorithm='allreduce_ring': that is the explicit ring")
+  checks.choice(cfg, errs, "cluster.allreduce_algorithm", ("ring", "tree"))
   g, n = cfg.cluster.get("allreduce_group"), cfg.get("num_workers")
   if checks.integer(cfg, errs, "cluster.allreduce_group", 0) and g and checks.is_int(n) and (
       g < 2 or n % g):

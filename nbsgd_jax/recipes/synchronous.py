@@ -199,7 +199,14 @@ def allreduce(b: Builder) -> Recipe:
   return _centralized(b, ring=False)
 
 
-@register("allreduce_ring", face="allreduce_mean")
+def check_allreduce_ring(cfg, errs: list) -> None:
+  """The explicit ring is a ring: no tree all-reduce."""
+  if cfg.cluster.get("allreduce_algorithm") == "tree":
+    errs.append("config.cluster.allreduce_algorithm='tree' is not allowed with "
+                "config.algorithm='allreduce_ring': that is the explicit ring")
+
+
+@register("allreduce_ring", face="allreduce_mean", check=check_allreduce_ring)
 def allreduce_ring(b: Builder) -> Recipe:
   """All-Reduce SGD by the explicit ring (reduce-scatter + all-gather of ``ppermute`` s)."""
   return _centralized(b, ring=True)
