@@ -86,14 +86,14 @@ def continuation(a, base, seed: int, name: str, rates: dict, partition: str = "i
   return config_lib.override(base(a, seed), over)
 
 
-def _run_group(a, res: dict, where: dict, make: dict) -> None:
+def _run_group(a, res: dict, where: dict, make: dict, keep=KEEP) -> None:
   """Train the ``{key: () -> config}`` not yet in ``where`` as one call; store; write
   results (a finished group makes no config: its prefix is not needed)."""
   todo = {k: f() for k, f in make.items() if k not in where}
   if not todo:
     return
   t = time.time()
-  for k, r in zip(todo, common.run_histories(list(todo.values()), KEEP)):
+  for k, r in zip(todo, common.run_histories(list(todo.values()), keep)):
     s = r.pop("summary") or {}
     r["model_params"] = s.get("model_params")
     where[k] = r

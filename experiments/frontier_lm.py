@@ -125,7 +125,7 @@ def report(a, res: dict, picks: dict) -> None:
         make[f"{network}/{seed}"] = functools.partial(continuation, a, seed, name,
                                                       picks[name]["rate"], network)
     done = {k: v for k, v in where.items() if v is not None}
-    diloco_paper._run_group(a, res, done, make)
+    diloco_paper._run_group(a, res, done, make, KEEP)
     for key, r in done.items():
       network, seed = key.split("/")
       res["methods"][f"{name}@{network}"]["seeds"][seed] = r

@@ -77,7 +77,11 @@ def table(res: dict, network: str) -> list[str]:
            f"Equal bytes: the loss when each method had sent {head['budget_b'] / 1e6:,.3f} MB "
            f"per worker (the least any method sent in the run); equal time: at "
            f"{head['budget_t']:.3f} simulated s (the shortest run); target: "
-           f"{head['target']:.4f} (the median final loss).", "",
+           f"{head['target']:.4f} (the median final loss). Consensus distance: of the "
+           "workers' own models at the last evaluation, mean over seeds; '-': not recorded "
+           "(runs made before the study kept it; the workers of DiLoCo, MuLoCo and SparseLoCo "
+           "restart from one outer model at each period end, where the evaluations fall, and "
+           "DeMo's apply one update: one model each).", "",
            "| method | lr (tuned) | final val. loss | MB / worker | loss at equal bytes | "
            "loss at equal time | sim. s | s to target | consensus distance |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
