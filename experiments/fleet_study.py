@@ -48,7 +48,9 @@ import common  # noqa: E402
 
 from nbsgd_jax import config as config_lib  # noqa: E402
 
-TUNED = {"halos": {"halos.lps_lr": [0.2, 0.8, 3.2]}}  # besides the inner rate
+# besides the inner rate: HALoS's regional rate, x its buffer (run_halos.sh: lr 0.2 x 16)
+TUNED = {"halos": {"halos.lps_lr": lambda a, n: [f * 4 * (n // a.regions)
+                                                 for f in (0.05, 0.2, 0.8)]}}
 KEEP = ("step", "grads_per_worker", "sim_time", "bytes_sent", "gap", "train_loss")
 GREYHOUND = {"rate": 0.03, "median": 1260.0, "sigma": 1.5, "factor": 1.5}
 LLAMA3 = {"mtbf_h": 50_700.0, "repair_s": 600.0}
@@ -80,9 +82,11 @@ def fleet(a, n: int, events: bool, failures: bool) -> dict:
 
 
 def methods(a, n: int) -> dict:
-  """name -> (config overrides, runs on the event clock). HALoS's regional servers' rate is
-  tuned with the inner one (:data:`TUNED`): the reference's (3.2 with a buffer of 16) is an
-  LLM's with AdamW inside and diverges here."""
+  """name -> (config overrides, runs on the event clock). HALoS keeps the reference's ratios
+  to the workers a regional server holds (4 in run_halos.sh: a buffer of 16, K = 32); its
+  regional rate is tuned with the inner one (:data:`TUNED`): the reference's fixed values
+  (3.2 with a buffer of 16, K = 32) made its servers sum far more pushes per momentum step
+  with 16 or 64 workers a region, and it diverged."""
   per, h = n // a.regions, a.h
   quorum = int(np.ceil(0.9 * n))
   return {
@@ -99,16 +103,17 @@ def methods(a, n: int) -> dict:
       "elastic_diloco": ({"algorithm": "diloco", "diloco.inner_steps": h,
                           "nonblocking.enabled": True, "nonblocking.num_minibatches": 1,
                           "nonblocking.deadline": f"kth:{quorum}:{0.1 * a.step_s:g}"}, False),
+      # the reference's ratios (4 workers a region): a buffer of 4 and K of 8 pushes a worker
       "halos": ({"algorithm": "halos", "halos.regions": a.regions, "halos.inner_steps": h,
-                 "halos.accumulation": per}, True),
+                 "halos.lps_buffer": 4 * per, "halos.accumulation": 8 * per}, True),
   }
 
 
-def candidates(a, name: str) -> list[dict]:
+def candidates(a, name: str, n: int) -> list[dict]:
   """The tuning grid of a method: the inner rates, times :data:`TUNED`'s values."""
   out = [{"learning_rate": lr} for lr in a.lrs]
   for key, values in TUNED.get(name, {}).items():
-    out = [{**c, key: v} for c in out for v in values]
+    out = [{**c, key: v} for c in out for v in values(a, n)]
   return out
 
 
@@ -144,7 +149,7 @@ def study(a) -> dict:
          "settings": {k: v for k, v in vars(a).items()}, "scales": {}}
   for n in a.workers:
     names = [m for m in methods(a, n) if not a.methods or m in a.methods]
-    grid = {m: candidates(a, m) for m in names}
+    grid = {m: candidates(a, m, n) for m in names}
     tune = _runs(a, {(m, _label(p)): config(a, n, m, a.tune_seed, p, False)
                      for m in names for p in grid[m]})
     picks = {m: min(grid[m], key=lambda p: _final_gap(tune[(m, _label(p))])) for m in names}
@@ -152,7 +157,7 @@ def study(a) -> dict:
                      for m in names for s in a.seeds for clean in (False, True)})
     edge = lambda m: any(  # noqa: E731
         picks[m][k] in (min(v), max(v)) for k, v in
-        [("learning_rate", a.lrs)] + list(TUNED.get(m, {}).items()))
+        [("learning_rate", a.lrs)] + [(k, f(a, n)) for k, f in TUNED.get(m, {}).items()])
     scale = {"picks": {m: {"point": picks[m], "edge": edge(m),
                            "tuning": {_label(p): _final_gap(tune[(m, _label(p))])
                                       for p in grid[m]}}
