@@ -55,21 +55,25 @@ def test_the_fast_tier_leaves_out_slow_tests_and_fails_one_over_its_limit(suite)
                  "test_optimized_sees_xla_passes_on": "passed"}, got
 
 
+@pytest.mark.slow  # a pytester run of its own (the fast tier keeps the fast tier's)
 def test_the_slow_tier_runs_only_slow_tests_without_a_limit(suite):
   got = _outcomes(suite.inline_run("-p", "tests.tiers", "--tier", "slow", "--time-limit=0.2"))
   assert got == {"test_sleepy_but_slow": "passed", "test_slow_cases[1]": "passed"}, got
 
 
+@pytest.mark.slow  # a pytester run of its own (the fast tier keeps the fast tier's)
 def test_the_long_tier_runs_only_long_tests_without_a_limit(suite):
   got = _outcomes(suite.inline_run("-p", "tests.tiers", "--tier", "long", "--time-limit=0.2"))
   assert got == {"test_slow_cases[2]": "passed", "test_sleepy_and_long": "passed"}, got
 
 
+@pytest.mark.slow  # a pytester run of its own (the fast tier keeps the fast tier's)
 def test_all_runs_both_and_no_limit_passes_the_sleepy_test(suite):
   got = _outcomes(suite.inline_run("-p", "tests.tiers", "--tier", "all", "--time-limit=0"))
   assert len(got) == 7 and set(got.values()) == {"passed"}, got
 
 
+@pytest.mark.slow  # a pytester run of its own (the fast tier keeps the fast tier's)
 def test_an_optimized_test_leaves_the_passes_off_for_the_next(suite):
   before = jax.config.read("jax_disable_most_optimizations")
   suite.inline_run("-p", "tests.tiers", "-k", "optimized")

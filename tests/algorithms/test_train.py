@@ -118,7 +118,7 @@ def test_dpsgd_atc_on_complete_graph_equals_allreduce():
 @pytest.mark.parametrize("algorithm", slow_except(
     [a for a in config_lib.ALGORITHMS
      if a not in ("allreduce", "local_sgd", "diloco", "matcha", "ad_psgd")],
-    fast=("dpsgd", "sgp"), slow=("allreduce_ring", "choco_sgd", "async_diloco")))
+    fast=("dpsgd",), slow=("sgp", "allreduce_ring", "choco_sgd", "async_diloco")))
 def test_simulate_and_mesh_backends_agree(algorithm):
   cfg = dict(algorithm=algorithm, num_workers=8, num_steps=6)
   cfg["diloco.inner_steps"] = 3  # local SGD: tau = 4; both see local steps and a sync

@@ -266,6 +266,7 @@ def test_the_event_clock_s_facts_are_columns_and_a_note(runs, ad_psgd_run, tmp_p
 # ------------------------------------------------------------------ figures
 
 
+@pytest.mark.slow  # the fast tier keeps the report's other checks
 def test_figures_are_valid_pngs(runs, tmp_path):
   import matplotlib.image
   out = tmp_path / "out"
@@ -283,6 +284,7 @@ def test_figures_are_valid_pngs(runs, tmp_path):
   assert not [p for p in os.listdir(out) if ".tmp" in p]  # no temporary file left
 
 
+@pytest.mark.slow  # the fast tier keeps the report's other checks
 def test_no_consensus_plot_without_decentralized_runs(runs, tmp_path):
   out = tmp_path / "out"
   (out).mkdir()
@@ -374,6 +376,7 @@ def test_load_run_skips_bad_lines(runs, tmp_path):
     report.load_run(str(tmp_path / "missing"))
 
 
+@pytest.mark.slow  # the fast tier keeps the report's other checks
 def test_nested_differences_and_noise_keys(runs, tmp_path):
   a = copy_run(runs["dpsgd"], tmp_path / "blocking")
   b = copy_run(runs["dpsgd"], tmp_path / "nonblocking")
