@@ -321,6 +321,7 @@ def _between_tied_pushes(cfg) -> int:
   raise AssertionError("no step between tied pushes")
 
 
+@pytest.mark.slow  # two runs and a resume
 def test_instant_pull_resumes_between_tied_pushes(tmp_path):
   """With ``pull = "instant"`` the host keeps when each waiting worker asked: a run killed
   after a checkpoint taken between two pushes of the same time resumes from it (the first

@@ -309,7 +309,8 @@ def _with_ages(s, scale: float):
   return s._replace(recipe=recipe)
 
 
-@pytest.mark.parametrize("over", [{}, {"steps_per_dispatch": 3}, {"backend": "mesh"}],
+@pytest.mark.parametrize("over", [{}, {"steps_per_dispatch": 3},
+                                  pytest.param({"backend": "mesh"}, marks=pytest.mark.slow)],
                          ids=["one-step", "blocks", "mesh"])
 def test_a_host_part_s_open_context_reaches_each_worker_without_editing_the_step(over):
   """``HostInputs.per_worker`` / ``shared`` (a recipe's own host part) arrive as

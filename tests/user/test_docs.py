@@ -151,6 +151,7 @@ def test_every_class_rule_is_used(commands):
       assert any(re.search(pattern, c.text) for c in commands), (pattern, why)
 
 
+@pytest.mark.slow  # the checker's own test; the docs' checks stay fast
 def test_checker_finds_problems():
   """The checks can fail: a bad value, an unknown key, a missing file or flag, an extra."""
   main = "python -m nbsgd_jax.main --config=experiments/configs/quickstart.py --workdir=runs/x"

@@ -302,6 +302,7 @@ def test_no_consensus_plot_without_decentralized_runs(runs, tmp_path):
 # ------------------------------------------------------------------ robustness
 
 
+@pytest.mark.slow  # the fast tier keeps the report's other checks
 def test_in_progress_no_eval_and_not_a_run(runs, tmp_path, capsys):
   recs = read_records(runs["dpsgd"])
   live = copy_run(runs["dpsgd"], tmp_path / "live")
