@@ -29,8 +29,10 @@ final gap; the reported seeds run on the fleet and on a clean cluster (no episod
 failures, the same draws otherwise). Reported per method and scale: the time to the target
 (the gap all-reduce reaches on the clean cluster at a quarter of its budget), clean time to
 target / fleet time to target, and the throughput it keeps: its gradients per simulated second
-on the fleet over those on the clean cluster (the same budget). Runs are cached under ``OUT/runs``: the
-study resumes where it stopped.
+on the fleet over those on the clean cluster (the same budget). Runs are cached under ``OUT/runs``
+(each method's as it ends): the study resumes where it stopped; a scale already in
+``OUT/results.json`` with the same settings is kept, so adding a scale runs only that scale.
+``--methods`` trains a subset into the cache only (two processes can share a scale's methods).
 """
 
 from __future__ import annotations
@@ -144,17 +146,51 @@ def _final_gap(r) -> float:
   return v if np.isfinite(v) else float("inf")
 
 
+def _same_study(a, old: dict) -> bool:
+  """Whether ``old`` (a results.json) ran the settings of ``a`` except its scales."""
+  skip = ("out", "quick", "report", "workers")
+  mine = {k: v for k, v in vars(a).items() if k not in skip}
+  return all(old.get("settings", {}).get(k) == v for k, v in mine.items())
+
+
+def previous(a) -> dict:
+  """The scales ``OUT/results.json`` already holds for these settings (scale -> its entry), so
+  that a study extended by a scale does not rerun the others: the run cache (``OUT/runs``)
+  is not committed, the results are."""
+  path = os.path.join(a.out, "results.json")
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    old = json.load(f)
+  return dict(old.get("scales", {})) if _same_study(a, old) else {}
+
+
+def _per_method(a, cfgs: dict) -> dict:
+  """:func:`_runs` one method at a time (keys start with the method's name): each method's
+  runs are one call, cached as it ends, so a long scale resumes at the method it stopped in."""
+  out = {}
+  for m in dict.fromkeys(k[0] for k in cfgs):
+    out.update(_runs(a, {k: c for k, c in cfgs.items() if k[0] == m}))
+    print(f"  {m}: {sum(k[0] == m for k in cfgs)} runs", flush=True)
+  return out
+
+
 def study(a) -> dict:
   res = {"command": "python experiments/fleet_study.py " + " ".join(sys.argv[1:]),
          "settings": {k: v for k, v in vars(a).items()}, "scales": {}}
+  done = previous(a)
   for n in a.workers:
+    if str(n) in done and not a.methods:
+      res["scales"][str(n)] = done[str(n)]
+      print(f"n = {n}: from {a.out}/results.json", flush=True)
+      continue
     names = [m for m in methods(a, n) if not a.methods or m in a.methods]
     grid = {m: candidates(a, m, n) for m in names}
-    tune = _runs(a, {(m, _label(p)): config(a, n, m, a.tune_seed, p, False)
-                     for m in names for p in grid[m]})
+    tune = _per_method(a, {(m, _label(p)): config(a, n, m, a.tune_seed, p, False)
+                           for m in names for p in grid[m]})
     picks = {m: min(grid[m], key=lambda p: _final_gap(tune[(m, _label(p))])) for m in names}
-    runs = _runs(a, {(m, s, clean): config(a, n, m, s, picks[m], clean)
-                     for m in names for s in a.seeds for clean in (False, True)})
+    runs = _per_method(a, {(m, s, clean): config(a, n, m, s, picks[m], clean)
+                           for m in names for s in a.seeds for clean in (False, True)})
     edge = lambda m: any(  # noqa: E731
         picks[m][k] in (min(v), max(v)) for k, v in
         [("learning_rate", a.lrs)] + [(k, f(a, n)) for k, f in TUNED.get(m, {}).items()])
@@ -166,7 +202,8 @@ def study(a) -> dict:
                       for (m, s, c), r in runs.items()}}
     res["scales"][str(n)] = scale
     print(f"n = {n}: {len(tune) + len(runs)} runs", flush=True)
-    save(a, res)  # each scale as it ends
+    if not a.methods:  # a subset only fills the run cache: results.json keeps every method
+      save(a, res)  # each scale as it ends
   return res
 
 
@@ -296,6 +333,10 @@ def main():
     t = time.time()
     res = study(a)
     res["seconds"] = time.time() - t
+    if a.methods:
+      print(f"--methods: {a.methods} trained into {a.out}/runs; results.json is written by "
+            "a run of every method", flush=True)
+      return
     save(a, res)
   common.write_atomic(os.path.join(a.out, "results.md"), markdown(res))
   plots(res, a.out)

@@ -62,17 +62,21 @@ class SlowEpisodes:
     self._rngs = [np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(2, i)))
                   for i in range(n)]
     self._drawn = np.zeros(n, np.float64)  # seconds of the worker's timeline drawn so far
+    self._flat = (np.zeros(0, np.int64),) * 3  # every span as arrays: worker, first, end
 
-  def _extend(self, i: int, step: int) -> None:
-    """Draw worker ``i``'s episodes until its timeline passes ``step``."""
-    s0 = self.step_seconds[i]
+  def _extend(self, i: int, step: int) -> list:
+    """Draw worker ``i``'s episodes until its timeline passes ``step``: the new
+    ``[(i, first, end)]``."""
+    s0, new = self.step_seconds[i], []
     while self._drawn[i] <= (step + 1) * s0:
       gap = self._rngs[i].exponential(3600.0 / self.rate)
       length = self.median * math.exp(self.sigma * self._rngs[i].standard_normal())
       first = int(math.floor((self._drawn[i] + gap) / s0))
       steps = max(1, int(math.ceil(length / (self.factor * s0))))  # slow steps in it
       self._spans[i].append((first, first + steps))
+      new.append((i, first, first + steps))
       self._drawn[i] = (first + steps) * s0  # the timeline in nominal steps again
+    return new
 
   def episodes(self, i: int, upto: int) -> list:
     """Worker ``i``'s episodes that start before step ``upto``: ``[(first, end)]`` steps."""
@@ -87,10 +91,13 @@ class SlowEpisodes:
     out = np.ones(self.n)
     if self.rate == 0:
       return out
-    for i in range(self.n):
-      self._extend(i, step)
-      if any(a <= step < b for a, b in self._spans[i]):
-        out[i] = self.factor
+    behind = np.flatnonzero(self._drawn <= (step + 1) * self.step_seconds)
+    new = [span for i in behind for span in self._extend(int(i), step)]
+    if new:  # appended, not rebuilt: a run's steps keep extending the timelines
+      self._flat = tuple(np.concatenate([old, np.array(v, np.int64)])
+                         for old, v in zip(self._flat, zip(*new)))
+    worker, first, end = self._flat
+    out[worker[(first <= step) & (step < end)]] = self.factor
     return out
 
 

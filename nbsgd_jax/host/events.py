@@ -8,6 +8,7 @@ each device step one batch of events of :class:`~nbsgd_jax.host.event_clock.Even
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Callable, Optional
 
 import numpy as np
@@ -67,6 +68,7 @@ class EventTimes(HostPart):
     self.overhead = float(step_overhead)
     self.message_bytes = float(message_bytes)
     self.message_s = float(clock_lib.comm_time(cluster, 1.0, self.message_bytes)[0])
+    self._pairs: dict = {}  # (i, j) -> pair_s(i, j), as asked (a worker has few peers)
     self._rule0 = copy.deepcopy(touch)  # an event rule with state, as it starts
     self._reach, self._resources = reach, resources
     self.clock = self._new_clock(touch)
@@ -90,8 +92,10 @@ class EventTimes(HostPart):
     net = self.cluster.network
     if net is None:
       return self.message_s
-    lv = int(net.level(i, 0 if j >= self.cluster.n else j))
-    return float(net.latency[lv] + self.message_bytes / net.bandwidth[lv])
+    if (i, j) not in self._pairs:
+      lv = int(net.level(i, 0 if j >= self.cluster.n else j))
+      self._pairs[(i, j)] = float(net.latency[lv] + self.message_bytes / net.bandwidth[lv])
+    return self._pairs[(i, j)]
 
   def _comm(self, i: int, k: int, touched: tuple) -> float:
     peers = [j for j in touched if j != i]
@@ -221,6 +225,11 @@ class ServerEventTimes(EventTimes):
   def _kinds(self, k: int) -> np.ndarray:
     return k % self.cycle  # 0: a pull, cycle - 1: a push, else an inner step
 
+  @functools.cached_property
+  def _server_s(self) -> np.ndarray:
+    """float64 ``[n]``: seconds of each worker's message to the server (:meth:`pair_s`)."""
+    return np.array([self.pair_s(i, self.cluster.n) for i in range(self.cluster.n)])
+
   def computed(self, steps):
     """Events less pulls: event k of worker i is a pull when ``k % cycle_i == 0``, so
     ``ceil(steps_i / cycle_i)`` of its first ``steps_i`` are."""
@@ -229,8 +238,7 @@ class ServerEventTimes(EventTimes):
 
   def _duration(self, k: int) -> np.ndarray:
     compute = cluster_lib.minibatch_finish_times(self.cluster, k)[:, -1] + self.overhead
-    server = np.array([self.pair_s(i, self.cluster.n) for i in range(self.cluster.n)])
-    return np.where(self._kinds(k) == 0, server, compute)
+    return np.where(self._kinds(k) == 0, self._server_s, compute)
 
   def _comm(self, i: int, k: int, touched: tuple) -> float:
     return self.pair_s(i, self.cluster.n) if k % self.cycle[i] == self.cycle[i] - 1 else 0.0

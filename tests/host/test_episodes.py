@@ -47,6 +47,9 @@ def test_the_draw_does_not_depend_on_the_order_steps_are_asked_for():
   backward = [b.factors(t) for t in reversed(range(300))][::-1]
   np.testing.assert_array_equal(forward, backward)
   assert {1.0, 3.0} == set(np.concatenate(forward))
+  inside = [[any(s <= t < e for s, e in a.episodes(i, 300)) for i in range(4)]
+            for t in range(300)]  # factors() is each worker's own episodes, step by step
+  np.testing.assert_array_equal(forward, np.where(inside, 3.0, 1.0))
   off = SlowEpisodes(4, 1.0, 0.0, 30.0, 1.0, 3.0)
   np.testing.assert_array_equal(off.factors(10), np.ones(4))
 
