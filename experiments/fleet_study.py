@@ -50,9 +50,11 @@ import common  # noqa: E402
 
 from nbsgd_jax import config as config_lib  # noqa: E402
 
-# besides the inner rate: HALoS's regional rate, x its buffer (run_halos.sh: lr 0.2 x 16)
-TUNED = {"halos": {"halos.lps_lr": lambda a, n: [f * 4 * (n // a.regions)
-                                                 for f in (0.05, 0.2, 0.8)]}}
+# besides the inner rate: HALoS's regional rate around the reference's 3.2 (run_halos.sh: lr
+# 0.2 x its buffer 16). The delayed Nesterov step divides the buffer's pushes by its size, so
+# the rate acts on their mean whatever the buffer: a grid scaled with the workers of a region
+# (0.05, 0.2 and 0.8 x the buffer) put every point of the 1,024-worker scale past divergence
+TUNED = {"halos": {"halos.lps_lr": lambda a, n: [0.8, 3.2, 12.8]}}
 KEEP = ("step", "grads_per_worker", "sim_time", "bytes_sent", "gap", "train_loss")
 GREYHOUND = {"rate": 0.03, "median": 1260.0, "sigma": 1.5, "factor": 1.5}
 LLAMA3 = {"mtbf_h": 50_700.0, "repair_s": 600.0}
@@ -148,7 +150,7 @@ def _final_gap(r) -> float:
 
 def _same_study(a, old: dict) -> bool:
   """Whether ``old`` (a results.json) ran the settings of ``a`` except its scales."""
-  skip = ("out", "quick", "report", "workers")
+  skip = ("out", "quick", "report", "workers", "redo", "tune_only")
   mine = {k: v for k, v in vars(a).items() if k not in skip}
   return all(old.get("settings", {}).get(k) == v for k, v in mine.items())
 
@@ -181,30 +183,44 @@ def study(a) -> dict:
   done = previous(a)
   for n in a.workers:
     if str(n) in done and not a.methods:
-      res["scales"][str(n)] = done[str(n)]
-      print(f"n = {n}: from {a.out}/results.json", flush=True)
+      res["scales"][str(n)] = scale = done[str(n)]
+      print(f"n = {n}: from {a.out}/results.json" + (f", {a.redo} again" if a.redo else ""),
+            flush=True)
+      if a.redo:
+        new = _scale(a, n, a.redo)
+        scale["picks"].update(new["picks"])
+        scale["runs"] = {**{k: r for k, r in scale["runs"].items()
+                            if k.split("/")[0] not in a.redo}, **new["runs"]}
+        save(a, res)
       continue
     names = [m for m in methods(a, n) if not a.methods or m in a.methods]
-    grid = {m: candidates(a, m, n) for m in names}
-    tune = _per_method(a, {(m, _label(p)): config(a, n, m, a.tune_seed, p, False)
-                           for m in names for p in grid[m]})
-    picks = {m: min(grid[m], key=lambda p: _final_gap(tune[(m, _label(p))])) for m in names}
-    runs = _per_method(a, {(m, s, clean): config(a, n, m, s, picks[m], clean)
-                           for m in names for s in a.seeds for clean in (False, True)})
-    edge = lambda m: any(  # noqa: E731
-        picks[m][k] in (min(v), max(v)) for k, v in
-        [("learning_rate", a.lrs)] + [(k, f(a, n)) for k, f in TUNED.get(m, {}).items()])
-    scale = {"picks": {m: {"point": picks[m], "edge": edge(m),
-                           "tuning": {_label(p): _final_gap(tune[(m, _label(p))])
-                                      for p in grid[m]}}
-                       for m in names},
-             "runs": {f"{m}/{s}/{'clean' if c else 'fleet'}": r
-                      for (m, s, c), r in runs.items()}}
-    res["scales"][str(n)] = scale
-    print(f"n = {n}: {len(tune) + len(runs)} runs", flush=True)
+    res["scales"][str(n)] = _scale(a, n, names)
     if not a.methods:  # a subset only fills the run cache: results.json keeps every method
       save(a, res)  # each scale as it ends
   return res
+
+
+def _scale(a, n: int, names: list) -> dict:
+  """One scale's tuning and reported runs of the methods ``names``."""
+  grid = {m: candidates(a, m, n) for m in names}
+  tune = _per_method(a, {(m, _label(p)): config(a, n, m, a.tune_seed, p, False)
+                         for m in names for p in grid[m]})
+  if a.tune_only:
+    return {"picks": {}, "runs": {}}
+  picks = {m: min(grid[m], key=lambda p: _final_gap(tune[(m, _label(p))])) for m in names}
+  runs = _per_method(a, {(m, s, clean): config(a, n, m, s, picks[m], clean)
+                         for m in names for s in a.seeds for clean in (False, True)})
+  edge = lambda m: any(  # noqa: E731
+      picks[m][k] in (min(v), max(v)) for k, v in
+      [("learning_rate", a.lrs)] + [(k, f(a, n)) for k, f in TUNED.get(m, {}).items()])
+  scale = {"picks": {m: {"point": picks[m], "edge": edge(m),
+                         "tuning": {_label(p): _final_gap(tune[(m, _label(p))])
+                                    for p in grid[m]}}
+                     for m in names},
+           "runs": {f"{m}/{s}/{'clean' if c else 'fleet'}": r
+                    for (m, s, c), r in runs.items()}}
+  print(f"n = {n}: {len(tune) + len(runs)} runs", flush=True)
+  return scale
 
 
 def save(a, res: dict) -> None:
@@ -308,9 +324,14 @@ def main():
   p.add_argument("--quick", action="store_true")
   p.add_argument("--report", action="store_true", help="rewrite results.md and the plots "
                  "from OUT/results.json")
-  p.add_argument("--workers", type=int, nargs="+", default=[64, 256])
+  p.add_argument("--workers", type=int, nargs="+", default=[64, 256, 1024])
   p.add_argument("--regions", type=int, default=4)
-  p.add_argument("--methods", nargs="+", default=None)
+  p.add_argument("--methods", nargs="+", default=None, help="train these methods into the "
+                 "run cache only (results.json is written by a run of every method)")
+  p.add_argument("--redo", nargs="+", default=[], help="these methods again in the scales "
+                 "results.json holds (e.g. after a change to their tuning grid)")
+  p.add_argument("--tune_only", action="store_true", help="with --methods: the tuning runs "
+                 "only (split a scale's tuning between processes by --lrs)")
   p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   p.add_argument("--tune_seed", type=int, default=3)
   p.add_argument("--lrs", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.4])
