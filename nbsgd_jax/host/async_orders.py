@@ -133,6 +133,7 @@ class GossipLoopTimes(events_lib.EventTimes):
                        for i, s in enumerate(steps)], np.int64)
 
   def inputs(self, step, inputs, probe):
+    sample = self.sample()
     batch = self.clock.next_batch()
     n = self.cluster.n
     masks = events_lib.batch_inputs(batch, n)
@@ -150,7 +151,7 @@ class GossipLoopTimes(events_lib.EventTimes):
         self.read_version[i], self.read_event[i] = self.version[i], self.events
         self.read_time[i] = e.time
     inputs.events = Events(fire=masks["fire"], start=self.started, peer=masks["peer"],
-                           apply=apply)
+                           apply=apply, sample=sample)
     self.started = apply
 
   def _stale(self, i: int, t: float) -> None:

@@ -101,11 +101,19 @@ class EventTimes(HostPart):
     peers = [j for j in touched if j != i]
     return self.pair_s(i, peers[0]) if peers else 0.0
 
+  def sample(self) -> np.ndarray:
+    """int32 ``[n]``: the index of each worker's data draw for the gradient it computes in
+    the next device step: the gradients it applied so far (:meth:`computed`), asked before
+    the step's batch (``Events.sample``: a worker's k-th gradient reads the lockstep clock's
+    draw of step k, common random numbers across clocks)."""
+    return self.computed(self.clock.steps).astype(np.int32)
+
   def inputs(self, step, inputs, probe):
+    sample = self.sample()
     batch = self.clock.next_batch()
     masks = batch_inputs(batch, self.cluster.n)
     inputs.events = Events(fire=masks["fire"], start=self.started, peer=masks["peer"],
-                           apply=masks["fire"])
+                           apply=masks["fire"], sample=sample)
     self.started = masks["fire"]
     self.events += len(batch)
     for e in batch:  # stale_steps, stale_max: the own-model count
@@ -244,7 +252,7 @@ class ServerEventTimes(EventTimes):
     return self.pair_s(i, self.cluster.n) if k % self.cycle[i] == self.cycle[i] - 1 else 0.0
 
   def inputs(self, step, inputs, probe):
-    n = self.cluster.n
+    n, sample = self.cluster.n, self.sample()
     batch = self.clock.next_batch()
     pull, push, stale = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int32)
     read, now = np.zeros(n, bool), self.clock.now  # the batch's one server event's time
@@ -265,7 +273,7 @@ class ServerEventTimes(EventTimes):
     self.asked[pull] = -1.0  # none (a push's time is > 0)
     self.pulled[read], self.pulled_at[read] = self.pushes, now  # the version and time read
     inputs.events = Events(fire=batch_inputs(batch, n)["fire"], pull=pull, push=push, read=read,
-                           staleness=stale)
+                           staleness=stale, sample=sample)
 
   def rounds(self, step, inputs, report) -> list:
     """Each push and pull moves one model."""

@@ -109,7 +109,7 @@ class RegionalServerTimes(events_lib.ServerEventTimes):
     return out
 
   def inputs(self, step, inputs, probe):
-    n = self.cluster.n
+    n, sample = self.cluster.n, self.sample()
     batch = self.clock.next_batch()
     pull, push, send = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
     stale, slots = np.zeros(n, np.int32), []
@@ -138,7 +138,8 @@ class RegionalServerTimes(events_lib.ServerEventTimes):
       kinds[j], where[j] = kind, l
     inputs.events = Events(fire=events_lib.batch_inputs(batch, n)["fire"], pull=pull,
                            push=push, read=push, staleness=stale, send=send,
-                           slot_kind=np.tile(kinds, (n, 1)), slot_region=np.tile(where, (n, 1)))
+                           slot_kind=np.tile(kinds, (n, 1)), slot_region=np.tile(where, (n, 1)),
+                           sample=sample)
 
   def rounds(self, step, inputs, report) -> list:
     """Each pull and push moves one model (the worker's); an LPS's send one (its host's), a

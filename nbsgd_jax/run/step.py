@@ -100,12 +100,24 @@ def make_worker_step(s, period_end: bool = True) -> Callable:
   def step_fn(state: TrainState, data, ctx: StepContext, hparams=None):
     ctx = ctx._replace(period_end=period_end, hparams=hparams)
     seed = None if hparams is None else hparams["seed"]
-    batch = task.batch(data, state.step, s.backend.axis_name, seed)
+    batch = task.batch(data, data_index(state, ctx), s.backend.axis_name, seed)
     loss, grads, model_state = source(task.loss_fn, state.params, state.model_state, batch,
                                       ctx)
     return apply_update(s, state._replace(model_state=model_state), loss, grads, ctx)
 
   return step_fn
+
+
+def data_index(state: TrainState, ctx: StepContext):
+  """int32 scalar: the index of the worker's data draw this step (its batch, augmentation
+  and the key of any randomness of the task): the event clock's ``ctx.events.sample`` (the
+  gradients the worker applied before: its k-th gradient reads draw k), else the step number
+  (on the lockstep clock a worker's k-th gradient is step k's). So a worker's k-th gradient
+  sees the same data whichever clock runs it (common random numbers, ``docs/clock.md``)."""
+  events = ctx.events
+  if events is None or getattr(events, "sample", None) is None:
+    return state.step
+  return events.sample.astype(state.step.dtype)
 
 
 def apply_update(s, state: TrainState, loss, grads, ctx: StepContext):

@@ -56,6 +56,11 @@ class Events(NamedTuple):
       time order: 0 none, 1 the global server receives a region's update, 2 a regional
       server receives the global model (HALoS; the same on every worker).
     slot_region: int32 ``[S]``, each slot's region (HALoS).
+    sample: int32, the index of the data draw of the gradient the worker computes in this
+      step: the gradients it applied before (its own gradient count, the clock's
+      ``computed``), so that a worker's k-th gradient reads the batch (and augmentation key)
+      of the lockstep clock's step k whichever clock and algorithm run it (common random
+      numbers, ``docs/clock.md``); None: the device step's number.
   """
 
   fire: Any
@@ -69,6 +74,7 @@ class Events(NamedTuple):
   send: Any = None
   slot_kind: Any = None
   slot_region: Any = None
+  sample: Any = None
 
 
 class InFlightState(NamedTuple):

@@ -377,3 +377,49 @@ def test_diloco_s_worker_test_accuracy_mid_round_is_the_workers_own():
   np.testing.assert_allclose(rec["worker_test_accuracy"], own, atol=1e-6)
   np.testing.assert_allclose(rec["test_accuracy"], np.mean(
       np.argmax(tx @ outer + outer_b, 1) == data.y_test), atol=1e-6)
+
+
+MLP_SYNC = {**SYNC, "cluster.time_per_example": 1e-3, "cluster.latency": 1e-4,
+            "cluster.bandwidth": 1e9, "eval_train_examples": 64}
+
+
+def test_at_synchronous_timing_on_the_mlp_with_minibatches_async_diloco_is_diloco():
+  """Common random numbers across clocks: on the MLP with mini-batches of 8 (mnist10k), at
+  synchronous timing (equal speeds, no stragglers, N = n, c = 0, no weights, the inner
+  optimizer kept, ``pull = "instant"``), asynchronous DiLoCo's records equal DiLoCo's at every
+  round's end: a worker's k-th gradient reads the same batch on the event clock (its own
+  gradient count, ``Events.sample``) as on the lockstep clock (step k). Keyed by the device
+  step instead, the event clock's extra pull steps shift every later batch and the records
+  part after the first round."""
+  base = small_cfg(**MLP_SYNC)
+  sync = train.train(config_lib.override(base, {"algorithm": "diloco"}))["history"]
+  asyn = train.train(config_lib.override(base, {"algorithm": "async_diloco",
+                                                "async_diloco.pull": "instant"}))["history"]
+  assert [r["grads_per_worker"] for r in asyn] == [r["grads_per_worker"] for r in sync] == [
+      0, 3, 6, 9, 12]
+  for key in ("train_loss", "test_loss", "test_accuracy"):
+    np.testing.assert_allclose([r[key] for r in asyn], [r[key] for r in sync], rtol=1e-5,
+                               err_msg=key)
+  assert len({round(r["train_loss"], 5) for r in sync}) == 5  # 4 outer steps moved it
+
+
+@pytest.mark.parametrize("algorithm", ["ad_psgd", "async_diloco"])
+def test_a_worker_s_kth_gradient_reads_draw_k(algorithm):
+  """On the event clock, the data index (``Events.sample``) of the gradient each worker
+  computes counts its own gradients: along the steps where a worker's gradient is kept
+  (AD-PSGD: it starts a computation; asynchronous DiLoCo: an inner step fires), worker i
+  reads draws 0, 1, 2, ... in turn, whatever the other workers' speeds (the device step
+  reads draw k as the lockstep clock reads step k: ``run.step.data_index``)."""
+  cfg = small_cfg(algorithm=algorithm, num_steps=40, **{
+      "cluster.slowdown": (1.0, 1.7, 2.9, 4.3), "cluster.time_per_example": 1e-3,
+      "diloco.inner_steps": 2})
+  seen = {i: [] for i in range(4)}
+  for _, inputs, _, _ in make_stepper(cfg).steps(40):
+    ev = inputs.events
+    kept = ev.start if algorithm == "ad_psgd" else ev.fire & ~ev.pull
+    for i in np.flatnonzero(kept):
+      seen[i].append(int(ev.sample[i]))
+  assert all(len(v) >= 3 for v in seen.values())
+  assert len({len(v) for v in seen.values()}) > 1  # the workers ran at their own paces
+  for i, draws in seen.items():
+    assert draws == list(range(len(draws))), (i, draws)
