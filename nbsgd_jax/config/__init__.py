@@ -167,8 +167,8 @@ def check_top_level(cfg, errs: list) -> None:
     errs.append(f"config.steps_per_dispatch={cfg.steps_per_dispatch} is not allowed with "
                 "config.cluster.clock='wall': each step is timed on the host; use 1 (or 0: "
                 "auto)")
-  for key in ("nesterov", "progress", "tensorboard", "double_buffer", "eval_worker_accuracy",
-              "overwrite", "text_unknown_id"):
+  for key in ("nesterov", "progress", "tensorboard", "double_buffer", "gather_gradients",
+              "eval_worker_accuracy", "overwrite", "text_unknown_id"):
     checks.boolean(cfg, errs, key)
   for key in ("data_dir", "data_path", "data_cache", "imports", "compilation_cache", "sweep",
               "init_from"):

@@ -127,6 +127,10 @@ def _training_defaults() -> ml_collections.ConfigDict:
   c.double_buffer = True         # a spare set of parameter buffers: each step writes the new
                                  # parameters there (no fresh [n, d] buffer and copy when the
                                  # models are mixed); False: one set, less memory
+  c.gather_gradients = True      # event clock, simulate backend: a step computes the
+                                 # gradients of the workers whose computation starts only
+                                 # (gathered into a bucket of 0, 1, 2, 4, ..., n; run/
+                                 # gathered.py); False: every worker's, the rest dropped
   c.seed = 0                     # init, data order and partition seed
   c.sweep = ""                   # a grid of runs, one program per structure: axes separated
                                  # by ;, each key=v1,v2,... (a:b: the integers a..b-1), e.g.

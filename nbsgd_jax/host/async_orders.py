@@ -151,7 +151,7 @@ class GossipLoopTimes(events_lib.EventTimes):
         self.read_version[i], self.read_event[i] = self.version[i], self.events
         self.read_time[i] = e.time
     inputs.events = Events(fire=masks["fire"], start=self.started, peer=masks["peer"],
-                           apply=apply, sample=sample)
+                           apply=apply, sample=sample, compute=self.started)
     self.started = apply
 
   def _stale(self, i: int, t: float) -> None:
@@ -168,18 +168,21 @@ class GossipLoopTimes(events_lib.EventTimes):
             "grads_per_worker": float(self.computed(self.clock.steps).mean()),
             "staleness_s": s["s"] / per, "staleness_tau": s["tau"] / per,
             "staleness_tau_max": s["tau_max"], "staleness_own_steps": s["own"] / per,
-            "staleness_own_steps_max": s["own_max"]}
+            "staleness_own_steps_max": s["own_max"],
+            "grads_computed": self.grads_computed / self.cluster.n}
 
   def state_dict(self):
     return {"clock": self.clock.state_dict(), "started": self.started.tolist(),
             "events": self.events, "version": self.version.tolist(),
             "read_version": self.read_version.tolist(), "read_event": self.read_event.tolist(),
-            "read_time": self.read_time.tolist(), "grads": self.grads, "stale": dict(self.stale)}
+            "read_time": self.read_time.tolist(), "grads": self.grads, "stale": dict(self.stale),
+            "grads_computed": self.grads_computed}
 
   def load_state_dict(self, d):
     self.clock.load_state_dict(d["clock"])
     self.started = np.asarray(d["started"], bool)
     self.events, self.grads = int(d["events"]), int(d["grads"])
+    self.grads_computed = int(d.get("grads_computed", 0))
     self.version = np.asarray(d["version"], np.int64)
     self.read_version = np.asarray(d["read_version"], np.int64)
     self.read_event = np.asarray(d["read_event"], np.int64)

@@ -74,6 +74,7 @@ class EventTimes(HostPart):
     self.clock = self._new_clock(touch)
     self.started = np.ones(cluster.n, bool)  # every worker reads x_0 at step 0
     self.events, self.stale_steps, self.stale_s, self.stale_max = 0, 0, 0.0, 0
+    self.grads_computed = 0  # gradients the device steps computed, used or not
 
   def _duration(self, k: int) -> np.ndarray:
     return cluster_lib.minibatch_finish_times(self.cluster, k)[:, -1] + self.overhead
@@ -113,13 +114,24 @@ class EventTimes(HostPart):
     batch = self.clock.next_batch()
     masks = batch_inputs(batch, self.cluster.n)
     inputs.events = Events(fire=masks["fire"], start=self.started, peer=masks["peer"],
-                           apply=masks["fire"], sample=sample)
+                           apply=masks["fire"], sample=sample, compute=self.started)
     self.started = masks["fire"]
     self.events += len(batch)
     for e in batch:  # stale_steps, stale_max: the own-model count
       self.stale_steps += e.staleness
       self.stale_s += e.time - e.read
       self.stale_max = max(self.stale_max, e.staleness)
+
+  def observe(self, step, inputs, report, probe):
+    """Counts the gradients the step computed: the report's ``grads_computed`` (the
+    gathered step, :mod:`nbsgd_jax.run.gathered`: the computing workers' bucket), else one
+    per worker (the plain step computes every worker's); the step's record gets its
+    count."""
+    del step, inputs, probe
+    got = report.get("grads_computed")
+    got = self.cluster.n if got is None else int(np.sum(got))
+    self.grads_computed += got
+    return {"grads_computed": got}
 
   def computed(self, steps: np.ndarray) -> np.ndarray:
     """int ``[n]``, the gradient computations each worker applied after ``steps[i]`` events
@@ -154,7 +166,7 @@ class EventTimes(HostPart):
     per = max(self.events, 1)
     return {"sim_time": self.clock.now, "events": self.events,
             "grads_per_worker": float(self.computed(self.clock.steps).mean()),
-            **self._staleness(per)}
+            "grads_computed": self.grads_computed / self.cluster.n, **self._staleness(per)}
 
   def _staleness(self, per: int) -> dict:
     events, total, top = self.clock.tau()
@@ -165,13 +177,14 @@ class EventTimes(HostPart):
   def state_dict(self):
     return {"clock": self.clock.state_dict(), "started": self.started.tolist(),
             "events": self.events, "stale_steps": self.stale_steps, "stale_s": self.stale_s,
-            "stale_max": self.stale_max}
+            "stale_max": self.stale_max, "grads_computed": self.grads_computed}
 
   def load_state_dict(self, d):
     self.clock.load_state_dict(d["clock"])
     self.started = np.asarray(d["started"], bool)
     self.events, self.stale_steps = int(d["events"]), int(d["stale_steps"])
     self.stale_s, self.stale_max = float(d["stale_s"]), int(d["stale_max"])
+    self.grads_computed = int(d.get("grads_computed", 0))  # 0: a checkpoint from before it
 
 
 PULLS = ("arrival", "instant")  # when an asynchronous DiLoCo worker reads the server's model
@@ -272,8 +285,9 @@ class ServerEventTimes(EventTimes):
         self.stale_max = max(self.stale_max, int(stale[e.worker]))
     self.asked[pull] = -1.0  # none (a push's time is > 0)
     self.pulled[read], self.pulled_at[read] = self.pushes, now  # the version and time read
-    inputs.events = Events(fire=batch_inputs(batch, n)["fire"], pull=pull, push=push, read=read,
-                           staleness=stale, sample=sample)
+    fire = batch_inputs(batch, n)["fire"]
+    inputs.events = Events(fire=fire, pull=pull, push=push, read=read, staleness=stale,
+                           sample=sample, compute=fire & ~pull)
 
   def rounds(self, step, inputs, report) -> list:
     """Each push and pull moves one model."""

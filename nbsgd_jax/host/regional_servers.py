@@ -136,10 +136,11 @@ class RegionalServerTimes(events_lib.ServerEventTimes):
     where = np.zeros(s, np.int32)
     for j, (kind, l) in enumerate(slots):
       kinds[j], where[j] = kind, l
-    inputs.events = Events(fire=events_lib.batch_inputs(batch, n)["fire"], pull=pull,
+    fire = events_lib.batch_inputs(batch, n)["fire"]
+    inputs.events = Events(fire=fire, pull=pull,
                            push=push, read=push, staleness=stale, send=send,
                            slot_kind=np.tile(kinds, (n, 1)), slot_region=np.tile(where, (n, 1)),
-                           sample=sample)
+                           sample=sample, compute=fire & ~pull)
 
   def rounds(self, step, inputs, report) -> list:
     """Each pull and push moves one model (the worker's); an LPS's send one (its host's), a

@@ -29,6 +29,7 @@ import optax
 from jax import lax
 
 from nbsgd_jax.host import cluster_config
+from nbsgd_jax.run import gathered as gathered_lib
 from nbsgd_jax import transforms
 from nbsgd_jax.core.axis import varying_like
 from nbsgd_jax.transforms import CONTEXT_AXES, StepContext
@@ -201,9 +202,12 @@ class Program:
     self.cache = PROGRAMS if cache is None else cache
     self._spare: list = []  # the double buffer: the parameters' buffers of the dispatch before
 
-  def _compile(self, runs: tuple):
-    spmd = self.s.backend.spmd(_scanned_steps(self.s, runs), (0, 0, CONTEXT_AXES, None))
-    if self.runs is not None:  # the runs axis, outside the workers'
+  def _compile(self, runs: tuple, gather: bool = False):
+    if gather:
+      spmd = _gathered_program(self.s, runs, self.runs is not None, self.shared_data)
+    else:
+      spmd = self.s.backend.spmd(_scanned_steps(self.s, runs), (0, 0, CONTEXT_AXES, None))
+    if self.runs is not None and not gather:  # the runs axis, outside the workers'
       spmd = jax.vmap(spmd, in_axes=(0, None if self.shared_data else 0, 0, 0))
     if not self.s.cfg.double_buffer:
       return jax.jit(spmd, donate_argnums=(0,))
@@ -219,8 +223,10 @@ class Program:
       keys = (True,) * len(keys)
     hparams = self.s.hparams if hparams is None else hparams
     runs = tuple((key, len(list(group))) for key, group in itertools.groupby(keys))
-    program = self.cache.get(self.s.structure, ("train", runs, self.runs, self.shared_data),
-                             lambda: self._compile(runs))
+    gather = gathers(self.s, ctx)
+    program = self.cache.get(self.s.structure,
+                             ("train", runs, self.runs, self.shared_data, gather),
+                             lambda: self._compile(runs, gather))
     if not self.s.cfg.double_buffer:
       return program(state, data, ctx, hparams)
     buffers = self._spare.pop() if self._spare else fresh_like(state.params)
@@ -248,6 +254,94 @@ def _scanned_steps(s, runs: tuple) -> Callable:
     return state, tuple(outs)  # per run: its steps' reports may have other keys
 
   return worker
+
+
+def gathers(s, ctx: StepContext) -> bool:
+  """Whether the run's steps compute only the computing workers' gradients
+  (:mod:`nbsgd_jax.run.gathered`): ``config.gather_gradients``, an event clock that names
+  them (``ctx.events.compute``), the whole-batch gradient source and the simulate backend
+  (one device holds every worker; on a mesh each device computes its own workers')."""
+  events = ctx.events
+  return bool(s.cfg.gather_gradients and events is not None
+              and getattr(events, "compute", None) is not None
+              and s.backend.name == "simulate" and gradient_source(s.cfg) is full_batch)
+
+
+def _steps_first(ctx: StepContext) -> StepContext:
+  """A stacked context (per-worker fields ``[n, k]``, the others ``[k, ...]``) with the
+  steps' axis first everywhere, for ``lax.scan``."""
+  fields = {}
+  for name, axis in zip(StepContext._fields, CONTEXT_AXES):
+    value = getattr(ctx, name)
+    fields[name] = value if value is None or axis is None else jax.tree.map(
+        lambda x: jnp.moveaxis(x, 1, 0), value)
+  return StepContext(**fields)
+
+
+def _gathered_step(s, period_end) -> Callable:
+  """Every worker's step on stacked ``[n, ...]`` arrays, the gradients computed for the
+  workers of ``ctx.events.compute`` only (:func:`nbsgd_jax.run.gathered.gathered_gradients`):
+  ``(state, data, ctx, hparams, index) -> (state, (loss [n], report [n]))``, ``ctx`` one
+  step's (per-worker fields ``[n]``), ``index`` the step's bucket."""
+  task, axes = s.task, (0, 0, CONTEXT_AXES, None)
+  sizes = gathered_lib.bucket_sizes(s.cfg.num_workers)
+  source = lambda p, ms, b: full_batch(task.loss_fn, p, ms, b, None)
+  gradients = gathered_lib.gathered_gradients(source, sizes)
+
+  def batch_fn(state, data, ctx, hparams):
+    return task.batch(data, data_index(state, ctx), s.backend.axis_name, hparams["seed"])
+
+  def update_fn(state, loss, grads, ctx, hparams):
+    return apply_update(s, state, loss, grads, ctx._replace(period_end=period_end,
+                                                            hparams=hparams))
+
+  batches = s.backend.spmd(batch_fn, axes)
+  updates = s.backend.spmd(update_fn, (0, 0, 0, CONTEXT_AXES, None))
+
+  def step(state, data, ctx, hparams, index):
+    batch = batches(state, data, ctx, hparams)
+    loss, grads, model_state, computed = gradients(index, state.params, state.model_state,
+                                                   batch, ctx.events.compute)
+    state, (loss, report) = updates(state._replace(model_state=model_state), loss, grads, ctx,
+                                    hparams)
+    return state, (loss, {**report, "grads_computed": computed})
+
+  return step
+
+
+def _gathered_program(s, runs: tuple, stacked_runs: bool, shared_data: bool) -> Callable:
+  """:class:`Program`'s function of the gathered steps (:func:`gathers`): ``(state, data,
+  ctx, hparams) -> (state, outs)`` as the plain one's. Each step's bucket is picked from its
+  count of computing workers, the largest over a sweep's runs (one branch for all of them:
+  the switch stays a switch under the runs' ``vmap``)."""
+  sizes = gathered_lib.bucket_sizes(s.cfg.num_workers)
+
+  def scanned(state, data, ctx, hparams, index):
+    ctx, outs, offset = _steps_first(ctx), [], 0
+    for key, length in runs:
+      step = _gathered_step(s, key)
+      part = jax.tree.map(lambda x, o=offset, m=length: x[o:o + m], (ctx, index))
+      if length == 1:  # one step: no loop around it (as the plain program)
+        state, out = step(state, data, *jax.tree.map(lambda x: x[0], part[0:1]), hparams,
+                          part[1][0])
+        out = jax.tree.map(lambda x: x[None], out)
+      else:
+        state, out = lax.scan(lambda st, c, f=step: f(st, data, c[0], hparams, c[1]), state,
+                              part)
+      outs.append(jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), out))  # [n, m]
+      offset += length
+    return state, tuple(outs)
+
+  if stacked_runs:
+    scanned = jax.vmap(scanned, in_axes=(0, None if shared_data else 0, 0, 0, None))
+
+  def program(state, data, ctx, hparams):
+    counts = jnp.sum(ctx.events.compute, axis=-2)  # [k], or [R, k] with a runs axis
+    if stacked_runs:
+      counts = jnp.max(counts, axis=0)
+    return scanned(state, data, ctx, hparams, gathered_lib.bucket_index(counts, sizes))
+
+  return program
 
 
 def _same_types(carry, out):

@@ -125,8 +125,10 @@ class Run:
       if not np.all(np.isfinite(loss)):
         raise TrainingDiverged(step + 1, np.flatnonzero(~np.isfinite(loss)).tolist(), "loss")
       fields = self.host.observe(step, inputs, report, self)
-      losses.append(loss.mean())
-      rec = {"step": step + 1, "train_batch_loss": float(loss.mean())}
+      loss = computed_losses(inputs, loss)
+      if loss.size:
+        losses.append(loss.mean())
+      rec = {"step": step + 1, "train_batch_loss": float(loss.mean()) if loss.size else None}
       rec.update({k: float(v[0]) for k, v in report.items() if not is_summed(k)})
       self.records.step({**rec, **fields})
     return float(np.mean(losses)) if losses else None
@@ -183,6 +185,15 @@ class Run:
 
 
 AUTO_DISPATCH_MAX = 16  # the largest k that config.steps_per_dispatch = 0 (auto) picks
+
+
+def computed_losses(inputs, loss: np.ndarray) -> np.ndarray:
+  """The step's mini-batch losses of the workers that computed a gradient: on the event
+  clock those of ``inputs.events.compute`` (the others computed none, or one that was
+  dropped), else every worker's."""
+  events = inputs.events
+  compute = None if events is None else getattr(events, "compute", None)
+  return loss if compute is None else loss[np.asarray(compute, bool)]
 
 
 def dispatch_size(setups: list, hooked: bool = False, platform: Optional[str] = None) -> int:

@@ -61,6 +61,10 @@ class Events(NamedTuple):
       ``computed``), so that a worker's k-th gradient reads the batch (and augmentation key)
       of the lockstep clock's step k whichever clock and algorithm run it (common random
       numbers, ``docs/clock.md``); None: the device step's number.
+    compute: bool, the worker's gradient of this step is used (its computation starts:
+      ``start``; asynchronous DiLoCo's and HALoS's inner steps: ``fire & ~pull``): with
+      ``config.gather_gradients`` only these workers' gradients are computed
+      (:mod:`nbsgd_jax.run.gathered`); None: every worker's.
   """
 
   fire: Any
@@ -75,6 +79,7 @@ class Events(NamedTuple):
   slot_kind: Any = None
   slot_region: Any = None
   sample: Any = None
+  compute: Any = None
 
 
 class InFlightState(NamedTuple):

@@ -1,0 +1,78 @@
+"""Only the work that fires (``run/gathered.py``): on the event clock a step computes the
+gradients of the workers whose computation starts, gathered into a bucket, and the runs are
+those of the plain step, which computes every worker's and drops the rest."""
+
+import jax
+import numpy as np
+import pytest
+
+from nbsgd_jax.run import gathered
+
+from tests.helpers import make_stepper, slow_except, small_cfg
+
+SLOW = (1.0, 1.3, 1.9, 2.6, 1.1, 3.7, 1.6, 2.2)
+CASES = {
+    "ad_psgd": {},
+    "ad_psgd_released": {"algorithm": "ad_psgd", "ad_psgd.order": "released"},
+    "swarm_sgd": {"swarm_sgd.local_steps": 2},
+    "swarm_one_sided": {"algorithm": "swarm_sgd", "swarm_sgd.averaging": "one_sided"},
+    "async_diloco": {"diloco.inner_steps": 3},
+    "halos": {"halos.regions": 2, "halos.inner_steps": 2, "halos.accumulation": 2},
+}
+
+
+def _cfg(case, **kw):
+  over = {"algorithm": case, **CASES[case]}
+  return small_cfg(num_workers=8, num_steps=30, **{
+      "cluster.slowdown": SLOW, "cluster.time_per_example": 1e-3, "cluster.latency": 1e-4,
+      **over, **kw})
+
+
+def _run(cfg, steps):
+  stepper = make_stepper(cfg)
+  out = stepper.steps(steps)
+  return stepper, out
+
+
+@pytest.mark.parametrize("case", slow_except(list(CASES), fast=("ad_psgd", "async_diloco")))
+def test_gathered_steps_equal_the_plain_steps(case):
+  """30 steps with and without ``gather_gradients``: every worker's parameters and the
+  optimizer state agree to 1e-6 (the same gradients of the computing workers, the rest
+  dropped either way), and the gathered run computed at most twice its computing workers'
+  gradients each step (the bucket: the smallest of 0, 1, 2, 4, 8 that holds them), which
+  its host records as ``grads_computed``."""
+  plain, _ = _run(_cfg(case, gather_gradients=False), 30)
+  mine, steps = _run(_cfg(case), 30)
+  for a, b in zip(jax.tree.leaves(plain.state), jax.tree.leaves(mine.state)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-6)
+  buckets = []
+  for _, inputs, _, report in steps:
+    count = int(np.sum(inputs.events.compute))
+    bucket = 0 if count == 0 else min(8, 1 << (count - 1).bit_length())  # by hand
+    buckets.append(bucket)
+    assert int(np.sum(report["grads_computed"])) == bucket, (count, report["grads_computed"])
+    assert np.all(report["grads_computed"][np.asarray(inputs.events.compute)] >= 1)
+  assert 0 < sum(buckets) < 30 * 8
+  record = mine.runs[0].host.record()
+  assert record["grads_computed"] == pytest.approx(sum(buckets) / 8)
+  assert plain.runs[0].host.record()["grads_computed"] == pytest.approx(30.0)
+
+
+def test_bucket_sizes_and_index():
+  assert gathered.bucket_sizes(8) == (0, 1, 2, 4, 8)
+  assert gathered.bucket_sizes(6) == (0, 1, 2, 4, 6)
+  assert gathered.bucket_sizes(1) == (0, 1)
+  sizes = gathered.bucket_sizes(8)
+  got = np.asarray(gathered.bucket_index(np.arange(9), sizes))
+  np.testing.assert_array_equal([sizes[i] for i in got], [0, 1, 2, 4, 4, 8, 8, 8, 8])
+
+
+def test_gathered_batches_of_a_block_pick_each_step_s_bucket():
+  """Four steps in one dispatch (``steps_per_dispatch = 4``) give the records of one step a
+  dispatch, ``grads_computed`` included: each step of the scan picks its own bucket."""
+  one, _ = _run(_cfg("ad_psgd", steps_per_dispatch=1), 12)
+  four, _ = _run(_cfg("ad_psgd", steps_per_dispatch=4), 12)
+  for a, b in zip(jax.tree.leaves(one.state), jax.tree.leaves(four.state)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-6)
+  assert (one.runs[0].host.record()["grads_computed"]
+          == four.runs[0].host.record()["grads_computed"])
