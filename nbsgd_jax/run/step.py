@@ -202,12 +202,12 @@ class Program:
     self.cache = PROGRAMS if cache is None else cache
     self._spare: list = []  # the double buffer: the parameters' buffers of the dispatch before
 
-  def _compile(self, runs: tuple, gather: bool = False):
-    if gather:
-      spmd = _gathered_program(self.s, runs, self.runs is not None, self.shared_data)
+  def _compile(self, runs: tuple, gather: Optional[int] = None):
+    if gather is not None:
+      spmd = _gathered_program(self.s, runs, self.runs is not None, self.shared_data, gather)
     else:
       spmd = self.s.backend.spmd(_scanned_steps(self.s, runs), (0, 0, CONTEXT_AXES, None))
-    if self.runs is not None and not gather:  # the runs axis, outside the workers'
+    if self.runs is not None and gather is None:  # the runs axis, outside the workers'
       spmd = jax.vmap(spmd, in_axes=(0, None if self.shared_data else 0, 0, 0))
     if not self.s.cfg.double_buffer:
       return jax.jit(spmd, donate_argnums=(0,))
@@ -223,7 +223,8 @@ class Program:
       keys = (True,) * len(keys)
     hparams = self.s.hparams if hparams is None else hparams
     runs = tuple((key, len(list(group))) for key, group in itertools.groupby(keys))
-    gather = gathers(self.s, ctx)
+    gather = (gathered_lib.dispatch_bucket(ctx.events.compute, self.s.cfg.num_workers)
+              if gathers(self.s, ctx) else None)  # the bucket of the gathered gradients
     program = self.cache.get(self.s.structure,
                              ("train", runs, self.runs, self.shared_data, gather),
                              lambda: self._compile(runs, gather))
@@ -278,15 +279,14 @@ def _steps_first(ctx: StepContext) -> StepContext:
   return StepContext(**fields)
 
 
-def _gathered_step(s, period_end) -> Callable:
+def _gathered_step(s, period_end, size: int) -> Callable:
   """Every worker's step on stacked ``[n, ...]`` arrays, the gradients computed for the
-  workers of ``ctx.events.compute`` only (:func:`nbsgd_jax.run.gathered.gathered_gradients`):
-  ``(state, data, ctx, hparams, index) -> (state, (loss [n], report [n]))``, ``ctx`` one
-  step's (per-worker fields ``[n]``), ``index`` the step's bucket."""
+  workers of ``ctx.events.compute`` only, in a bucket of ``size``
+  (:func:`nbsgd_jax.run.gathered.gathered_gradients`): ``(state, data, ctx, hparams) ->
+  (state, (loss [n], report [n]))``, ``ctx`` one step's (per-worker fields ``[n]``)."""
   task, axes = s.task, (0, 0, CONTEXT_AXES, None)
-  sizes = gathered_lib.bucket_sizes(s.cfg.num_workers)
   source = lambda p, ms, b: full_batch(task.loss_fn, p, ms, b, None)
-  gradients = gathered_lib.gathered_gradients(source, sizes)
+  gradients = gathered_lib.gathered_gradients(source, size, s.cfg.num_workers)
 
   def batch_fn(state, data, ctx, hparams):
     return task.batch(data, data_index(state, ctx), s.backend.axis_name, hparams["seed"])
@@ -298,10 +298,10 @@ def _gathered_step(s, period_end) -> Callable:
   batches = s.backend.spmd(batch_fn, axes)
   updates = s.backend.spmd(update_fn, (0, 0, 0, CONTEXT_AXES, None))
 
-  def step(state, data, ctx, hparams, index):
+  def step(state, data, ctx, hparams):
     batch = batches(state, data, ctx, hparams)
-    loss, grads, model_state, computed = gradients(index, state.params, state.model_state,
-                                                   batch, ctx.events.compute)
+    loss, grads, model_state, computed = gradients(state.params, state.model_state, batch,
+                                                   ctx.events.compute)
     state, (loss, report) = updates(state._replace(model_state=model_state), loss, grads, ctx,
                                     hparams)
     return state, (loss, {**report, "grads_computed": computed})
@@ -309,39 +309,29 @@ def _gathered_step(s, period_end) -> Callable:
   return step
 
 
-def _gathered_program(s, runs: tuple, stacked_runs: bool, shared_data: bool) -> Callable:
-  """:class:`Program`'s function of the gathered steps (:func:`gathers`): ``(state, data,
-  ctx, hparams) -> (state, outs)`` as the plain one's. Each step's bucket is picked from its
-  count of computing workers, the largest over a sweep's runs (one branch for all of them:
-  the switch stays a switch under the runs' ``vmap``)."""
-  sizes = gathered_lib.bucket_sizes(s.cfg.num_workers)
+def _gathered_program(s, runs: tuple, stacked_runs: bool, shared_data: bool,
+                      size: int) -> Callable:
+  """:class:`Program`'s function of the gathered steps (:func:`gathers`) with a bucket of
+  ``size`` (the dispatch's, :func:`nbsgd_jax.run.gathered.dispatch_bucket`): ``(state, data,
+  ctx, hparams) -> (state, outs)`` as the plain one's."""
 
-  def scanned(state, data, ctx, hparams, index):
+  def scanned(state, data, ctx, hparams):
     ctx, outs, offset = _steps_first(ctx), [], 0
     for key, length in runs:
-      step = _gathered_step(s, key)
-      part = jax.tree.map(lambda x, o=offset, m=length: x[o:o + m], (ctx, index))
+      step = _gathered_step(s, key, size)
+      part = jax.tree.map(lambda x, o=offset, m=length: x[o:o + m], ctx)
       if length == 1:  # one step: no loop around it (as the plain program)
-        state, out = step(state, data, *jax.tree.map(lambda x: x[0], part[0:1]), hparams,
-                          part[1][0])
+        state, out = step(state, data, jax.tree.map(lambda x: x[0], part), hparams)
         out = jax.tree.map(lambda x: x[None], out)
       else:
-        state, out = lax.scan(lambda st, c, f=step: f(st, data, c[0], hparams, c[1]), state,
-                              part)
+        state, out = lax.scan(lambda st, c, f=step: f(st, data, c, hparams), state, part)
       outs.append(jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), out))  # [n, m]
       offset += length
     return state, tuple(outs)
 
   if stacked_runs:
-    scanned = jax.vmap(scanned, in_axes=(0, None if shared_data else 0, 0, 0, None))
-
-  def program(state, data, ctx, hparams):
-    counts = jnp.sum(ctx.events.compute, axis=-2)  # [k], or [R, k] with a runs axis
-    if stacked_runs:
-      counts = jnp.max(counts, axis=0)
-    return scanned(state, data, ctx, hparams, gathered_lib.bucket_index(counts, sizes))
-
-  return program
+    return jax.vmap(scanned, in_axes=(0, None if shared_data else 0, 0, 0))
+  return scanned
 
 
 def _same_types(carry, out):

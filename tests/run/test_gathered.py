@@ -58,21 +58,25 @@ def test_gathered_steps_equal_the_plain_steps(case):
   assert plain.runs[0].host.record()["grads_computed"] == pytest.approx(30.0)
 
 
-def test_bucket_sizes_and_index():
+def test_bucket_sizes_and_dispatch_bucket():
   assert gathered.bucket_sizes(8) == (0, 1, 2, 4, 8)
   assert gathered.bucket_sizes(6) == (0, 1, 2, 4, 6)
   assert gathered.bucket_sizes(1) == (0, 1)
-  sizes = gathered.bucket_sizes(8)
-  got = np.asarray(gathered.bucket_index(np.arange(9), sizes))
-  np.testing.assert_array_equal([sizes[i] for i in got], [0, 1, 2, 4, 4, 8, 8, 8, 8])
+  assert [gathered.bucket_of(c, 8) for c in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
+  compute = np.zeros((2, 8, 3), bool)  # [R, n, k]: runs' steps of 0, 3 and 1 workers
+  compute[1, :3, 1] = compute[0, 5, 2] = True
+  assert gathered.dispatch_bucket(compute, 8) == 4
+  with pytest.raises(ValueError, match="9 computing workers"):
+    gathered.bucket_of(9, 8)
 
 
-def test_gathered_batches_of_a_block_pick_each_step_s_bucket():
-  """Four steps in one dispatch (``steps_per_dispatch = 4``) give the records of one step a
-  dispatch, ``grads_computed`` included: each step of the scan picks its own bucket."""
+def test_a_block_of_steps_takes_its_largest_bucket():
+  """Four steps in one dispatch (``steps_per_dispatch = 4``) give the parameters of one step
+  a dispatch; each of the four computes the block's bucket (its largest count's)."""
   one, _ = _run(_cfg("ad_psgd", steps_per_dispatch=1), 12)
-  four, _ = _run(_cfg("ad_psgd", steps_per_dispatch=4), 12)
+  four, steps = _run(_cfg("ad_psgd", steps_per_dispatch=4), 12)
   for a, b in zip(jax.tree.leaves(one.state), jax.tree.leaves(four.state)):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-6)
-  assert (one.runs[0].host.record()["grads_computed"]
-          == four.runs[0].host.record()["grads_computed"])
+  counts = [int(np.sum(inputs.events.compute)) for _, inputs, _, _ in steps]
+  want = [gathered.bucket_of(max(counts[b:b + 4]), 8) for b in range(0, 12, 4) for _ in range(4)]
+  assert [int(np.sum(r["grads_computed"])) for *_, r in steps] == want
