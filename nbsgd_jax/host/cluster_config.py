@@ -21,7 +21,7 @@ from nbsgd_jax.host.failures import failures_named, failures_on, parse_failures
 HOST_KEYS = ("bandwidth", "delay", "delay_mean", "delay_per", "delay_prob", "delay_shift",
              "episode_factor", "episode_median", "episode_rate", "episode_sigma",
              "failure_mtbf", "failure_policy", "failure_repair", "failure_shape", "levels",
-             "placement",
+             "placement", "quorum_policy",
              "rejoin_fetch", "restart_every", "restart_seconds",
              "latency", "measure_time_per_example", "overhead", "scenario", "seed",
              "slow_factor", "slowdown", "spread", "step_overhead", "time_per_example", "trace")
@@ -116,6 +116,15 @@ def _value_errors(cfg) -> list:
     errs.append(f"config.cluster.placement={tuple(place)!r} is not allowed with "
                 "config.cluster.allreduce_group: the hierarchical all-reduce groups "
                 "consecutive workers")
+  elif len(place) and isinstance(levels, (tuple, list)) and not levels:
+    errs.append(f"config.cluster.placement={tuple(place)!r} is not allowed with "
+                "config.cluster.levels=(): a place matters only on a hierarchical network "
+                "(set cluster.levels, or placement=())")
+  if checks.boolean(cfg, errs, "cluster.rebuild_collectives") and (
+      cfg.cluster.get("rebuild_collectives") and cfg.cluster.get("allreduce_group")):
+    errs.append(f"config.cluster.rebuild_collectives=True is not allowed with "
+                f"config.cluster.allreduce_group={cfg.cluster.get('allreduce_group')!r}: the "
+                "rebuilt all-reduce is the flat one (ring or tree) over the live workers")
   failures_lib.check_config(cfg, errs)
   v = cfg.cluster.get("slowdown")
   if not isinstance(v, (tuple, list)) or not all(checks.is_num(x) and x > 0 for x in v):
@@ -170,8 +179,12 @@ def cluster_defaults() -> ml_collections.ConfigDict:
                                  # of g consecutive workers (reduce-scatter inside, all-reduce
                                  # across, all-gather inside)
   s.allreduce_algorithm = "ring"  # ring | tree: NCCL's double binary tree, 2 ceil(log2 n)
-                                 # messages and 2 S bytes per worker (with allreduce_group:
-                                 # its across phase)
+                                 # messages, 2 (n - 1) / n S bytes per worker on average and
+                                 # the busiest worker's 2 S timed (S for n = 2, 3 S / 2 for
+                                 # n = 3; with allreduce_group: its across phase)
+  s.rebuild_collectives = False  # failures: True charges the all-reduce over the live
+                                 # workers (torchft reconfigures its process group at each
+                                 # quorum); False: over all n, as a fixed communicator
   s.seed = 0                     # seed of the delays and of lognormal speeds
   s.clock = "simulated"          # simulated: counts and sim_time from this model | wall:
                                  # each process runs its mini-batches against its own wall
@@ -188,6 +201,9 @@ def cluster_defaults() -> ml_collections.ConfigDict:
   s.failure_policy = "elastic"   # elastic: the others go on | restart: from the checkpoint
   s.restart_every = 100          # restart: steps between the job's checkpoints
   s.restart_seconds = 600.0      # restart: s to reload, besides the steps lost since then
+  s.quorum_policy = "go_on"      # go_on: a step with fewer than K workers up (deadline
+                                 # kth:K[:G]) runs with them | wait: it waits for repairs
+                                 # until K are up (torchft's lighthouse; docs/clock.md)
   s.rejoin_fetch = False         # elastic: a worker back from a failure fetches the current
                                  # model first (one model's bytes and time charged on its
                                  # link; for methods whose workers share a model)

@@ -15,6 +15,10 @@ others go on without it; with ``"restart"`` a failure restarts the whole job fro
 checkpoint (:class:`nbsgd_jax.host.ledger.Restarts`): nobody drops out, the steps since the
 checkpoint are computed again (the same steps: a deterministic job's trajectory does not
 change) and the restart's seconds are paid.
+
+Below a quorum (:class:`QuorumWait`, ``cluster.quorum_policy``): with ``"go_on"`` (the
+default) a step with fewer than K workers up runs with them; with ``"wait"`` it waits for
+repairs until K are up, as torchft's lighthouse forms no quorum below ``min_replicas``.
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ import numpy as np
 from nbsgd_jax.communications import Round
 from nbsgd_jax.communications.adjacency import Neighbours
 from nbsgd_jax.core import checks
+from nbsgd_jax.host.clock import parse_deadline
 
 # config.cluster.failure_policy: elastic (the others go on without a failed worker) | restart
 # (a failure restarts the job from its last checkpoint: nobody drops out, time is lost)
 POLICIES = ("elastic", "restart")
+# config.cluster.quorum_policy: go_on (a step with fewer than K workers up runs with them) |
+# wait (it waits for repairs until K are up: torchft's lighthouse)
+QUORUM_POLICIES = ("go_on", "wait")
 
 
 class Failure(NamedTuple):
@@ -185,7 +193,9 @@ def joined_at(alive_of, step: int):
 
 def check_config(cfg, errs: list) -> None:
   """cluster.failure_mtbf >= 0 (0: none), failure_repair > 0, failure_shape > 0,
-  failure_policy, restart_every >= 1, restart_seconds >= 0, rejoin_fetch."""
+  failure_policy, restart_every >= 1, restart_seconds >= 0, rejoin_fetch, quorum_policy
+  ('wait' needs a quorum: Non-blocking SGD with a ``kth:K`` or ``kth:K:G`` deadline, and the
+  elastic policy)."""
   checks.boolean(cfg, errs, "cluster.rejoin_fetch")
   checks.number(cfg, errs, "cluster.failure_mtbf", 0)
   checks.number(cfg, errs, "cluster.failure_repair", 0, lo_open=True)
@@ -193,6 +203,24 @@ def check_config(cfg, errs: list) -> None:
   checks.choice(cfg, errs, "cluster.failure_policy", POLICIES)
   checks.integer(cfg, errs, "cluster.restart_every", 1)
   checks.number(cfg, errs, "cluster.restart_seconds", 0)
+  if checks.choice(cfg, errs, "cluster.quorum_policy", QUORUM_POLICIES) and (
+      cfg.cluster.get("quorum_policy") == "wait"):
+    if quorum_size(cfg) is None:
+      errs.append(f"config.cluster.quorum_policy='wait' is not allowed with "
+                  f"config.nonblocking.deadline={cfg.nonblocking.get('deadline')!r} and "
+                  f"config.nonblocking.enabled={cfg.nonblocking.get('enabled')!r}: the quorum "
+                  "is the K of a 'kth:K' or 'kth:K:G' deadline of Non-blocking SGD (enabled=True)")
+    if cfg.cluster.get("failure_policy") == "restart":
+      errs.append("config.cluster.quorum_policy='wait' is not allowed with "
+                  "config.cluster.failure_policy='restart': a restart brings every worker "
+                  "back (use failure_policy='elastic')")
+
+
+def nominal_step_seconds(cluster) -> np.ndarray:
+  """float ``[n]``: each worker's nominal seconds per step, on which failures and repairs
+  are laid (its computation at its slowdown, without overheads or delays)."""
+  return np.broadcast_to((cluster.minibatch_time - cluster.overhead)
+                         * cluster.num_minibatches, (cluster.n,)).astype(np.float64)
 
 
 def failure_process(cfg, cluster):
@@ -201,9 +229,126 @@ def failure_process(cfg, cluster):
   c = cfg.cluster
   if not c.failure_mtbf:
     return None
-  step_seconds = (cluster.minibatch_time - cluster.overhead) * cluster.num_minibatches
-  return FailureProcess(cluster.n, step_seconds, c.failure_mtbf, c.failure_repair,
-                        c.failure_shape, c.seed)
+  return FailureProcess(cluster.n, nominal_step_seconds(cluster), c.failure_mtbf,
+                        c.failure_repair, c.failure_shape, c.seed)
+
+
+def quorum_size(cfg):
+  """K of the quorum: that of Non-blocking SGD's deadline ``kth:K`` or ``kth:K:G``
+  (``nonblocking.deadline``, with ``nonblocking.enabled=True``), else None."""
+  if cfg.nonblocking.get("enabled") is not True:
+    return None
+  try:
+    rule = parse_deadline(cfg.nonblocking.get("deadline"))
+  except ValueError:
+    return None
+  return int(rule[4:].split(":")[0]) if isinstance(rule, str) and rule.startswith("kth:") else None
+
+
+class Quorum(NamedTuple):
+  """What a job below its quorum waits for (:class:`QuorumWait`).
+
+  Attributes:
+    k: K, the workers a step needs (``nonblocking.deadline='kth:K[:G]'``).
+    step_seconds: float ``[n]``, each worker's nominal seconds per step
+      (:func:`nominal_step_seconds`): a repair of d steps lasts ``d step_seconds_w``.
+  """
+
+  k: int
+  step_seconds: np.ndarray
+
+
+def quorum(cfg, cluster):
+  """The :class:`Quorum` of ``cluster.quorum_policy='wait'`` (None for ``'go_on'``)."""
+  if cfg.cluster.get("quorum_policy", "go_on") != "wait":
+    return None
+  return Quorum(int(quorum_size(cfg)), nominal_step_seconds(cluster))
+
+
+class QuorumWait:
+  """Failures (a schedule and a process) under ``cluster.quorum_policy='wait'``: no step runs
+  with fewer than K workers up. torchft's lighthouse forms no quorum below ``min_replicas``
+  (``src/lighthouse.rs``, ``quorum_compute``: "New quorum not ready, only have N
+  participants, need min_replicas K") and the replicas wait for the failed ones' repair.
+
+  At a step with ``u < K`` workers up, the job waits for the ``K - u`` earliest repairs: a
+  failed worker's repair has ``(end - step) step_seconds_w`` seconds left (its failure's steps
+  laid on its nominal step time, as :class:`FailureProcess` lays them), and the wait ``W`` is
+  the ``(K - u)``-th smallest of them. Those workers are up at this step (their failures end
+  here); every other failed worker's repair went on for ``W`` seconds too, so its failure
+  ends ``ceil((left - W) / step_seconds_w)`` steps after this one (at most where it ended).
+  Later failures keep their steps. The step then starts ``W`` seconds after the job's last
+  one ended (:class:`~nbsgd_jax.host.parts.Clock`): for the workers that were up, time
+  waiting; for those repaired, time down (:class:`~nbsgd_jax.host.ledger.Ledger`).
+
+  Example (``tests/host/test_ledger.py``): 4 workers, K = 3, steps of ``s0``; workers 0 and
+  1 fail at step 2 for 3 and 1 steps. At step 2 two are up: the job waits ``W = s0`` for
+  worker 1 (worker 0's repair has ``3 s0``), worker 0's failure now ends at step 4 (``2 s0``
+  left after the wait): steps 2 and 3 run with workers 1-3, step 4 with all four.
+
+  Args:
+    failures: the schedule's :class:`Failure` s.
+    n: workers.
+    process: a :class:`FailureProcess`, or None.
+    quorum: the :class:`Quorum`, or None (never waits: the failures as laid).
+  """
+
+  def __init__(self, failures, n: int, process, quorum: Quorum):
+    self.failures, self.n, self.process, self.quorum = list(failures), n, process, quorum
+    self.cut: dict = {}  # (worker, start): the step its failure ends, cut short by a wait
+    self.last = None  # (step, seconds, repaired) of the last step decided
+
+  def _spans(self, step: int) -> list:
+    """``[(worker, start, end)]`` of the failures that started by ``step`` (ends cut)."""
+    fs = self.failures + ([] if self.process is None else self.process.failures(step + 1))
+    return [(f.worker, f.start, self.cut.get((f.worker, f.start), f.start + f.duration))
+            for f in fs if f.start <= step]
+
+  def alive(self, step: int) -> np.ndarray:
+    """bool ``[n]``: the workers up at ``step``, after the waits decided so far."""
+    alive = np.ones(self.n, bool)
+    for w, s, e in self._spans(step):
+      if s <= step < e:
+        alive[w] = False
+    return alive
+
+  def wait(self, step: int) -> tuple:
+    """``(seconds, repaired)``: the seconds the job waits before ``step`` (0.0: it has its
+    quorum) and bool ``[n]``, the workers repaired during that wait (None when none). Called
+    in step order; a second call for the same step returns the first's answer."""
+    if self.quorum is None:
+      return 0.0, None
+    if self.last is not None and self.last[0] == step:
+      return self.last[1], self.last[2]
+    before = self.alive(step)
+    need = self.quorum.k - int(before.sum())
+    seconds, repaired = 0.0, None
+    if need > 0:
+      s0 = np.asarray(self.quorum.step_seconds, np.float64)
+      spans = [x for x in self._spans(step) if x[1] <= step < x[2]]
+      end: dict = {}
+      for w, _, e in spans:
+        end[w] = max(end.get(w, e), e)
+      left = {w: (e - step) * s0[w] for w, e in end.items()}
+      seconds = float(sorted(left.values())[need - 1])
+      for w, s, e in spans:
+        rest = left[w] - seconds
+        back = step if rest <= 1e-9 * left[w] else step + math.ceil(rest / s0[w] - 1e-9)
+        self.cut[(w, s)] = min(self.cut.get((w, s), e), back)
+      repaired = ~before & self.alive(step)
+    self.last = (step, seconds, repaired)
+    return seconds, repaired
+
+  def state_dict(self) -> dict:
+    last = None if self.last is None else [
+        self.last[0], self.last[1], None if self.last[2] is None else self.last[2].tolist()]
+    return {"cut": [[w, s, e] for (w, s), e in self.cut.items()], "last": last}
+
+  def load_state_dict(self, d: dict) -> None:
+    self.cut = {(int(w), int(s)): int(e) for w, s, e in d["cut"]}
+    last = d.get("last")
+    self.last = None if last is None else (int(last[0]), float(last[1]), None if last[2] is None
+                                           else np.asarray(last[2], bool))
 
 
 

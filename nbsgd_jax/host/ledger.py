@@ -9,7 +9,9 @@ nor deferred: the hidden part of an overlapped round is not communication time),
 seconds that passed while it was down (a failure), and the rest of the job's time, waiting
 for others (including the end of the run after its own last step). Each as a fraction of the
 job's time (``sim_time``), the mean over the workers: ``time_compute + time_comm + time_wait +
-time_down = 1``; a restart's lost time (:class:`Restarts`) counts as down for every worker.
+time_down = 1``; a restart's lost time (:class:`Restarts`) counts as down for every worker;
+a wait for a quorum's repairs (``cluster.quorum_policy='wait'``) as down for the workers
+down or repaired during it and as waiting for those that were up.
 
 Each step's record (``steps.jsonl``, with per-step records on: ``consensus.log_every_step``)
 names the workers that took no part in it, ``absent`` (down, or no mini-batch by a
@@ -39,6 +41,18 @@ class Restarts(HostPart):
   Checkpoints are taken every ``every`` steps (at the end of steps ``every - 1``, ``2 every -
   1``, ...). Nobody drops out.
 
+  The ledger of two failures between checkpoints (``docs/clock.md``, "Failures"). With a
+  checkpoint at job time ``t0``, a failure at the end of step ``s`` (job time ``t1``) loses
+  ``t1 - t0`` (steps ``ckpt + 1 .. s``) plus ``R = seconds``: the job restarts at ``t1 + R``
+  from the checkpoint's state and is back at the end of step ``s`` at ``2 t1 - t0 + R``. The
+  checkpoint it restarted from is still the last one, reached again at ``t1 + R`` (the
+  restart's end, not the redo's). A second failure at the end of step ``s2`` (before the next
+  checkpoint; the ``D`` seconds of steps ``s + 1 .. s2`` later) loses everything since that
+  moment, all the steps since the checkpoint, ``(t1 - t0) + D``, plus one restart ``R``;
+  so the checkpoint's time moves to ``t1 + R`` after a restart. E.g. steps of ``T`` s,
+  checkpoints every 4 steps, failures at steps 2, 3 and 6: ``(3 T + R) + (4 T + R) + (3 T +
+  R) = 10 T + 3 R`` lost (``tests/host/test_ledger.py``).
+
   Record: ``restarts``, and ``restart_lost`` (simulated seconds lost to them).
 
   Args:
@@ -63,8 +77,10 @@ class Restarts(HostPart):
       lost = now - self.saved + self.seconds
       self.clock.clocks = self.clock.clocks + lost
       self.count, self.lost = self.count + 1, self.lost + lost
+      # the job is at its checkpoint's state again when the restart ends (then it computes
+      # the lost steps again): a later failure before the next checkpoint loses from there
+      self.saved = now + self.seconds
       now += lost
-      self.saved = now - self.seconds  # the steps since the checkpoint are done again
     if (step + 1) % self.every == 0:
       self.saved = now
     return None
@@ -108,8 +124,11 @@ class Ledger(HostPart):
     self.compute += np.asarray(inputs.compute, np.float64)
     self.comm += np.where(alive, comm, 0.0)
     self.down += np.where(alive, lost, job)
+    if inputs.repaired is not None:  # repaired while the job waited for its quorum: down
+      self.down += np.where(inputs.repaired, inputs.quorum_wait, 0.0)
     self.last = self.clock.clocks.copy()
-    ideal = type(inputs)(**{**vars(inputs), "compute": self.nominal, "alive": None})
+    ideal = type(inputs)(**{**vars(inputs), "compute": self.nominal, "alive": None,
+                            "quorum_wait": 0.0, "repaired": None})
     self.shadow.observe(step, ideal, report, probe)
     absent = [] if inputs.count is None else np.flatnonzero(np.asarray(inputs.count) == 0)
     return {"absent": [int(i) for i in absent]} if len(absent) else None

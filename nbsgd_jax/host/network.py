@@ -7,15 +7,16 @@ second): ``("8:1e-6:3e11", "4:1e-5:1.25e10")`` is 8 workers a node over NVLink-l
 nodes a region over a datacenter network. Beyond the last level the cluster's own
 ``latency`` and ``bandwidth`` are the link (the wide-area one). Worker ``i`` sits at place
 ``p_i`` (``cluster.placement``, a permutation; by default ``p_i = i``), in node ``p_i // 8``
-and region ``p_i // 32``. A message from ``i`` to ``j`` crosses the
-innermost level whose group holds both.
+and region ``p_i // 32`` (a placement without levels is refused: it would change nothing).
+A message from ``i`` to ``j`` crosses the innermost level whose group holds both.
 
 A round of a communication (:class:`~nbsgd_jax.communications.Round`: who waits for whom,
 messages and bytes per worker) costs, per worker (:meth:`Network.round_time`):
 
 * a collective (an all-reduce over a group): a flat ring over the slowest link the group
   spans, ``comm_i = latency_L messages_i + bytes_i / bandwidth_L`` with ``L`` the outermost
-  level any two members cross (DESIGN.md, "Fleets": a flat ring runs at its slowest link);
+  level any two members cross (``docs/clock.md``, "A hierarchical network": a flat ring runs
+  at its slowest link);
   with each worker in its own group (the phases of a hierarchical all-reduce), ``L`` is the
   outermost level between the worker and its group;
 * point to point (gossip, a pairwise exchange): worker ``i``'s messages go to the workers it

@@ -48,6 +48,8 @@ class HostInputs:
       when none).
     alive: bool ``[n]``, the workers up (Failures), or None without failures.
     joined: bool ``[n]``, the workers up again this step after a failure (Failures; host).
+    quorum_wait, repaired: s the job waited below its quorum before the step, and bool
+      ``[n]`` the workers repaired then (Failures, ``cluster.quorum_policy='wait'``; host).
     target: float32, the consensus-control target Xi (Targets), or None without control.
     target_value: the same as a Python float (``inf``: not controlled at this step).
     period_end: whether the step ends a communication period (Periods; any static hashable
@@ -71,6 +73,8 @@ class HostInputs:
   active: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((1,), bool))
   alive: Optional[np.ndarray] = None
   joined: Optional[np.ndarray] = None
+  quorum_wait: float = 0.0
+  repaired: Optional[np.ndarray] = None
   target: Optional[np.float32] = None
   target_value: Optional[float] = None
   period_end: Any = True
@@ -139,21 +143,31 @@ class HostPart:
 class Failures(HostPart):
   """Simulated worker failures, a schedule (:func:`nbsgd_jax.host.cluster.parse_failures`)
   and a rate (:class:`nbsgd_jax.host.failures.FailureProcess`, or None): ``alive`` bool
-  ``[n]`` on every step; without failures no ``alive`` input at all (a lighter program)."""
+  ``[n]`` on every step; without failures no ``alive`` input at all (a lighter program).
+  Below a ``quorum`` (``cluster.quorum_policy='wait'``) a step first waits for repairs
+  (:class:`~nbsgd_jax.host.failures.QuorumWait`: ``quorum_wait``, ``repaired``)."""
 
   name = "failures"
 
-  def __init__(self, failures: Sequence[cluster_lib.Failure], n: int, process=None):
+  def __init__(self, failures: Sequence[cluster_lib.Failure], n: int, process=None,
+               quorum=None):
     self.failures, self.n, self.process = list(failures), n, process
+    self.live = failures_lib.QuorumWait(self.failures, n, process, quorum)
 
   def inputs(self, step, inputs, probe):
     if self.failures or self.process is not None:
+      inputs.quorum_wait, inputs.repaired = self.live.wait(step)
       inputs.alive = self.alive(step)
       inputs.joined = failures_lib.joined_at(self.alive, step)
 
   def alive(self, step: int) -> np.ndarray:
-    alive = cluster_lib.alive_mask(self.failures, step, self.n)
-    return alive if self.process is None else alive & self.process.alive(step)
+    return self.live.alive(step)
+
+  def state_dict(self):
+    return self.live.state_dict() if self.live.quorum else None
+
+  def load_state_dict(self, d):
+    self.live.load_state_dict(d)
 
 
 class Activations(HostPart):
@@ -351,6 +365,8 @@ class Clock(HostPart):
   def observe(self, step, inputs, report, probe):
     compute = np.asarray(inputs.compute, np.float64)
     self.blocking = np.zeros(self.cluster.n)  # the step's blocking rounds' seconds (Ledger)
+    if inputs.quorum_wait and inputs.alive is not None:  # the step's quorum formed this late
+      self.clocks = np.where(inputs.alive, self.clocks.max() + inputs.quorum_wait, self.clocks)
     for r in self.rounds(step, inputs, report):
       comm = cluster_lib.round_time(self.cluster, r)
       if not r.overlap and not r.delay:

@@ -76,12 +76,14 @@ class Builder:
   def allreduce(self, ring: bool = False, key: str = "allreduce") -> AllReduce:
     """An all-reduce; with ``cluster.allreduce_group`` = g, the hierarchical one over groups
     of g consecutive workers (:class:`~nbsgd_jax.communications.HierarchicalAllReduce`);
-    ``cluster.allreduce_algorithm='tree'`` charges the double binary tree."""
+    ``cluster.allreduce_algorithm='tree'`` charges the double binary tree;
+    ``cluster.rebuild_collectives`` charges it over the live workers after a failure."""
     g, tree = self.cfg.cluster.allreduce_group, self.cfg.cluster.allreduce_algorithm == "tree"
     if g:
       return HierarchicalAllReduce(self.n, g, self.axis_name, key, self.weighted, ring,
                                    tree=tree)
-    return AllReduce(self.n, self.axis_name, key, self.weighted, ring, tree=tree)
+    return AllReduce(self.n, self.axis_name, key, self.weighted, ring, tree=tree,
+                     rebuild=self.cfg.cluster.rebuild_collectives)
 
   def gossip(self, key: str = "gossip", lazy: bool = False, kind=Gossip) -> Gossip:
     """Gossip over the topology's W (or its period of W_t); ``lazy``: over ``(I + W) / 2``;

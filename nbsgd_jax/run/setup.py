@@ -376,7 +376,8 @@ def make_host(s: Setup) -> host_lib.Host:
   schedule = cluster_lib.parse_failures(cfg.cluster.failures, n)
   process = failures_lib.failure_process(cfg, cluster)
   restart = cfg.cluster.failure_policy == "restart"  # nobody drops out: the job restarts
-  parts = [host_lib.Failures([] if restart else schedule, n, None if restart else process),
+  parts = [host_lib.Failures([] if restart else schedule, n, None if restart else process,
+                            failures_lib.quorum(cfg, cluster)),  # quorum_policy='wait'
            host_lib.Activations(comms)]
   if s.recipe.periodic:
     offset = s.task.facts["f_star"] if cfg.local_sgd.offset_optimum else 0.0

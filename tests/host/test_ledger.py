@@ -11,13 +11,17 @@ N, STEPS, B, TPE, LAT = 4, 10, 16, 1e-3, 2e-3
 C, M = B * TPE, 2 * (N - 1) * LAT  # a step's compute and all-reduce, s
 
 
-def _run(**over):
+def _cfg(**over):
   c = config_lib.default_config()
   c.update(dict(num_workers=N, dataset="least_squares", num_steps=STEPS, eval_every=STEPS,
                 progress=False, batch_size=B, algorithm="allreduce"))
   c.problem.update(dict(examples_per_worker=16, dim=4, full_batch=True))
-  return train.train(config_lib.override(c, {"cluster.latency": LAT, "cluster.bandwidth": 1e15,
-                                             "cluster.time_per_example": TPE, **over}), None)
+  return config_lib.override(c, {"cluster.latency": LAT, "cluster.bandwidth": 1e15,
+                                 "cluster.time_per_example": TPE, **over})
+
+
+def _run(**over):
+  return train.train(_cfg(**over), None)
 
 
 def test_a_homogeneous_run_computes_and_communicates_and_is_its_own_ideal():
@@ -78,6 +82,25 @@ def test_a_failure_under_the_restart_policy_costs_the_steps_since_the_checkpoint
   assert out["algorithm_as_run"] == "allreduce + failures (1:6:2, restarts)"
 
 
+def test_a_second_failure_before_the_checkpoint_loses_every_step_since_it_and_one_restart():
+  """Checkpoints every 4 steps (after steps 3 and 7), failures at steps 2, 3 and 6, steps of
+  T = c + m = 28 ms, R = 10 ms a restart. Step 2 loses steps 0-2 and R: 3 T + R. The job
+  restarts from the checkpoint of step -1 (the start) and is in its state again when the
+  restart ends; step 3's failure, before the next checkpoint, loses every step since it,
+  0-3 (three of them computed twice by then), and one restart: 4 T + R. Step 6 loses 4-6
+  and R: 3 T + R. In all 10 T + 3 R = 0.31 s lost, a run of 20 T + 3 R = 0.59 s (charged
+  7 T + 4 R = 0.236 s, 0.516 s, when step 3 lost the one step since the restart and two
+  restarts)."""
+  t, r = C + M, 0.01
+  out = _run(**{"cluster.failures": "1:2:1,2:3:1,1:6:1", "cluster.failure_policy": "restart",
+                "cluster.restart_every": 4, "cluster.restart_seconds": r})
+  assert out["restarts"] == 3.0
+  assert out["restart_lost"] == pytest.approx((3 * t + r) + (4 * t + r) + (3 * t + r),
+                                              rel=1e-9)
+  assert out["restart_lost"] == pytest.approx(0.31, rel=1e-9)
+  assert out["sim_time"] == pytest.approx(STEPS * t + 10 * t + 3 * r, rel=1e-6)
+
+
 def test_a_quorum_with_a_grace_window_waits_that_long_after_the_kth_worker():
   """Non-blocking SGD with one mini-batch (a worker's batch counts whole or not at all) and
   the deadline 'kth:3:0.01': the step's compute ends 10 ms after the 3rd of 4 workers; the
@@ -91,6 +114,61 @@ def test_a_quorum_with_a_grace_window_waits_that_long_after_the_kth_worker():
   wide = _run(**{**over, "nonblocking.deadline": "kth:3:0.1"})  # a grace past the slowest
   assert wide["minibatch_fraction"] == 1.0
   assert wide["sim_time"] == pytest.approx(STEPS * (4 * C + M), rel=1e-6)
+
+
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_after_a_failure_a_rebuilt_all_reduce_runs_over_the_live_workers(rebuild):
+  """Worker 0 down for steps 2-4; a 16-byte model (4 float32) at 1,000 bytes/s. Every worker
+  up: a ring over 4, 2 (4 - 1) = 6 messages and 2 (4 - 1) / 4 16 = 24 bytes, 28 + 24 = 52 ms
+  a step. Over the 3 live workers (``cluster.rebuild_collectives``, torchft's process group
+  reconfigured at the quorum): 2 (3 - 1) = 4 messages and 2 (3 - 1) / 3 16 = 64 / 3 bytes,
+  16 + 8 + 21.33 = 45.33 ms a step, 0.500 s in all (0.520 s over all 4); bytes per worker, the
+  mean over the 4: 7 x 24 + 3 x 3 / 4 x 64 / 3 = 216 (222)."""
+  bw = 1e3
+  out = _run(**{"cluster.failures": "0:2:3", "cluster.bandwidth": bw,
+                "cluster.rebuild_collectives": rebuild})
+  full = C + 6 * LAT + 24 / bw
+  live = (C + 4 * LAT + 64 / 3 / bw) if rebuild else full
+  assert out["sim_time"] == pytest.approx(7 * full + 3 * live, rel=1e-6)
+  assert out["sim_time"] == pytest.approx(0.5 if rebuild else 0.52, rel=1e-6)
+  assert out["bytes_sent"] == pytest.approx(216 if rebuild else 222, rel=1e-6)
+
+
+def test_below_the_quorum_the_job_waits_for_a_repair_when_asked():
+  """Non-blocking SGD with one mini-batch and the quorum 'kth:3'; workers 0 and 1 fail at
+  step 2, for 3 steps and 1 step (c = 16 ms a step, the repairs' unit: 48 and 16 ms). Going
+  on (the default), step 2 runs with workers 2 and 3: 10 steps of c + m = 28 ms, 0.280 s,
+  36 of 40 batches. Waiting (``cluster.quorum_policy='wait'``, torchft's lighthouse forms no
+  quorum below min_replicas), step 2 starts c = 16 ms late, when worker 1 is back; worker 0's
+  repair has 32 ms left, so it is back at step 4 (not 5): 0.296 s, 38 of 40 batches. The
+  wait is time down for the two repaired or failed workers (worker 0 down for steps 2-3:
+  16 + 28 + 28 = 72 ms; worker 1 16 ms) and time waiting for workers 2 and 3 (16 ms each)."""
+  over = {"nonblocking.enabled": True, "nonblocking.num_minibatches": 1,
+          "nonblocking.deadline": "kth:3", "cluster.failures": "0:2:3,1:2:1"}
+  go_on = _run(**over)
+  assert go_on["sim_time"] == pytest.approx(STEPS * (C + M), rel=1e-6)
+  assert go_on["minibatch_fraction"] == pytest.approx(36 / 40)
+  out = _run(**over, **{"cluster.quorum_policy": "wait"})
+  total = STEPS * (C + M) + C
+  assert out["sim_time"] == pytest.approx(total, rel=1e-6)
+  assert out["minibatch_fraction"] == pytest.approx(38 / 40)
+  assert out["time_down"] == pytest.approx((C + 2 * (C + M) + C) / N / total, rel=1e-6)
+  assert out["time_wait"] == pytest.approx(2 * C / N / total, rel=1e-6)
+
+
+def test_a_resumed_run_keeps_the_repairs_a_quorum_wait_cut_short(tmp_path):
+  """The wait above (worker 0 back at step 4, not 5) survives a checkpoint after step 3: the
+  resumed run's records are the whole run's."""
+  from tests.helpers import full_and_crashed, read_records, without_wall
+  cfg = _cfg(**{"nonblocking.enabled": True, "nonblocking.num_minibatches": 1,
+                "nonblocking.deadline": "kth:3", "cluster.failures": "0:2:3,1:2:1",
+                "cluster.quorum_policy": "wait", "eval_every": 2, "checkpoint_every": 4})
+  full = full_and_crashed(cfg, tmp_path, at=5)
+  resumed = train.train(cfg, str(tmp_path / "run"))
+  assert resumed["sim_time"] == pytest.approx(full["sim_time"], rel=1e-12)
+  assert resumed["minibatch_fraction"] == full["minibatch_fraction"] == 38 / 40
+  assert (without_wall(read_records(tmp_path / "run" / "metrics.jsonl"))
+          == without_wall(read_records(tmp_path / "full" / "metrics.jsonl")))
 
 
 def test_each_step_s_record_names_who_took_no_part(tmp_path):

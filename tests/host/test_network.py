@@ -88,24 +88,114 @@ def test_the_hierarchical_all_reduce_pays_the_wide_area_link_once_for_a_quarter(
 
 def test_the_tree_all_reduce_pays_log_n_latencies_and_two_messages_of_bytes():
   """The double binary tree (``cluster.allreduce_algorithm='tree'``): flat over 16 workers,
-  2 log2 16 = 8 messages and 2 S bytes per worker at the regions' link; hierarchical
-  (groups of 4), the across phase a tree of 4 nodes: 2 log2 4 = 4 messages and 2 S / 4 bytes.
-  With these latency-bound links the tree beats the ring (30 messages) and its bytes are
-  2 S against the ring's 2 (n - 1) / n S."""
+  2 log2 16 = 8 messages and the busiest worker's 2 S at the regions' link; hierarchical
+  (groups of 4), the across phase a tree of 4 nodes: 2 log2 4 = 4 messages and 2 S / 4.
+  With these latency-bound links the tree beats the ring (30 messages). ``bytes_sent`` is
+  the mean per worker: the trees' 2 x 15 edges carry S / 2 each way, 2 (n - 1) / n S over
+  16 workers (the ring's), 2 (m - 1) / m S / 4 across 4 groups."""
   s, tree = 1000.0, {"cluster.allreduce_algorithm": "tree"}
   flat = train.train(_cfg("allreduce", **tree), None)
   assert flat["sim_time"] == pytest.approx(3 * (16e-3 + 8 * LAT[2] + 2 * s / BW[2]), rel=1e-9)
-  assert flat["bytes_sent"] == pytest.approx(3 * 2 * s, rel=1e-9)
+  assert flat["bytes_sent"] == pytest.approx(3 * 2 * 15 / 16 * s, rel=1e-9)
   hier = train.train(_cfg("allreduce", **tree, **{"cluster.allreduce_group": 4}), None)
   inside = 3 * LAT[0] + 0.75 * s / BW[0]
   across = 4 * LAT[2] + 2 * s / 4 / BW[2]
   assert hier["sim_time"] == pytest.approx(3 * (16e-3 + 2 * inside + across), rel=1e-9)
-  assert hier["bytes_sent"] == pytest.approx(3 * (2 * 0.75 * s + 2 * s / 4), rel=1e-9)
+  assert hier["bytes_sent"] == pytest.approx(3 * (2 * 0.75 * s + 2 * 3 / 4 * s / 4), rel=1e-9)
   ring = train.train(_cfg("allreduce"), None)
   assert flat["sim_time"] < ring["sim_time"] / 3
+  assert flat["bytes_sent"] == pytest.approx(ring["bytes_sent"], rel=1e-9)
   with pytest.raises(config_lib.ConfigError, match=r"allreduce_algorithm='tree' is not "
                                                    r"allowed with config\.algorithm="):
     config_lib.validate(_cfg("allreduce_ring", **tree))
+
+
+def _flat(n, **over):
+  """n workers on one link (1 ms a message, 1,000 bytes/s) and a 16-byte model (4 float32):
+  a byte is a millisecond; one step of 16 ms compute."""
+  c = config_lib.default_config()
+  c.update(dict(num_workers=n, dataset="least_squares", num_steps=1, eval_every=1,
+                progress=False, batch_size=16, algorithm="allreduce"))
+  c.problem.update(dict(examples_per_worker=16, dim=4, full_batch=True))
+  return train.train(config_lib.override(c, {"cluster.latency": 1e-3, "cluster.bandwidth": 1e3,
+                                             "cluster.allreduce_algorithm": "tree", **over}),
+                     None)
+
+
+# NCCL's trees (src/graph/trees.cc, ncclGetDtree), S = 16 bytes, each tree S / 2 = 8 bytes
+# up to the parent and down to each child:
+# * n = 2: tree 0 is 0 -> 1, tree 1 (mirrored) 1 -> 0: each rank the root of one (8 down) and
+#   the leaf of the other (8 up): 16 bytes each, 1 level: 2 messages, 2 + 16 = 18 ms;
+# * n = 3: tree 0 is the chain 0 -> 2 -> 1, tree 1 (shifted by one) 1 -> 0 -> 2: ranks 0 and
+#   2 are the middle of one (8 up, 8 down) and an end of the other (8): 24 bytes, rank 1 16;
+#   2 levels: 4 messages, 4 + 24 = 28 ms; the mean 64 / 3 = 2 (3 - 1) / 3 16;
+# * n = 8: tree 0 is 0 -> 4 -> {2, 6}, 2 -> {1, 3}, 6 -> {5, 7}; rank 2 is interior with two
+#   children there (8 + 16) and a leaf of the mirrored tree (8): 32 bytes; 3 levels: 6
+#   messages, 6 + 32 = 38 ms; the mean 2 (8 - 1) / 8 16 = 28 (7 edges a tree, 8 + 8 each).
+@pytest.mark.parametrize("n,comm,mean", [(2, 2 + 16, 16.0), (3, 4 + 24, 64 / 3),
+                                         (8, 6 + 32, 28.0)])
+def test_the_tree_charges_its_busiest_rank_and_reports_the_mean(n, comm, mean):
+  out = _flat(n)
+  assert out["sim_time"] == pytest.approx(16e-3 + comm * 1e-3, rel=1e-6)
+  assert out["bytes_sent"] == pytest.approx(mean, rel=1e-6)
+
+
+def test_the_tree_across_two_groups_sends_a_group_share_each_way():
+  """2 groups of 4 (the hierarchical all-reduce, its across phase the tree over 2 ranks): in
+  a group 3 messages and 3 / 4 16 = 12 bytes each way (15 ms twice); across, each rank sends
+  its share, 16 / 4 = 4 bytes, to the other (root of one tree, leaf of the other): 2
+  messages, 6 ms, not 2 x 4 = 8 bytes (10 ms). The step: 16 + 30 + 6 = 52 ms; bytes: 12 +
+  12 + 4 = 28 per worker, the flat ring's 2 (8 - 1) / 8 16."""
+  out = _flat(8, **{"cluster.allreduce_group": 4})
+  assert out["sim_time"] == pytest.approx((16 + 2 * (3 + 12) + (2 + 4)) * 1e-3, rel=1e-6)
+  assert out["bytes_sent"] == pytest.approx(28.0, rel=1e-6)
+
+
+def _nccl_btree(n, rank):
+  """(parent, children) of ``rank`` in NCCL's binary tree (``ncclGetBtree``, trees.cc)."""
+  bit = 1
+  while bit < n and not bit & rank:
+    bit <<= 1
+  if rank == 0:
+    return -1, [bit >> 1] if n > 1 else []
+  up = (rank ^ bit) | (bit << 1)
+  up = rank ^ bit if up >= n else up
+  low = bit >> 1
+  down0, down1 = (-1, -1) if low == 0 else (rank - low, rank + low)
+  while down1 >= n:
+    down1 = -1 if low == 0 else rank + low
+    low >>= 1
+  return up, [d for d in (down0, down1) if d != -1]
+
+
+def _nccl_dtree(n, rank):
+  """Both trees of ``rank`` (``ncclGetDtree``: the second mirrored for even n, shifted by one
+  for odd n)."""
+  if n % 2:
+    u, ds = _nccl_btree(n, (rank - 1) % n)
+    second = (-1 if u == -1 else (u + 1) % n, [(d + 1) % n for d in ds])
+  else:
+    u, ds = _nccl_btree(n, n - 1 - rank)
+    second = (-1 if u == -1 else n - 1 - u, [n - 1 - d for d in ds])
+  return _nccl_btree(n, rank), second
+
+
+def test_nccl_s_double_binary_tree_gives_the_busiest_and_mean_bytes_charged():
+  """For 2..64 ranks, each rank's bytes in NCCL's own trees (S / 2 per tree to its parent and
+  to each child): the busiest is what the clock charges, the mean what ``bytes_sent``
+  reports, and the deeper tree's levels up and down are the messages."""
+  from nbsgd_jax.communications import allreduce
+  for n in range(2, 65):
+    trees = [_nccl_dtree(n, r) for r in range(n)]
+    sent = [sum(0.5 * ((up != -1) + len(down)) for up, down in t) for t in trees]
+    assert allreduce.busiest(n, tree=True) == max(sent), n
+    assert allreduce.fraction(n, tree=True) == pytest.approx(sum(sent) / n), n
+
+    def depth(r, which):
+      up = trees[r][which][0]
+      return 0 if up == -1 else 1 + depth(up, which)
+    levels = max(depth(r, w) for r in range(n) for w in (0, 1))
+    assert allreduce.messages(n, tree=True) == 2 * levels, n
 
 
 @pytest.mark.slow  # composition (the closed forms are fast)

@@ -191,6 +191,39 @@ def test_registry_refuses_undefined_combinations(overrides, line):
   assert errors_of(cfg_with(**overrides)) == [line]
 
 
+# ------------------------------------------------------------------ the fleet clock's keys
+
+
+@pytest.mark.parametrize("overrides,line", [
+    ({"cluster__placement": (1, 0, 2, 3, 4, 5, 6, 7)},
+     "config.cluster.placement=(1, 0, 2, 3, 4, 5, 6, 7) is not allowed with "
+     "config.cluster.levels=(): a place matters only on a hierarchical network (set "
+     "cluster.levels, or placement=())"),
+    ({"algorithm": "allreduce", "cluster__rebuild_collectives": True,
+      "cluster__allreduce_group": 4},
+     "config.cluster.rebuild_collectives=True is not allowed with "
+     "config.cluster.allreduce_group=4: the rebuilt all-reduce is the flat one (ring or tree) "
+     "over the live workers"),
+    ({"cluster__quorum_policy": "wait"},
+     "config.cluster.quorum_policy='wait' is not allowed with config.nonblocking.deadline="
+     "'fastest' and config.nonblocking.enabled=False: the quorum is the K of a 'kth:K' or "
+     "'kth:K:G' deadline of Non-blocking SGD (enabled=True)"),
+    ({"cluster__quorum_policy": "wait", "cluster__failure_policy": "restart",
+      "nonblocking__enabled": True, "nonblocking__deadline": "kth:6:0.01"},
+     "config.cluster.quorum_policy='wait' is not allowed with config.cluster.failure_policy="
+     "'restart': a restart brings every worker back (use failure_policy='elastic')"),
+    ({"cluster__quorum_policy": "always"},
+     "config.cluster.quorum_policy='always' is not allowed: use one of ['go_on', 'wait']"),
+])
+def test_the_fleet_clock_refuses_a_key_that_would_do_nothing_or_the_wrong_thing(overrides, line):
+  assert errors_of(cfg_with(**overrides)) == [line]
+
+
+def test_a_quorum_to_wait_for_is_a_kth_deadline_of_non_blocking_sgd():
+  config_lib.validate(cfg_with(cluster__quorum_policy="wait", nonblocking__enabled=True,
+                               nonblocking__deadline="kth:6:0.01"))
+
+
 def test_a_run_stored_before_a_key_existed_is_the_same_run_at_its_default(tmp_path):
   """A workdir's config.json without a key the package added later holds the same run when
   the new config has that key's default (the old run ran as the default does), another run
