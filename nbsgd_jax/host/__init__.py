@@ -9,7 +9,8 @@ from nbsgd_jax.host.event_clock import (Event, EventClock, RandomWalkToken, batc
                                         random_peer)
 from nbsgd_jax.host.events import EventTimes
 from nbsgd_jax.host.parts import (Activations, Clock, Failures, Host, HostInputs, HostPart,
-                                  Periods, Totals, Workload)
+                                  Periods, Totals)
+from nbsgd_jax.host.workload import Workload
 from nbsgd_jax.host.consensus import CriticalTarget, Targets, TargetSchedule
 
 __all__ = ["Activations", "Clock", "CriticalTarget", "Event", "EventClock", "EventTimes",

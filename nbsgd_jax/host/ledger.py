@@ -11,7 +11,8 @@ for others (including the end of the run after its own last step). Each as a fra
 job's time (``sim_time``), the mean over the workers: ``time_compute + time_comm + time_wait +
 time_down = 1``; a restart's lost time (:class:`Restarts`) counts as down for every worker;
 a wait for a quorum's repairs (``cluster.quorum_policy='wait'``) as down for the workers
-down or repaired during it and as waiting for those that were up.
+down or repaired during it and as waiting for those that were up. ``goodput`` (:func:`goodput`)
+is the part of ``time_compute`` whose work ends in the model, over the same time.
 
 Each step's record (``steps.jsonl``, with per-step records on: ``consensus.log_every_step``)
 names the workers that took no part in it, ``absent`` (down, or no mini-batch by a
@@ -95,6 +96,23 @@ class Restarts(HostPart):
     self.saved, self.count, self.lost = float(d["saved"]), int(d["count"]), float(d["lost"])
 
 
+def goodput(useful, sim_time: float) -> float:
+  """The fraction of the fleet's time whose work ends in the model: ``sum_i useful_i / (n
+  sim_time)``, ``useful_i`` the seconds worker i computed gradients that were applied (not
+  the work a deadline dropped, a crash lost or a restart redid; not communication, waiting or
+  time down). Decoupled DiLoCo's goodput, "useful training time as a fraction of wall-clock"
+  (Douillard et al., arXiv 2604.21428, 2026: 88 % against 27 % for data parallelism), per
+  chip; Llama 3's "effective training time" (Dubey et al. 2024, Sec. 3.3.4) is the job-level
+  form. ``docs/clock.md``, "Goodput".
+
+  Args:
+    useful: float ``[n]``, seconds.
+    sim_time: the job's seconds, > 0.
+  """
+  useful = np.asarray(useful, np.float64)
+  return float(useful.sum() / (len(useful) * max(float(sim_time), 1e-300)))
+
+
 class Ledger(HostPart):
   """The time split and the counterfactual (module docstring).
 
@@ -113,7 +131,7 @@ class Ledger(HostPart):
     self.nominal = np.full(n, cl.minibatch_size * cl.time_per_example * cl.num_minibatches
                            + cl.overhead * cl.num_minibatches + float(step_overhead))
     self.compute, self.comm, self.down = np.zeros(n), np.zeros(n), np.zeros(n)
-    self.last, self.restarted = np.zeros(n), 0.0
+    self.useful, self.last, self.restarted = np.zeros(n), np.zeros(n), 0.0
 
   def observe(self, step, inputs, report, probe):
     alive = np.ones(len(self.last), bool) if inputs.alive is None else np.asarray(inputs.alive)
@@ -122,6 +140,8 @@ class Ledger(HostPart):
     lost = 0.0 if self.restarts is None else self.restarts.lost - self.restarted
     self.restarted += lost
     self.compute += np.asarray(inputs.compute, np.float64)
+    self.useful += np.asarray(inputs.compute if inputs.useful is None else inputs.useful,
+                              np.float64)
     self.comm += np.where(alive, comm, 0.0)
     self.down += np.where(alive, lost, job)
     if inputs.repaired is not None:  # repaired while the job waited for its quorum: down
@@ -139,18 +159,21 @@ class Ledger(HostPart):
              for k, v in (("time_compute", self.compute), ("time_comm", self.comm),
                           ("time_down", self.down))}
     parts["time_wait"] = max(0.0, 1.0 - sum(parts.values()))
-    return {**parts, "sim_time_ideal": self.shadow.sim_time}
+    return {**parts, "sim_time_ideal": self.shadow.sim_time,
+            "goodput": goodput(self.useful, total)}
 
   def state_dict(self):
-    return {"compute": self.compute.tolist(), "comm": self.comm.tolist(),
+    return {"compute": self.compute.tolist(), "useful": self.useful.tolist(),
+            "comm": self.comm.tolist(),
             "down": self.down.tolist(), "last": self.last.tolist(),
             "restarted": self.restarted, "shadow": self.shadow.state_dict()}
 
   def load_state_dict(self, d):
     for key in ("compute", "comm", "down", "last"):
       setattr(self, key, np.asarray(d[key], np.float64))
+    self.useful = np.asarray(d.get("useful", d["compute"]), np.float64)  # before goodput
     self.restarted = float(d.get("restarted", 0.0))
     self.shadow.load_state_dict(d["shadow"])
 
 
-__all__ = ["Ledger", "Restarts"]
+__all__ = ["Ledger", "Restarts", "goodput"]

@@ -9,8 +9,8 @@ A step on the host (:class:`Host`)::
 
 The parts, in order: :class:`Failures` (``alive``), :class:`Activations` (what the
 communications draw: MATCHA's ``active``), :class:`Periods` (local SGD / DiLoCo:
-``period_end``), :class:`Workload` (the cluster model: ``count``, ``total`` and the compute
-times; He & Dube 2022), consensus targets (:mod:`nbsgd_jax.host.consensus`), :class:`Clock`
+``period_end``), :class:`~nbsgd_jax.host.workload.Workload` (the cluster model: ``count``,
+``total`` and the compute times; He & Dube 2022), consensus targets (:mod:`nbsgd_jax.host.consensus`), :class:`Clock`
 (the simulated clock) and :class:`Totals` (bytes and communication rounds).
 
 ``probe`` gives off-clock measurements of the current models (``probe.train_loss()``,
@@ -43,6 +43,8 @@ class HostInputs:
       Dube 2022), 0 for a failed worker.
     total: int32, ``sum_i count_i``.
     compute: float64 ``[n]``, s of computation of each worker in the step (Workload).
+    useful: float64 ``[n]``, s of that computation whose gradients enter the model (the
+      counted mini-batches'; goodput, :mod:`nbsgd_jax.host.ledger`), or None: all of it.
     deadline: s after the step's start (``inf``: none, a blocking step).
     active: bool ``[K]``, what the communications draw (MATCHA's activations; ``[1]`` False
       when none).
@@ -69,6 +71,7 @@ class HostInputs:
   count: Optional[np.ndarray] = None
   total: Optional[np.int32] = None
   compute: Optional[np.ndarray] = None
+  useful: Optional[np.ndarray] = None
   deadline: float = math.inf
   active: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((1,), bool))
   alive: Optional[np.ndarray] = None
@@ -222,99 +225,6 @@ class Periods(HostPart):
 
   def load_state_dict(self, d):
     self.planner.load_state_dict(d)
-
-
-class Workload(HostPart):
-  """The cluster model (:mod:`nbsgd_jax.host.cluster`): every worker's mini-batch finish times, and
-  for Non-blocking SGD (He & Dube 2022) the deadline and the mini-batches finished by it.
-
-  Inputs: ``count`` int32 ``[n]`` (``M`` when blocking; 0 for a failed worker), ``total``
-  (their sum), and the host-only ``compute`` (seconds of computation of each worker in the
-  step, plus ``step_overhead``) and ``deadline`` (seconds; ``inf`` when blocking). A failed
-  worker computes nothing and sets no deadline. Record: ``minibatch_fraction``, the
-  mini-batches counted so far over ``n M`` per step (1 for a blocking run without failures).
-
-  Args:
-    cluster: the :class:`~nbsgd_jax.host.cluster.Cluster`.
-    nonblocking: whether workers stop at the deadline.
-    deadline: the deadline rule (:func:`nbsgd_jax.host.cluster.parse_deadline`); ``"adaptive"``
-      is set from earlier steps (:class:`nbsgd_jax.host.cluster.DeadlineHistory`), the other rules
-      from the step's own finish times.
-    deadline_group: ``"all"`` (one deadline) or ``"neighbours"`` (each worker's over itself
-      and whom it waits for in the step's ``primary`` communication).
-    primary: the communication of a step (for ``"neighbours"``), or None.
-    adaptive_k, window: the adaptive rule's ``k`` and window (steps).
-    step_overhead: seconds per step after the computation (the update and the host's
-      dispatch around the collective; ``cluster.step_overhead``), >= 0.
-
-  Raises:
-    ValueError: a bad deadline rule, group or adaptive parameter (named).
-  """
-
-  name = "workload"
-
-  def __init__(self, cluster, nonblocking: bool = False, deadline="fastest",
-               deadline_group: str = "all", primary=None, adaptive_k: float = 2.0,
-               window: int = 10, step_overhead: float = 0.0):
-    if deadline_group not in ("all", "neighbours"):
-      raise ValueError(f"nonblocking.deadline_group={deadline_group!r} is not allowed: use "
-                       "one of ['all', 'neighbours']")
-    self.cluster, self.nonblocking, self.group = cluster, nonblocking, deadline_group
-    self.rule = cluster_lib.check_deadline(cluster, cluster_lib.parse_deadline(deadline))
-    self.history = cluster_lib.DeadlineHistory(cluster.n, self.rule, adaptive_k, window)
-    self.primary, self.step_overhead = primary, float(step_overhead)
-    self.counted = self.offered = 0  # mini-batches counted / the n M of every step so far
-
-  def _group(self, step, inputs):
-    if self.group != "neighbours" or self.primary is None or not inputs.period_end:
-      return None if self.group != "neighbours" else np.eye(self.cluster.n, dtype=bool)
-    adj = self.primary.live_pattern(step, inputs.active, inputs.alive).adjacency
-    return adj
-
-  def _deadline(self, step, inputs, finish, alive):
-    if self.rule == "adaptive":
-      return self.history.deadline()
-    # a failed worker sets no deadline: its mini-batches never finish
-    live = finish if alive is None else np.where(alive[:, None], finish, np.inf)
-    return cluster_lib.deadline(live, self.rule, group=self._group(step, inputs))
-
-  def inputs(self, step, inputs, probe):
-    cl, n = self.cluster, self.cluster.n
-    finish = cluster_lib.minibatch_finish_times(cl, step)
-    alive = inputs.alive
-    if self.nonblocking:
-      dl = self._deadline(step, inputs, finish, alive)
-      count = cluster_lib.finished_counts(finish, dl)
-      compute = cluster_lib.compute_time(finish, dl)
-      last = np.take_along_axis(finish, np.maximum(count - 1, 0)[:, None], 1)[:, 0]
-      self.history.observe(cluster_lib.full_time_estimate(last, count, cl.num_minibatches, dl),
-                           alive)
-    else:
-      dl = np.inf
-      count = np.full(n, cl.num_minibatches, np.int32)
-      compute = cluster_lib.compute_time(finish)
-    compute = compute + self.step_overhead
-    if alive is not None:
-      count = np.where(alive, count, 0)
-      compute = np.where(alive, compute, 0.0)
-    inputs.update(count=count.astype(np.int32), total=np.int32(count.sum()), compute=compute,
-                  deadline=dl)
-    self.counted += int(count.sum())
-    self.offered += n * cl.num_minibatches
-
-  def record(self):
-    return {"minibatch_fraction": self.counted / max(self.offered, 1)}
-
-  def state_dict(self):
-    d = {"counted": self.counted, "offered": self.offered}
-    if self.rule == "adaptive":
-      d["history"] = self.history.state_dict()
-    return d
-
-  def load_state_dict(self, d):
-    if "history" in d:
-      self.history.load_state_dict(d["history"])
-    self.counted, self.offered = int(d.get("counted", 0)), int(d.get("offered", 0))
 
 
 class Clock(HostPart):

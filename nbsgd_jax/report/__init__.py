@@ -55,6 +55,8 @@ from nbsgd_jax.report.plots import (  # noqa: F401
 from nbsgd_jax.report.runs import NotARunError, Run, _num, flatten, load_run  # noqa: F401
 from nbsgd_jax.report.table import (  # noqa: F401
     ASYNC_COLUMNS,
+    EXTRA_COLUMNS,
+    FLEET_COLUMNS,
     EVENT_CLOCK_DOC,
     KEY_SETTINGS,
     NO_EVAL,
@@ -125,7 +127,7 @@ def _row(run: Run, label: str, settings: dict, target: float | None) -> dict:
                final_train_loss=None, sim_time=None, wall_time=None, bytes_sent=None, mb_sent=None,
                samples_per_second=None, target_step=None, target_sim_time=None,
                target_wall_time=None, target_bytes_sent=None, target_mb_sent=None,
-               **{key: None for key, _, _ in ASYNC_COLUMNS})
+               **{key: None for key, _, _ in EXTRA_COLUMNS})
     return row
   last = run.records[-1]
   step, wall = last["step"], _num(last.get("wall_time"))
@@ -149,7 +151,7 @@ def _row(run: Run, label: str, settings: dict, target: float | None) -> dict:
       target_wall_time=_num(hit.get("wall_time")) if hit else None,
       target_bytes_sent=hit_bytes,
       target_mb_sent=hit_bytes * 1e-6 if hit_bytes is not None else None,
-      **{key: _num(last.get(key)) for key, _, _ in ASYNC_COLUMNS})
+      **{key: _num(last.get(key)) for key, _, _ in EXTRA_COLUMNS})
   return row
 
 

@@ -23,6 +23,17 @@ ASYNC_COLUMNS = (("events", "events", ".0f"), ("pushes", "pushes", ".0f"),
                  ("staleness_tau", "staleness tau mean", ".3g"),
                  ("staleness_tau_max", "staleness tau max", ".0f"),
                  ("staleness_own_steps", "own-model staleness mean", ".3g"))
+# Where the fleet's time went (nbsgd_jax.host.ledger on the lockstep clock, the event
+# clock's host parts): goodput (the fraction of n x sim_time whose computation ends in the
+# model) and the split of the time by cause, each a fraction of n x sim_time.
+FLEET_COLUMNS = (("goodput", "goodput", ".3f"), ("time_compute", "computing", ".3f"),
+                 ("time_comm", "communicating", ".3f"), ("time_wait", "waiting", ".3f"),
+                 ("time_down", "down", ".3f"))
+EXTRA_COLUMNS = FLEET_COLUMNS + ASYNC_COLUMNS  # shown where some run has the key
+GOODPUT_NOTE = ("goodput: the seconds the workers computed gradients that entered the model, "
+                "over n x sim time (Decoupled DiLoCo's \"useful training time as a fraction "
+                "of wall-clock\", per worker); computing + communicating + waiting + down = 1 "
+                "(docs/clock.md, \"Goodput\").")
 EVENT_CLOCK_DOC = "docs/algorithms.md, \"The event clock\""
 NO_EVAL = "no evaluation yet"
 
@@ -45,7 +56,7 @@ def _table(rows: list, target: float | None) -> list[str]:
   """The lines of report.md's table: one row per run; the algorithm as run, the differing
   settings it does not state, and the event clock's columns (:data:`ASYNC_COLUMNS`) that
   some run has ("-" for the others)."""
-  extra = [c for c in ASYNC_COLUMNS if any(row[c[0]] is not None for row in rows)]
+  extra = [c for c in EXTRA_COLUMNS if any(row[c[0]] is not None for row in rows)]
   head = ["run", "algorithm", "settings (differing)", "steps", "final test acc",
           "final train loss", "sim time (s)", "wall time (s)", "MB sent", "sim s to target",
           "wall s to target", "MB to target", "samples/s"] + [title for _, title, _ in extra]
@@ -109,6 +120,8 @@ def _notes(rows: list, skipped: list, consensus_note: str | None) -> list[str]:
                    "metrics.jsonl (torn last line?).")
     if event_note(row):
       notes.append(f"- {event_note(row)}")
+  if any(row.get("goodput") is not None for row in rows):
+    notes.append(f"- {GOODPUT_NOTE}")
   for path, reason in skipped:
     notes.append(f"- skipped {path}: {reason}")
   if consensus_note:

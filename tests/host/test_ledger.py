@@ -199,3 +199,33 @@ def test_elastic_diloco_without_failures_or_stragglers_is_diloco():
   for key in ("train_loss", "gap", "bytes_sent", "sim_time", "consensus_distance"):
     assert elastic[key] == pytest.approx(plain[key], rel=1e-6, abs=1e-9), key
   assert elastic["minibatch_fraction"] == 1.0
+
+
+def test_goodput_is_the_fleet_s_time_whose_work_ends_in_the_model():
+  """Closed forms of ``goodput`` (sum of the applied computations' seconds over n sim_time):
+  homogeneous, c / (c + m); one worker 4x slower, (3 c + 4 c) / n / (4 c + m) (its own
+  computation ends in the model, the others' waiting does not); worker 0 down for steps 2-4,
+  (n STEPS - 3) c / n / (STEPS (c + m)); a restart redoes 3 steps and pays 1 s, which add to
+  the time and not to the work."""
+  total = STEPS * (C + M)
+  assert _run()["goodput"] == pytest.approx(C / (C + M), rel=1e-6)
+  slow = _run(**{"cluster.scenario": "one_slow", "cluster.slow_factor": 4.0})
+  assert slow["goodput"] == pytest.approx(7 * C / N / (4 * C + M), rel=1e-6)
+  down = _run(**{"cluster.failures": "0:2:3"})
+  assert down["goodput"] == pytest.approx((N * STEPS - 3) * C / N / total, rel=1e-6)
+  restart = _run(**{"cluster.failures": "1:6:2", "cluster.failure_policy": "restart",
+                    "cluster.restart_every": 4, "cluster.restart_seconds": 1.0})
+  assert restart["goodput"] == pytest.approx(STEPS * C / (total + 3 * (C + M) + 1.0), rel=1e-6)
+
+
+def test_goodput_drops_the_mini_batch_a_deadline_cuts():
+  """Non-blocking SGD, M = 4 mini-batches of c / 4, the last worker 3x slower, deadline at
+  the fastest worker's end (c): the fast workers count 4 mini-batches (c each), the slow one
+  1 (its first ends at 3 c / 4, its second would end at 3 c / 2: the c / 4 it ran of it is
+  dropped). A step lasts c + m: goodput (3 c + 3 c / 4) / n / (c + m), below the busy time
+  ``time_compute`` = c / (c + m)."""
+  out = _run(**{"nonblocking.enabled": True, "nonblocking.num_minibatches": 4,
+                "cluster.slowdown": (1.0, 1.0, 1.0, 3.0)})
+  assert out["sim_time"] == pytest.approx(STEPS * (C + M), rel=1e-6)
+  assert out["time_compute"] == pytest.approx(C / (C + M), rel=1e-6)
+  assert out["goodput"] == pytest.approx((3 * C + 0.75 * C) / N / (C + M), rel=1e-6)

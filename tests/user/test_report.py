@@ -435,3 +435,23 @@ def test_cli(runs, tmp_path, capsys):
     errors = [l for l in err.splitlines() if l.startswith("error: ")]
     assert len(errors) == 1, err
   assert not (tmp_path / "o2").exists()
+
+
+def test_goodput_and_the_time_split_are_columns_with_their_definition(runs, tmp_path):
+  """Each lockstep run's ``goodput`` and its time by cause (``time_compute``, ``time_comm``,
+  ``time_wait``, ``time_down``) are columns of report.md, read back from the table as the
+  records give them, and a note defines goodput."""
+  rows = by_run(report.build_report([runs["allreduce"], runs["dpsgd"]], str(tmp_path / "o")))
+  md = (tmp_path / "o" / "report.md").read_text()
+  head = next(l for l in md.splitlines() if l.startswith("| run |"))
+  cols = [c.strip() for c in head.strip("|").split("|")]
+  for algo in rows:
+    last = read_records(runs[algo])[-1]
+    line = next(l for l in md.splitlines() if l.startswith(f"| {algo} |"))
+    cells = dict(zip(cols, (c.strip() for c in line.strip("|").split("|"))))
+    for key, title in (("goodput", "goodput"), ("time_compute", "computing"),
+                       ("time_comm", "communicating"), ("time_wait", "waiting"),
+                       ("time_down", "down")):
+      assert cells[title] == f"{last[key]:.3f}", (algo, key)
+    assert 0 < last["goodput"] <= last["time_compute"] + 1e-12
+  assert "goodput: the seconds the workers computed gradients that entered the model" in md
