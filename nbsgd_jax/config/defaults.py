@@ -129,7 +129,7 @@ def _training_defaults() -> ml_collections.ConfigDict:
                                  # models are mixed); False: one set, less memory
   c.gather_gradients = True      # event clock, simulate backend: a step computes the
                                  # gradients of the workers whose computation starts only
-                                 # (gathered into a bucket of 0, 1, 2, 4, ..., n; run/
+                                 # (gathered into a bucket of 1, 2, 4, ..., n; run/
                                  # gathered.py); False: every worker's, the rest dropped
   c.seed = 0                     # init, data order and partition seed
   c.sweep = ""                   # a grid of runs, one program per structure: axes separated

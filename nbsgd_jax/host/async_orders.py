@@ -110,6 +110,9 @@ class GossipLoopTimes(events_lib.EventTimes):
   def _comm(self, i: int, k: int, touched: tuple) -> float:
     return 0.0
 
+  def _computes(self, i, k):
+    return False  # an iteration is one message; its gradients overlap them (inputs)
+
   def compute_s(self, c: int) -> np.ndarray:
     """float64 ``[n]``: s of each worker's gradient c (its own step c)."""
     if c not in self._rows:
@@ -134,7 +137,7 @@ class GossipLoopTimes(events_lib.EventTimes):
 
   def inputs(self, step, inputs, probe):
     sample = self.sample()
-    batch = self.clock.next_batch()
+    batch = self._next_batch()
     n = self.cluster.n
     masks = events_lib.batch_inputs(batch, n)
     apply = np.zeros(n, bool)
@@ -144,13 +147,17 @@ class GossipLoopTimes(events_lib.EventTimes):
       due = gaps[bisect.bisect_left(gaps, e.step)] == e.step
       if due:
         self._stale(i, e.time)
+        g = bisect.bisect_left(gaps, e.step)  # its gradient's index: overlapped, useful
+        self.fleet.compute[i] += float(self.compute_s(g)[i])
+        self.fleet.useful[i] += float(self.compute_s(g)[i])
       self.version[list(e.touched)] += 1
       self.events += 1
       if due:
         apply[i] = True
         self.read_version[i], self.read_event[i] = self.version[i], self.events
         self.read_time[i] = e.time
-    inputs.events = Events(fire=masks["fire"], start=self.started, peer=masks["peer"],
+    inputs.events = Events(fire=masks["fire"], start=self.started,
+                           peer=self._live_pairs(batch, masks["peer"]),
                            apply=apply, sample=sample, compute=self.started)
     self.started = apply
 
@@ -169,20 +176,22 @@ class GossipLoopTimes(events_lib.EventTimes):
             "staleness_s": s["s"] / per, "staleness_tau": s["tau"] / per,
             "staleness_tau_max": s["tau_max"], "staleness_own_steps": s["own"] / per,
             "staleness_own_steps_max": s["own_max"],
-            "grads_computed": self.grads_computed / self.cluster.n}
+            "grads_computed": self.grads_computed / self.cluster.n,
+            **self.fleet.record(self.clock.now)}
 
   def state_dict(self):
     return {"clock": self.clock.state_dict(), "started": self.started.tolist(),
             "events": self.events, "version": self.version.tolist(),
             "read_version": self.read_version.tolist(), "read_event": self.read_event.tolist(),
             "read_time": self.read_time.tolist(), "grads": self.grads, "stale": dict(self.stale),
-            "grads_computed": self.grads_computed}
+            "grads_computed": self.grads_computed, "fleet": self.fleet.state_dict()}
 
   def load_state_dict(self, d):
     self.clock.load_state_dict(d["clock"])
     self.started = np.asarray(d["started"], bool)
     self.events, self.grads = int(d["events"]), int(d["grads"])
     self.grads_computed = int(d.get("grads_computed", 0))
+    self.fleet.load_state_dict(d.get("fleet", {}))
     self.version = np.asarray(d["version"], np.int64)
     self.read_version = np.asarray(d["read_version"], np.int64)
     self.read_event = np.asarray(d["read_event"], np.int64)

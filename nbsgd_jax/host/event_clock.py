@@ -22,7 +22,11 @@ joins the batch when no event before it in time, taken or left out, touches a wo
 touches, and no event of its worker was left out. So an event of a batch commutes with every
 earlier event not in it, no two events of a batch share a worker, and applying the batch at
 once equals applying its events one by one in time order
-(``tests/host/test_events.py`` holds it to a plain sequential event loop).
+(``tests/host/test_events.py`` holds it to a plain sequential event loop). With ``reach``
+(every algorithm of the package) the scheduler finds a batch from a persistent index of each
+worker's and resource's first events, in O(log n) an event and without visiting every worker
+(:meth:`EventClock.next_batch`; the same batches as the plain heap loop,
+``tests/host/test_events.py``; its speed, ``benchmarks/event_scheduler.py``).
 
 **Staleness** of an event's gradient, whose worker read its model at its previous event (or
 at time 0), three ways:
@@ -41,10 +45,8 @@ Batches are not in global time order (an event left out of a batch may be earlie
 taken), so tau is not a counter in application order; :meth:`EventClock.tau` says how it is
 counted.
 
-The design follows the issue "Asynchronous decentralized training on the simulated clock"
-(``docs/design.md``); the algorithms that use it (AD-PSGD, Lian et al. 2018, Algorithm 1;
-SGP, Assran et al. 2019; SwarmSGD, Nadiradze et al. 2021; asynchronous DiLoCo, Liu et al.
-2024) build their batches' device updates on these masks.
+The algorithms on it (AD-PSGD, Lian et al. 2018, Alg. 1; SwarmSGD, Nadiradze et al. 2021;
+asynchronous DiLoCo, Liu et al. 2024; HALoS) build their device updates on these masks.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ import heapq
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
+
+from nbsgd_jax.host.event_rules import (  # noqa: F401 (re-exported: the clock's touch rules)
+    RandomWalkToken, draw_index, random_peer)
 
 
 class Event(NamedTuple):
@@ -96,16 +101,23 @@ class EventClock:
     reach: ``i -> workers`` any event of worker i may touch, or None. Given, a worker's events
       after the first one a batch meets count as touching all of its reach (no look-ahead:
       a faster host, batches a little smaller); None: they are drawn ahead (module docstring).
+    outages: the workers' failures (:class:`nbsgd_jax.host.outages.Outages`), or None: a
+      computation a failure interrupts is lost and starts again after the repair, so the
+      worker's event moves (the others' do not: ``touch`` and ``comm`` do not see them).
 
   Raises:
     ValueError: ``n < 1``, or a ``touch`` that does not start with its worker or names an
-      index outside ``[0, n + resources)`` (named, when drawn).
+      index outside ``[0, n + resources)``, or a ``reach`` that names one (named, when
+      drawn).
   """
+
+  _slack = 64  # a persistent heap is rebuilt, its stale entries out, past 4 x its live + this
 
   def __init__(self, n: int, duration: Callable[[int], np.ndarray],
                touch: Optional[Callable[[int, int], tuple]] = None,
                comm: Optional[Callable[[int, int], float]] = None,
-               reach: Optional[Callable[[int], Sequence[int]]] = None, resources: int = 0):
+               reach: Optional[Callable[[int], Sequence[int]]] = None, resources: int = 0,
+               outages=None):
     if n < 1:
       raise ValueError(f"n={n} is not allowed: at least one worker")
     self.n, self.resources = n, int(resources)
@@ -119,7 +131,8 @@ class EventClock:
     self._rows: dict = {}  # own step k -> duration(k), the latest few
     self.steps = np.zeros(n, np.int64)  # computations each worker finished
     self.start = np.zeros(n)  # s, when each worker's current computation started
-    self.finish = np.array([self._seconds(i, 0) for i in range(n)])  # s, when it ends
+    self.outages = outages  # failures: a computation through them (host/outages.py)
+    self.finish = np.array([self._end(i, 0, 0.0) for i in range(n)])  # s, when it ends
     self.version = np.zeros(n + self.resources, np.int64)  # changes to each model so far
     self.read = np.zeros(n, np.int64)  # its version when its computation started
     self.last = np.zeros(n)  # s, each worker's last event (its read), 0 at first
@@ -128,6 +141,30 @@ class EventClock:
     self.order = 0  # events whose tau is final: they are the sequential order's first ones
     self.last_index = np.full(n, -1, np.int64)  # each worker's last final event's index
     self.tau_events, self.tau_sum, self.tau_max = 0, 0, 0  # over the final events
+    self._unindex()
+
+  def _unindex(self) -> None:
+    """Drops the scheduler's persistent structures (rebuilt from the state on first use):
+    ``_k`` (each worker's own step, a list: an entry is stale when its step is not the
+    worker's), ``_front`` (:meth:`_fronts`) and the reach index (:meth:`_batch_reach`)."""
+    self._k = self.steps.tolist()
+    self._front: Optional[list] = None
+    self._cover: Optional[list] = None  # object -> heap of (time, worker, step, 0 or 1)
+    self._valid: list = []  # object -> its heap's entries of current steps
+    self._cand: set = set()  # workers whose next event may be free
+    self._ahead: dict = {}  # worker -> (step, comm, finish of the next): _enter's sums
+
+  def seconds(self, i: int, k: int) -> float:
+    """s of worker i's computation of its own step k (``duration(k)[i]``)."""
+    return self._seconds(i, k)
+
+  def _end(self, i: int, k: int, start: float) -> float:
+    """s when worker i's computation of its step k, due to start at ``start``, ends: through
+    its failures with ``outages`` (:meth:`nbsgd_jax.host.outages.Outages.run`)."""
+    seconds = self._seconds(i, k)
+    if self.outages is None:
+      return start + seconds
+    return self.outages.run(i, start, seconds)[1]
 
   def _seconds(self, i: int, k: int) -> float:
     if k not in self._rows:
@@ -137,9 +174,11 @@ class EventClock:
     return float(self._rows[k][i])
 
   def _touched(self, i: int, k: int) -> tuple:
-    touched = tuple(int(j) for j in self._touch(i, k))
+    touched = tuple(map(int, self._touch(i, k)))
     top = self.n + self.resources
-    if not touched or touched[0] != i or any(not 0 <= j < top for j in touched) \
+    if touched == (i,):  # the common cases first: one event in two touches its worker alone
+      return touched
+    if not touched or touched[0] != i or min(touched) < 0 or max(touched) >= top \
         or len(set(touched)) != len(touched):
       raise ValueError(f"touch({i}, {k}) = {touched} is not allowed: distinct workers or "
                        f"resources in [0, {top}), worker {i} first")
@@ -147,7 +186,30 @@ class EventClock:
 
   def next_batch(self, limit: Optional[int] = None) -> list[Event]:
     """The next batch of events (module docstring), in time order; each worker in it starts
-    its next computation. ``limit``: at most this many events (None: as many as commute)."""
+    its next computation. ``limit``: at most this many events (None: as many as commute).
+
+    Cost, in events (the scheduler is the host's share of a step: ``benchmarks/
+    event_scheduler.py``): with ``reach``, O((E + F) (t + r) log n) a batch, E the events taken,
+    F the events freed or re-checked (the first event of an object that changed), t and r
+    the sizes of ``touch`` and ``reach``, from a persistent index (:meth:`_batch_reach`); an
+    event rule with state, O(E log n) (a persistent heap of the workers' next events, popped
+    up to the first event that cannot join); without ``reach`` (drawn ahead), O(n log n + D)
+    a batch, D the events drawn ahead (every worker is visited: :meth:`_batch_drawn`).
+    """
+    if self._in_order:
+      batch = self._batch_in_order(limit)
+    elif self._reach is None:
+      batch = self._batch_drawn(limit)
+    else:
+      batch = self._batch_reach(limit)
+    self._finalise()
+    return batch
+
+  def _batch_drawn(self, limit: Optional[int]) -> list[Event]:
+    """The rule as it reads, events drawn ahead: a heap of every worker's next event, popped
+    in time order, each worker's later events pushed as they are met, until every worker's
+    next event was met or every worker and resource is covered (the plain rule, the
+    reference of the other two ways: ``tests/host/test_events.py``)."""
     heap = [(float(self.finish[i]), i, int(self.steps[i])) for i in range(self.n)]
     heapq.heapify(heap)
     top = self.n + self.resources
@@ -160,25 +222,136 @@ class EventClock:
         touched = self._next_touched(i, k)
         if covered.isdisjoint(touched):
           batch.append(self._apply(t, i, touched))
-        elif self._in_order:  # a prefix of the sequential order: nothing after it is drawn
-          break
-      elif self._in_order:
-        break
-      elif self._reach is not None:  # its later events: within its reach, not drawn ahead
-        covered.update(self._reach_of(i))
-        continue
       else:
         touched = self._touched(i, k)
       covered.update(touched)
-      heapq.heappush(heap, (t + float(self._comm(i, k)) + self._seconds(i, k + 1), i, k + 1))
-    self._finalise()
+      heapq.heappush(heap, (self._end(i, k + 1, t + float(self._comm(i, k))), i, k + 1))
     return batch
+
+  def _batch_in_order(self, limit: Optional[int]) -> list[Event]:
+    """An event rule with state: the longest prefix of the sequential order whose events
+    touch distinct workers and resources, popped from the persistent heap of the workers'
+    next events (:meth:`_fronts`); it ends at the first event that does not commute or whose
+    worker is already in the batch (its later event), which stays, drawn, for the next."""
+    heap, top, now = self._fronts(), self.n + self.resources, self._k
+    batch, covered, met = [], set(), set()
+    while len(met) < self.n and (limit is None or len(batch) < limit) and len(covered) < top:
+      t, i, k = heap[0]
+      if now[i] != k:  # a worker's entry from before its last event
+        heapq.heappop(heap)
+        continue
+      if i in met:  # the later event of a worker in the batch: the prefix ends
+        break
+      met.add(i)
+      touched = self._next_touched(i, k)
+      if not covered.isdisjoint(touched):
+        break
+      heapq.heappop(heap)
+      batch.append(self._apply(t, i, touched))
+      covered.update(touched)
+    return batch
+
+  def _batch_reach(self, limit: Optional[int]) -> list[Event]:
+    """The batch of :meth:`_batch_drawn`'s rule with ``reach``, from a persistent index.
+
+    With ``reach``, the events met before worker i's next event P_i are every other worker
+    j's next event P_j (it covers what it touches, T_j) and its following one Q_j (it covers
+    ``reach(j)``: j's later events add nothing more); the rule takes P_i iff none of them
+    before P_i covers a member of T_i (the stops of the heap loop, every worker met or
+    everything covered, change nothing: the first leaves no event, the second no event that
+    commutes). So each object x (a worker or a resource) keeps a heap of the (time, worker)
+    of the P_j that touch it and the Q_j whose reach holds it (stale entries, of a worker's
+    earlier step, dropped when they surface), and P_i is taken iff it heads the heap of
+    every member of T_i. Only a heap whose head changed can free an event: after a batch,
+    the heads of the heaps its events' entries left or entered are the candidates of the
+    next (with the free events a ``limit`` left out), each checked in O(t log n).
+    """
+    if self._cover is None:
+      self._index()
+    cover, valid, now, finish, pending = self._cover, self._valid, self._k, self.finish, \
+        self._pending
+    free = []
+    for i in self._cand:
+      for x in pending[i][1]:
+        h = cover[x]
+        while now[h[0][1]] != h[0][2]:  # (stale entries off; P_i keeps the heap non-empty)
+          heapq.heappop(h)
+        if h[0][1] != i:  # (P_i heads x's heap if i does: it precedes Q_i)
+          break
+      else:
+        free.append((float(finish[i]), i))
+    free.sort()
+    take = free if limit is None else free[:limit]
+    self._cand = {i for _, i in free[len(take):]}
+    batch, changed = [], set()
+    for t, i in take:
+      touched = self._pending[i][1]
+      batch.append(self._apply(t, i, touched))
+      reach = self._reach_of(i)
+      for x in touched:  # its entries of this step are stale now
+        valid[x] -= 1
+      for x in reach:
+        valid[x] -= x != i
+      changed.update(touched)
+      changed.update(reach)
+      self._enter(i)
+      changed.update(self._pending[i][1])
+    cand = self._cand
+    for x in changed:
+      h = cover[x]
+      while h and now[h[0][1]] != h[0][2]:
+        heapq.heappop(h)
+      if h and h[0][3] == 0:  # a worker's next event heads x's heap: it may be free
+        cand.add(h[0][1])
+      if len(h) > 4 * valid[x] + self._slack:  # stale entries that did not surface yet
+        h[:] = [e for e in h if now[e[1]] == e[2]]
+        heapq.heapify(h)
+    return batch
+
+  def _index(self) -> None:
+    """:meth:`_batch_reach`'s index from the clock's state: every worker's entries, every
+    worker a candidate."""
+    self._cover = [[] for _ in range(self.n + self.resources)]
+    self._valid = [0] * (self.n + self.resources)
+    for j in range(self.n):
+      self._enter(j)
+    self._cand = set(range(self.n))
+
+  def _enter(self, j: int) -> None:
+    """Worker j's entries for its next event P_j (the objects it touches, drawn) and the
+    one after it, Q_j (its reach), at the times the heap loop would meet them."""
+    k, t = self._k[j], float(self.finish[j])
+    touched = self._next_touched(j, k)
+    comm = float(self._comm(j, k))
+    q = self._end(j, k + 1, t + comm)
+    self._ahead[j] = (k, comm, q)  # for _apply: its message and next finish
+    cover, valid = self._cover, self._valid
+    for x in touched:
+      heapq.heappush(cover[x], (t, j, k, 0))
+      valid[x] += 1
+    for x in self._reach_of(j):
+      if x != j:  # (in j's own heap P_j, always there, precedes Q_j)
+        heapq.heappush(cover[x], (q, j, k, 1))
+        valid[x] += 1
+
+  def _fronts(self) -> list:
+    """The persistent heap of ``(finish, worker, step)`` of each worker's next event (a
+    worker's entries of earlier steps are stale, dropped when they surface)."""
+    if self._front is None:
+      self._front = [(float(self.finish[i]), i, self._k[i]) for i in range(self.n)]
+      heapq.heapify(self._front)
+    return self._front
 
   def _finalise(self) -> None:
     """Numbers, in the sequential order, the applied events before the earliest pending one
     (no event still to come can precede them), and counts their tau (:meth:`tau`)."""
-    j = int(np.argmin(self.finish))
-    front, opened = (float(self.finish[j]), j), self._open
+    heap, now = self._fronts(), self._k
+    while now[heap[0][1]] != heap[0][2]:
+      heapq.heappop(heap)
+    if len(heap) > 4 * self.n + self._slack:
+      heap[:] = [e for e in heap if now[e[1]] == e[2]]
+      heapq.heapify(heap)
+    front, opened = heap[0][:2], self._open
     while opened and opened[0] < front:
       i = heapq.heappop(opened)[1]
       tau = self.order - int(self.last_index[i]) - 1
@@ -207,7 +380,7 @@ class EventClock:
       t, k = float(self.finish[j]), int(self.steps[j])
       while (t, j) < end:
         keys.append((t, j, False))
-        t, k = t + float(self._comm(j, k)) + self._seconds(j, k + 1), k + 1
+        t, k = self._end(j, k + 1, t + float(self._comm(j, k))), k + 1
     order, last = self.order, dict(enumerate(self.last_index.tolist()))
     events, total, top = self.tau_events, self.tau_sum, self.tau_max
     for _, i, applied in sorted(keys):
@@ -232,21 +405,33 @@ class EventClock:
 
   def _reach_of(self, i: int) -> tuple:
     if i not in self._reaches:
-      self._reaches[i] = tuple(int(j) for j in self._reach(i))
+      reach, top = tuple(dict.fromkeys(int(j) for j in self._reach(i))), self.n + self.resources
+      if any(not 0 <= j < top for j in reach):
+        raise ValueError(f"reach({i}) = {reach} is not allowed: workers or resources in "
+                         f"[0, {top})")
+      self._reaches[i] = reach
     return self._reaches[i]
 
   def _apply(self, t: float, i: int, touched: tuple) -> Event:
     """Worker i's event at ``t``: the versions and its next computation."""
-    k = int(self.steps[i])
-    event = Event(t, i, k, touched, float(self.start[i]),
-                  int(self.version[i] - self.read[i]), float(self.last[i]))
+    k, version = self._k[i], self.version
+    event = Event(t, i, k, touched, float(self.start[i]), int(version[i] - self.read[i]),
+                  float(self.last[i]))
     heapq.heappush(self._open, (t, i))
     self.last[i] = t
-    self.version[list(touched)] += 1
-    self.read[i] = self.version[i]
-    self.steps[i] = k + 1
-    self.start[i] = t + float(self._comm(i, k))
-    self.finish[i] = self.start[i] + self._seconds(i, k + 1)
+    for j in touched:  # distinct
+      version[j] += 1
+    self.read[i] = version[i]
+    self.steps[i] = self._k[i] = k + 1
+    ahead = self._ahead.get(i)
+    if ahead is not None and ahead[0] == k:  # drawn by _enter: the same sums
+      self.start[i], self.finish[i] = t + ahead[1], ahead[2]
+      finish = ahead[2]
+    else:
+      self.start[i] = start = t + float(self._comm(i, k))
+      self.finish[i] = finish = self._end(i, k + 1, start)
+    if self._front is not None:
+      heapq.heappush(self._front, (finish, i, k + 1))
     self.now = max(self.now, t)
     return event
 
@@ -281,6 +466,7 @@ class EventClock:
                      for i, k, t in d.get("pending", ())}
     if "rule" in d:
       self._touch.load_state_dict(d["rule"])
+    self._unindex()
 
 
 def batch_inputs(batch: list, n: int) -> dict:
@@ -295,102 +481,20 @@ def batch_inputs(batch: list, n: int) -> dict:
   """
   fire, touched, shared = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
   peer, staleness = np.arange(n, dtype=np.int32), np.zeros(n, np.int32)
+  hit, share, first, second = [], [], [], []  # index lists: one numpy write each, not per event
   for e in batch:
-    fire[e.worker] = True
     workers = [j for j in e.touched if j < n]
-    touched[workers] = True
-    shared[e.worker] = len(workers) < len(e.touched)
-    staleness[e.worker] = e.staleness
+    hit += workers
+    if len(workers) < len(e.touched):
+      share.append(e.worker)
     if len(workers) == 2:
-      i, j = workers
-      peer[i], peer[j] = j, i
-  return {"fire": fire, "peer": peer, "touched": touched, "staleness": staleness,
-          "shared": shared}
-
-
-_MASK = (1 << 64) - 1
-
-
-def draw_index(seed: int, i: int, k: int, m: int) -> int:
-  """A uniform index in ``[0, m)`` from ``(seed, i, k)`` alone: splitmix64 (Steele, Lea,
-  Flood, OOPSLA 2014) of the three, 0.3 us in Python against 20 us for a seeded numpy
-  generator (the event clock draws one per event it meets)."""
-  z = (seed * 0x9E3779B97F4A7C15 + i * 0xBF58476D1CE4E5B9 + k * 0x94D049BB133111EB + 1) & _MASK
-  for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
-    z = ((z ^ (z >> shift)) * mult) & _MASK
-  return ((z ^ (z >> 31)) * m) >> 64
-
-
-def random_peer(neighbours: Callable[[int], Sequence[int]], seed: int,
-                active: Optional[np.ndarray] = None, every: int = 1) -> Callable[[int, int], tuple]:
-  """A random pairing as an event clock's ``touch``: worker i's event k averages with a
-  neighbour drawn uniformly (AD-PSGD, Lian et al. 2018, Algorithm 1, line 2) by
-  :func:`draw_index` of ``(seed, i, k)`` (the same draw however events are batched).
-
-  Args:
-    neighbours: ``i -> its neighbours``.
-    seed: the draws' seed.
-    active: bool ``[n]`` or None: only active workers initiate (the reference's bipartite
-      active / passive roles, stochastic_gradient_push ``gossip/ad_psgd.py``); a passive
-      worker's event touches itself alone.
-    every: only every ``every``-th event of a worker pairs (events ``k`` with ``(k + 1) %
-      every == 0``: SwarmSGD's H local steps between interactions); >= 1.
-  """
-  table, last = {}, {}  # worker -> its neighbours; worker -> (k, its last draw)
-
-  def touch(i: int, k: int) -> tuple:
-    if i not in table:
-      table[i] = tuple(int(j) for j in neighbours(i))
-    if last.get(i, (None,))[0] == k:
-      return last[i][1]
-    nb = table[i]
-    if not nb or (active is not None and not active[i]) or (k + 1) % every:
-      out = (i,)
-    else:
-      out = (i, nb[draw_index(seed, i, k, len(nb))])
-    last[i] = (k, out)
-    return out
-
-  return touch
-
-
-class RandomWalkToken:
-  """An event rule with state: a token walks the graph. The holder's event touches
-  ``(i, j)``, ``j`` a neighbour drawn uniformly by :func:`draw_index` of ``(seed, i, k)``, and
-  hands the token to ``j``; any other worker's event touches itself alone. Where the token is
-  depends on the events before, so the clock runs it in order (``in_order``). The pattern of
-  random-walk methods, where one model or message travels a random walk over the workers
-  (e.g. Walkman, Mao, Yu, Yin et al., IEEE Trans. Signal Process. 2020).
-
-  Args:
-    neighbours: ``i -> its neighbours``.
-    seed: the draws' seed.
-    holder: the worker that holds the token first.
-  """
-
-  in_order = True
-
-  def __init__(self, neighbours: Callable[[int], Sequence[int]], seed: int, holder: int = 0):
-    self.neighbours, self.seed, self.holder = neighbours, int(seed), int(holder)
-    self._last: dict = {}  # worker -> (k, its last draw): a repeated (i, k) is not a new draw
-
-  def __call__(self, i: int, k: int) -> tuple:
-    if self._last.get(i, (None,))[0] == k:
-      return self._last[i][1]
-    nb = tuple(int(j) for j in self.neighbours(i))
-    out = (i,)
-    if i == self.holder and nb:
-      out = (i, nb[draw_index(self.seed, i, k, len(nb))])
-      self.holder = out[1]
-    self._last[i] = (k, out)
-    return out
-
-  def state_dict(self) -> dict:
-    return {"holder": self.holder, "last": [[i, k, list(t)] for i, (k, t) in self._last.items()]}
-
-  def load_state_dict(self, d: dict) -> None:
-    self.holder = int(d["holder"])
-    self._last = {int(i): (int(k), tuple(t)) for i, k, t in d["last"]}
+      first.append(workers[0])
+      second.append(workers[1])
+  own = [e.worker for e in batch]  # distinct workers: a batch's events touch disjoint sets
+  fire[own], staleness[own] = True, [e.staleness for e in batch]
+  touched[hit], shared[share] = True, True
+  peer[first], peer[second] = second, first
+  return {"fire": fire, "peer": peer, "touched": touched, "staleness": staleness, "shared": shared}
 
 
 __all__ = ["Event", "EventClock", "RandomWalkToken", "batch_inputs", "draw_index", "random_peer"]

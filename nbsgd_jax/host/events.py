@@ -17,6 +17,7 @@ from nbsgd_jax.communications import Round
 from nbsgd_jax.communications.adjacency import Neighbours
 from nbsgd_jax.host import clock as clock_lib
 from nbsgd_jax.host import cluster as cluster_lib
+from nbsgd_jax.host import outages as outages_lib
 from nbsgd_jax.host.event_clock import (  # noqa: F401 (the clock's names, re-exported)
     Event, EventClock, RandomWalkToken, batch_inputs, draw_index, random_peer)
 from nbsgd_jax.host.parts import HostPart
@@ -71,6 +72,8 @@ class EventTimes(HostPart):
     self._pairs: dict = {}  # (i, j) -> pair_s(i, j), as asked (a worker has few peers)
     self._rule0 = copy.deepcopy(touch)  # an event rule with state, as it starts
     self._reach, self._resources = reach, resources
+    self.outages: Optional[outages_lib.Outages] = None  # failures (set_outages)
+    self.fleet = outages_lib.FleetTime(cluster.n)  # where the time went, goodput
     self.clock = self._new_clock(touch)
     self.started = np.ones(cluster.n, bool)  # every worker reads x_0 at step 0
     self.events, self.stale_steps, self.stale_s, self.stale_max = 0, 0, 0.0, 0
@@ -83,8 +86,60 @@ class EventTimes(HostPart):
     """An :class:`EventClock` of this cluster whose ``comm`` sees what each event touched."""
     clock = EventClock(self.cluster.n, self._duration, touch,
                        lambda i, k: self._comm(i, k, clock.drawn(i, k)), self._reach,
-                       self._resources)
+                       self._resources, outages=self.outages)
     return clock
+
+  def set_outages(self, outages: Optional[outages_lib.Outages]) -> None:
+    """The run's failures (:mod:`nbsgd_jax.host.outages`: a crash loses the computation in
+    flight, the worker starts it again after its repair; a partner down at an event's time
+    is not averaged with), set before the first step: the clock starts again with them."""
+    if outages is None and self.outages is None:
+      return
+    self.outages = outages
+    self.clock = self._new_clock(copy.deepcopy(self._rule0))
+
+  def _computes(self, i: int, k: int) -> bool:
+    """Whether worker i's event k ends a gradient computation (else a message)."""
+    del i, k
+    return True
+
+  def _next_batch(self) -> list:
+    """The clock's next batch, each event's time split (:class:`~nbsgd_jax.host.outages.
+    FleetTime`)."""
+    batch = self.clock.next_batch()
+    for e in batch:
+      self.fleet.add(e, self.outages, self._computes(e.worker, e.step))
+    return batch
+
+  def _rereads(self, batch: list, peer: np.ndarray, fire: np.ndarray) -> np.ndarray:
+    """bool ``[n]``: the workers whose computation in flight a failure will discard and
+    that a peer's average of this batch changed before they read their model again (after
+    the repair, :meth:`~nbsgd_jax.host.outages.Outages.run`): the gradient they hold is
+    computed again at the next step, on the model they will read (nobody averages with a
+    worker while it is down, so its model at the repair is its model now)."""
+    out = np.zeros(self.cluster.n, bool)
+    if self.outages is None:
+      return out
+    for e in batch:
+      j = int(peer[e.worker])
+      if j == e.worker or fire[j]:
+        continue
+      start, k = float(self.clock.start[j]), int(self.clock.steps[j])
+      begin = self.outages.run(j, start, self.clock.seconds(j, k))[0]
+      out[j] |= begin > start and e.time < begin
+    return out
+
+  def _live_pairs(self, batch: list, peer: np.ndarray) -> np.ndarray:
+    """``peer`` without the pairs whose partner is down at the event's time (the average
+    is dropped; the initiator still paid the message: :mod:`nbsgd_jax.host.outages`)."""
+    if self.outages is None:
+      return peer
+    peer = peer.copy()
+    for e in batch:
+      j = peer[e.worker]
+      if j != e.worker and self.outages.down_at(int(j), e.time):
+        peer[e.worker], peer[j] = e.worker, j
+    return peer
 
   def pair_s(self, i: int, j: int) -> float:
     """Seconds of one message from worker ``i`` to ``j`` (``j = n``: the server, which sits
@@ -111,11 +166,12 @@ class EventTimes(HostPart):
 
   def inputs(self, step, inputs, probe):
     sample = self.sample()
-    batch = self.clock.next_batch()
+    batch = self._next_batch()
     masks = batch_inputs(batch, self.cluster.n)
-    inputs.events = Events(fire=masks["fire"], start=self.started, peer=masks["peer"],
+    peer = self._live_pairs(batch, masks["peer"])
+    inputs.events = Events(fire=masks["fire"], start=self.started, peer=peer,
                            apply=masks["fire"], sample=sample, compute=self.started)
-    self.started = masks["fire"]
+    self.started = masks["fire"] | self._rereads(batch, peer, masks["fire"])
     self.events += len(batch)
     for e in batch:  # stale_steps, stale_max: the own-model count
       self.stale_steps += e.staleness
@@ -166,7 +222,8 @@ class EventTimes(HostPart):
     per = max(self.events, 1)
     return {"sim_time": self.clock.now, "events": self.events,
             "grads_per_worker": float(self.computed(self.clock.steps).mean()),
-            "grads_computed": self.grads_computed / self.cluster.n, **self._staleness(per)}
+            "grads_computed": self.grads_computed / self.cluster.n, **self._staleness(per),
+            **self.fleet.record(self.clock.now)}
 
   def _staleness(self, per: int) -> dict:
     events, total, top = self.clock.tau()
@@ -177,7 +234,8 @@ class EventTimes(HostPart):
   def state_dict(self):
     return {"clock": self.clock.state_dict(), "started": self.started.tolist(),
             "events": self.events, "stale_steps": self.stale_steps, "stale_s": self.stale_s,
-            "stale_max": self.stale_max, "grads_computed": self.grads_computed}
+            "stale_max": self.stale_max, "grads_computed": self.grads_computed,
+            "fleet": self.fleet.state_dict()}
 
   def load_state_dict(self, d):
     self.clock.load_state_dict(d["clock"])
@@ -185,6 +243,7 @@ class EventTimes(HostPart):
     self.events, self.stale_steps = int(d["events"]), int(d["stale_steps"])
     self.stale_s, self.stale_max = float(d["stale_s"]), int(d["stale_max"])
     self.grads_computed = int(d.get("grads_computed", 0))  # 0: a checkpoint from before it
+    self.fleet.load_state_dict(d.get("fleet", {}))
 
 
 PULLS = ("arrival", "instant")  # when an asynchronous DiLoCo worker reads the server's model
@@ -243,6 +302,9 @@ class ServerEventTimes(EventTimes):
     self.pushes, self.pulled, self.pulled_at = 0, np.zeros(cluster.n, np.int64), np.zeros(
         cluster.n)
 
+  def _computes(self, i, k):
+    return bool(k % self.cycle[i])  # a pull moves a model: a message
+
   def _kinds(self, k: int) -> np.ndarray:
     return k % self.cycle  # 0: a pull, cycle - 1: a push, else an inner step
 
@@ -266,7 +328,7 @@ class ServerEventTimes(EventTimes):
 
   def inputs(self, step, inputs, probe):
     n, sample = self.cluster.n, self.sample()
-    batch = self.clock.next_batch()
+    batch = self._next_batch()
     pull, push, stale = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int32)
     read, now = np.zeros(n, bool), self.clock.now  # the batch's one server event's time
     for e in batch:

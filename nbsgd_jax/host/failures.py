@@ -126,6 +126,12 @@ class FailureProcess:
       self._extend(i, upto)
     return [f for fs in self._down for f in fs if f.start < upto]
 
+  def worker_failures(self, i: int, upto: int) -> list[Failure]:
+    """Worker i's failures that start before step ``upto`` (the event clock's
+    :class:`~nbsgd_jax.host.outages.Outages` asks one worker at a time)."""
+    self._extend(i, upto)
+    return [f for f in self._down[i] if f.start < upto]
+
   def alive(self, step: int) -> np.ndarray:
     """bool ``[n]``: the workers up at ``step``."""
     return alive_mask(self.failures(step + 1), step, self.n)

@@ -110,7 +110,7 @@ class RegionalServerTimes(events_lib.ServerEventTimes):
 
   def inputs(self, step, inputs, probe):
     n, sample = self.cluster.n, self.sample()
-    batch = self.clock.next_batch()
+    batch = self._next_batch()
     pull, push, send = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
     stale, slots = np.zeros(n, np.int32), []
     for e in batch:

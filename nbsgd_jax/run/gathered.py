@@ -6,7 +6,7 @@ gradient the step computes (``Events.compute``: AD-PSGD's workers that start a c
 asynchronous DiLoCo's inner steps); computing every worker's and keeping a few (the
 trainer's plain step) cost 3.5 gradients per gradient applied on the main job at n = 8
 (5,672 for 1,601). Here the step gathers the computing workers' parameters, model state and
-batches into a bucket of a fixed size ``B`` (:func:`bucket_sizes`: 0, 1, 2, 4, ..., n),
+batches into a bucket of a fixed size ``B`` (:func:`bucket_sizes`: 1, 2, 4, ..., n),
 computes ``B`` gradients with one ``jax.vmap`` and scatters them back; the rest of the step
 (averages, server updates) runs on every worker, masked as before. The host picks the
 bucket of each dispatch (:func:`dispatch_bucket`: its steps' largest count), so a run
@@ -34,10 +34,11 @@ from jax import lax
 
 
 def bucket_sizes(n: int) -> tuple:
-  """The bucket sizes of ``n`` workers: 0, then the powers of two below n, then n (n = 8:
-  ``(0, 1, 2, 4, 8)``; n = 6: ``(0, 1, 2, 4, 6)``); at most twice the count of computing
-  workers, about 1.3x on average over uniform counts."""
-  sizes, b = [0], 1
+  """The bucket sizes of ``n`` workers: the powers of two below n, then n (n = 8:
+  ``(1, 2, 4, 8)``; n = 6: ``(1, 2, 4, 6)``); at most twice the count of computing workers
+  (a step where none computes takes the bucket of one: one gradient dropped costs less than
+  a program more to compile)."""
+  sizes, b = [], 1
   while b < n:
     sizes.append(b)
     b *= 2

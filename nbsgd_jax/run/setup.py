@@ -20,6 +20,7 @@ from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax.host import cluster_config
 from nbsgd_jax.host import failures as failures_lib
 from nbsgd_jax.host import ledger as ledger_lib
+from nbsgd_jax.host import outages as outages_lib
 from nbsgd_jax import codecs
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import data as data_lib
@@ -376,7 +377,8 @@ def make_host(s: Setup) -> host_lib.Host:
   schedule = cluster_lib.parse_failures(cfg.cluster.failures, n)
   process = failures_lib.failure_process(cfg, cluster)
   restart = cfg.cluster.failure_policy == "restart"  # nobody drops out: the job restarts
-  parts = [host_lib.Failures([] if restart else schedule, n, None if restart else process,
+  lockstep = not restart and s.recipe.clock is None  # the event clock's own: its outages
+  parts = [host_lib.Failures(schedule if lockstep else [], n, process if lockstep else None,
                             failures_lib.quorum(cfg, cluster)),  # quorum_policy='wait'
            host_lib.Activations(comms)]
   if s.recipe.periodic:
@@ -400,6 +402,8 @@ def make_host(s: Setup) -> host_lib.Host:
     clock = host_lib.Clock(cluster, comms, fetch)
   else:  # the recipe's own (the event clock): it charges one worker's model per message
     clock = s.recipe.clock(cluster, comms, jax.eval_shape(lambda: s.task.init()[0]))
+    clock.set_outages(outages_lib.outages_of(cfg, cluster, lambda: np.array(
+        [clock.pair_s(i, n) for i in range(n)])))  # a joiner fetches the server's model
   restarts = None
   if restart and type(clock) is host_lib.Clock:
     restarts = ledger_lib.Restarts(clock, schedule, process, cfg.cluster.restart_every,

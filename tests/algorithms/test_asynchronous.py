@@ -114,7 +114,10 @@ def test_bipartite_pairing_pairs_an_active_with_a_passive_worker():
      "config.ad_psgd.pairing='bipartite' is not allowed"),
     ({"ad_psgd.pairing": "pairs"}, "ad_psgd.pairing"),
     ({"nonblocking.enabled": True}, "config.nonblocking.enabled=True is not allowed"),
-    ({"cluster.failures": "1:0:5"}, "config.cluster.failures"),
+    ({"cluster.failures": "1:0:5", "cluster.failure_policy": "restart"},
+     "config.cluster.failure_policy='restart' is not allowed"),
+    ({"cluster.failures": "1:0:5", "ad_psgd.order": "released"},
+     "config.cluster.failures='1:0:5' is not allowed with config.ad_psgd.order='released'"),
     ({"algorithm": "sgp", "sgp.synch_freq": -1}, "config.sgp.synch_freq=-1 is not allowed"),
     ({"algorithm": "async_diloco", "async_diloco.staleness_weight": "linear"},
      "config.async_diloco.staleness_weight='linear' is not allowed"),
@@ -221,3 +224,149 @@ def test_sgp_without_overlap_is_dpsgd_over_the_same_graph():
     stepper.steps(25)
     out[algorithm] = np.asarray(stepper.state.params["w"])
   np.testing.assert_allclose(out["sgp"], out["dpsgd"], rtol=1e-6, atol=1e-7)
+
+
+FAILS = "3:2:5,6:1:2,0:7:3"  # worker:start:duration, in steps of the worker's nominal time
+
+
+def sequential_with_failures(x0, keep, spec=FAILS, seed=0):
+  """AD-PSGD event by event with failures, written from the rules of docs/clock.md
+  ("Failures on the event clock"), not from the package: worker w is down over
+  ``[s s0_w, (s + d) s0_w)`` (``s0_w = M * TPE * SLOW[w]``, its nominal step); a computation
+  a failure interrupts (or that would start while it is down) is lost and starts again at the
+  repair, where the worker reads its model again (its gradient is recomputed); a partner
+  down at the event's time is not averaged with, and the initiator still pays the message's
+  time; the events ``keep`` are applied in time order, a read before an event of the same
+  time. Returns ``x [n, d]``."""
+  prob = problems.least_squares(N, M, DIM, noise=1.0, heterogeneity=1.0, seed=0)
+  a, b = prob.features.astype(np.float64), prob.targets.astype(np.float64)
+  grad = lambda i, x: a[i].T @ (a[i] @ x - b[i]) / M
+  nbrs = [sorted({(i - 1) % N, (i + 1) % N}) for i in range(N)]
+  spans = [[] for _ in range(N)]
+  for item in spec.split(","):
+    w, s, d = (int(v) for v in item.split(":"))
+    s0 = M * TPE * SLOW[w]
+    spans[w].append((s * s0, (s + d) * s0))
+  down = lambda j, t: any(p <= t < q for p, q in spans[j])
+
+  def begin(i, t):  # when worker i's computation due at t starts for good
+    dur = M * TPE * SLOW[i]
+    while True:
+      hit = [(p, q) for p, q in spans[i] if p < t + dur and q > t]
+      if not hit:
+        return t
+      t = min(hit)[1]
+
+  x = np.repeat(np.asarray(x0, np.float64)[None], N, 0)
+  buf, held = np.zeros_like(x), np.stack([grad(i, x[i]) for i in range(N)])
+  heap = []
+  for i in range(N):
+    t0 = begin(i, 0.0)
+    if t0 > 0:
+      heapq.heappush(heap, (t0, 0, i, 0))
+    heapq.heappush(heap, (t0 + M * TPE * SLOW[i], 1, i, 0))
+  while heap:
+    t, kind, i, k = heapq.heappop(heap)
+    if (i, k) not in keep:
+      continue
+    if kind == 0:  # the read after a repair
+      held[i] = grad(i, x[i])
+      continue
+    j = nbrs[i][draw_index(seed, i, k, len(nbrs[i]))]
+    if not down(j, t):
+      x[i] = x[j] = (x[i] + x[j]) / 2
+    d = held[i] + WD * x[i]
+    buf[i] = MOM * buf[i] + d
+    x[i] -= LR * (d + MOM * buf[i])
+    held[i] = grad(i, x[i])
+    start = t + LAT + 4 * DIM / BW
+    t1 = begin(i, start)
+    if t1 > start:
+      heapq.heappush(heap, (t1, 0, i, k + 1))
+    heapq.heappush(heap, (t1 + M * TPE * SLOW[i], 1, i, k + 1))
+  return x
+
+
+def test_with_failures_equals_the_sequential_event_loop():
+  """AD-PSGD with a failure schedule (three workers down, one of them a fast worker that
+  crashes mid-computation): 40 device steps equal the event-by-event loop with failures to
+  1e-6 relative; a down worker fires no event inside its span, and every other worker's
+  events keep their times (the clock's events with and without the failures)."""
+  s = train.setup(_cfg(num_steps=40, **{"cluster.failures": FAILS}))
+  stepper = train.Stepper.of(s)
+  x0 = np.asarray(stepper.state.params["w"][0])
+  stepper.steps(40)
+  clock = stepper.runs[0].host.part("clock")
+  done = clock.clock.steps
+  keep = {(i, k) for i in range(N) for k in range(int(done[i]))}
+  want = sequential_with_failures(x0, keep)
+  got = np.asarray(stepper.state.params["w"], np.float64)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+  plain = sequential_with_failures(x0, keep, spec="7:100000:1")
+  assert not np.allclose(plain, want, rtol=1e-3)  # the failures changed the run
+  rec = clock.record()
+  assert rec["time_down"] > 0 and 0 < rec["goodput"] < rec["time_compute"] <= 1
+
+
+def _event_times(over, batches=60):
+  part = train.make_host(train.setup(_cfg(**over))).part("clock")
+  times = {}
+  for _ in range(batches):
+    for e in part.clock.next_batch():
+      times.setdefault(e.worker, []).append(e.time)
+  return times
+
+
+def test_a_down_worker_fires_no_event_in_its_span_and_the_others_keep_their_times():
+  """Worker 3 (nominal step s0 = 32 ms) down over [2 s0, 7 s0): none of its events falls
+  inside; its computation in flight at 2 s0 is lost and restarts at 7 s0 (its next event
+  at 7 s0 + s0 = 8 s0, 0.256 s); every other worker's event times equal those of the run
+  without failures (a partner down costs the initiator the message's time all the same)."""
+  s0 = M * TPE * SLOW[3]
+  plain, failed = _event_times({}), _event_times({"cluster.failures": "3:2:5"})
+  assert all(not 2 * s0 < t < 7 * s0 for t in failed[3])
+  after = [t for t in failed[3] if t >= 7 * s0]
+  assert after[0] == pytest.approx(8 * s0, rel=1e-12)
+  for i in set(range(N)) - {3}:
+    m = min(len(plain[i]), len(failed[i]))
+    np.testing.assert_allclose(failed[i][:m], plain[i][:m], rtol=1e-12)
+
+
+FAULTS = {"schedule": {"cluster.failures": "1:1:6,5:0:4"},
+          "rate": {"cluster.failure_mtbf": 1e-5, "cluster.failure_repair": 0.03,
+                   "cluster.rejoin_fetch": True}}
+EVENT_ALGORITHMS = {
+    "ad_psgd": {}, "swarm_sgd": {"swarm_sgd.local_steps": 2},
+    "async_diloco": {"diloco.inner_steps": 3},
+    "halos": {"halos.regions": 2, "halos.inner_steps": 2, "halos.accumulation": 2}}
+
+
+@pytest.mark.parametrize("algorithm", list(EVENT_ALGORITHMS))
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_every_event_clock_algorithm_runs_through_failures(algorithm, fault):
+  """A failure schedule and a failure rate (Weibull up times, exponential repairs, the model
+  fetched on rejoining) on each event-clock algorithm: the run's records show the time down,
+  goodput within the computing time (a crash's lost work is computing, not goodput), and a
+  time split that adds up to 1."""
+  over = {"algorithm": algorithm, "num_steps": 60, "eval_every": 60,
+          **EVENT_ALGORITHMS[algorithm]}
+  plain = train.train(_cfg(**over))
+  out = train.train(_cfg(**over, **FAULTS[fault]))
+  assert plain["time_down"] == 0 and out["time_down"] > 0
+  assert 0 < out["goodput"] <= out["time_compute"] + 1e-12
+  assert plain["goodput"] == pytest.approx(plain["time_compute"], rel=1e-9)  # nothing lost
+  split = sum(out[k] for k in ("time_compute", "time_comm", "time_wait", "time_down"))
+  assert split == pytest.approx(1.0, abs=1e-9)
+  assert np.isfinite(out["train_loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["ad_psgd", "async_diloco"])
+def test_a_crash_and_resume_with_failures_equals_the_run_never_stopped(algorithm, tmp_path):
+  from tests.helpers import full_and_crashed, read_records, without_wall
+  cfg = _cfg(algorithm=algorithm, num_steps=40, eval_every=8, checkpoint_every=16,
+             **EVENT_ALGORITHMS[algorithm], **FAULTS["rate"])
+  full_and_crashed(cfg, tmp_path, at=20)
+  train.train(cfg, str(tmp_path / "run"))
+  assert (without_wall(read_records(tmp_path / "run" / "metrics.jsonl"))
+          == without_wall(read_records(tmp_path / "full" / "metrics.jsonl")))

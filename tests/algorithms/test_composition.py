@@ -64,8 +64,6 @@ def refusal(algorithm, compression, nonblocking=False, failures=False):
     return "push-sum over failed workers is not built"
   if algorithm in ASYNC and nonblocking:
     return "an asynchronous worker waits for nobody"
-  if algorithm in ASYNC and failures:
-    return "the event clock simulates no failures"
   if algorithm in ASYNC and compression:
     return recipes.REGISTRY[algorithm].no_compression
   if algorithm == "sparta" and compression:

@@ -128,7 +128,10 @@ def test_simulate_and_mesh_backends_agree(algorithm):
   _, sim, ls = run_steps(small_cfg(backend="simulate", **cfg), 6)
   _, mesh, lm = run_steps(small_cfg(backend="mesh", **cfg), 6)
   assert len(jax.tree.leaves(mesh.params)[0].sharding.device_set) == 8
-  np.testing.assert_allclose(ls, lm, rtol=1e-5, atol=1e-6)
+  ls, lm = np.asarray(ls), np.asarray(lm)
+  kept = ls != 0  # on the event clock simulate computes only the workers that start
+  assert kept.any()  # (run/gathered.py, a loss of 0 for the others); the mesh, every one
+  np.testing.assert_allclose(ls[kept], lm[kept], rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(sim.params, jax.device_get(mesh.params), rtol=1e-4, atol=1e-5)
 
 

@@ -387,3 +387,179 @@ def test_an_event_rule_with_state_continues_from_a_checkpoint():
   b.load_state_dict(json.loads(json.dumps(a.state_dict())))
   for _ in range(15):
     assert a.next_batch() == b.next_batch()
+
+
+# ------------------------------------------------ the scheduler against the plain heap loop
+
+
+class PlainClock(events_lib.EventClock):
+  """The scheduler as it was before issue 69's item 2, kept as the rule's plain statement: a
+  heap of every worker's next event built for each batch, popped in time order (each worker's
+  later events pushed as they are met) until every worker was met or everything is covered;
+  the earliest pending event found by a scan of ``finish``. O(n log n) a batch."""
+
+  def next_batch(self, limit=None):
+    heap = [(float(self.finish[i]), i, int(self.steps[i])) for i in range(self.n)]
+    heapq.heapify(heap)
+    top = self.n + self.resources
+    batch, covered = [], set()
+    met, left = np.zeros(self.n, bool), self.n
+    while left and (limit is None or len(batch) < limit) and len(covered) < top:
+      t, i, k = heapq.heappop(heap)
+      if not met[i]:
+        met[i], left = True, left - 1
+        touched = self._next_touched(i, k)
+        if covered.isdisjoint(touched):
+          batch.append(self._apply(t, i, touched))
+        elif self._in_order:
+          break
+      elif self._in_order:
+        break
+      elif self._reach is not None:
+        covered.update(self._reach_of(i))
+        continue
+      else:
+        touched = self._touched(i, k)
+      covered.update(touched)
+      heapq.heappush(heap, (t + float(self._comm(i, k)) + self._seconds(i, k + 1), i, k + 1))
+    j = int(np.argmin(self.finish))
+    front, opened = (float(self.finish[j]), j), self._open
+    while opened and opened[0] < front:
+      i = heapq.heappop(opened)[1]
+      tau = self.order - int(self.last_index[i]) - 1
+      self.last_index[i], self.order = self.order, self.order + 1
+      self.tau_events, self.tau_sum = self.tau_events + 1, self.tau_sum + tau
+      self.tau_max = max(self.tau_max, tau)
+    return batch
+
+
+def plain_batch_inputs(batch, n):
+  """``batch_inputs`` written per event, as it was before issue 69's item 2."""
+  fire, touched, shared = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+  peer, staleness = np.arange(n, dtype=np.int32), np.zeros(n, np.int32)
+  for e in batch:
+    fire[e.worker] = True
+    workers = [j for j in e.touched if j < n]
+    touched[workers] = True
+    shared[e.worker] = len(workers) < len(e.touched)
+    staleness[e.worker] = e.staleness
+    if len(workers) == 2:
+      i, j = workers
+      peer[i], peer[j] = j, i
+  return {"fire": fire, "peer": peer, "touched": touched, "staleness": staleness,
+          "shared": shared}
+
+
+def random_cluster(seed):
+  """A random cluster and event rule: ``(make, uses a limit)``, ``make(cls)`` a fresh clock of
+  class ``cls``. Times on a 0.25 s grid (ties between workers are common), messages of 0 or
+  0.25 s; rules: AD-PSGD's random pairing (drawn ahead, or with its reach: the worker and its
+  neighbours), with passive workers and SwarmSGD's every-H pairing, a token walk (in order),
+  asynchronous DiLoCo's server (a resource touched by pulls and pushes) and HALoS-like
+  regional servers (a resource per region, several resources), with a reach that may be
+  narrower than the touches (the rule is the plain loop's whatever the reach says)."""
+  rng = np.random.default_rng(seed)
+  n = int(rng.integers(2, 24))
+  speed = rng.integers(1, 5, n)
+  duration = lambda k: 0.25 * speed * np.random.default_rng([seed, k]).integers(1, 4, n)
+  comm = lambda i, k: 0.25 * ((i * 3 + k) % 2) if seed % 3 else 0.0
+  graph = [[j for j in range(n) if j != i and (rng.random() < 0.3 or abs(i - j) == 1)]
+           for i in range(n)]
+  kind = ["pairing", "pairing reach", "swarm reach", "token", "server", "regions",
+          "narrow reach"][seed % 7]
+  resources, reach, touch = 0, None, None
+  if kind.startswith("pairing") or kind == "swarm reach":
+    active = rng.random(n) < 0.7 if seed % 2 else None
+    touch = events_lib.random_peer(lambda i: graph[i], seed, active,
+                                   3 if kind == "swarm reach" else 1)
+    if kind != "pairing":
+      reach = lambda i: (i,) + tuple(graph[i])
+  elif kind == "token":
+    touch = lambda: events_lib.RandomWalkToken(lambda i: graph[i], seed)
+  elif kind in ("server", "regions"):
+    resources = 1 if kind == "server" else int(rng.integers(2, 4))
+    cycle = rng.integers(2, 5, n)
+    home = lambda i: n + i % resources
+    touch = lambda i, k: (i, home(i)) if k % cycle[i] in (0, cycle[i] - 1) else (i,)
+    reach = lambda i: (i, home(i))
+  else:  # pairs, but later events cover the worker alone: narrower than its touches
+    touch = events_lib.random_peer(lambda i: graph[i], seed)
+    reach = lambda i: (i,)
+  make = lambda cls: cls(n, duration, touch() if kind == "token" else touch, comm, reach,
+                         resources)
+  return make, bool(seed % 4 == 1)
+
+
+@pytest.mark.parametrize("seed", range(21))
+def test_the_scheduler_s_batches_are_the_plain_loop_s(seed):
+  """Over random clusters and rules (:func:`random_cluster`), with a ``limit`` on some, the
+  scheduler's batches, times, staleness, tau and state equal :class:`PlainClock`'s batch by
+  batch, also after a checkpoint taken mid-run (JSON) is loaded into a fresh clock, which
+  continues with the same batches; the device masks equal the per-event loop's."""
+  make, limited = random_cluster(seed)
+  new, plain = make(events_lib.EventClock), make(PlainClock)
+  rng = np.random.default_rng(seed)
+  for b in range(60):
+    if b == 30:  # a checkpoint: a fresh clock (and rule) continues from the JSON state
+      state = json.loads(json.dumps(new.state_dict()))
+      new = make(events_lib.EventClock)
+      new.load_state_dict(state)
+    limit = int(rng.integers(1, 4)) if limited and rng.random() < 0.5 else None
+    got, want = new.next_batch(limit), plain.next_batch(limit)
+    assert got == want, (b, got, want)
+    masks, plain_masks = events_lib.batch_inputs(got, new.n), plain_batch_inputs(want, new.n)
+    for key in plain_masks:
+      np.testing.assert_array_equal(masks[key], plain_masks[key])
+    assert new.tau() == plain.tau() and new.now == plain.now
+    for key in ("steps", "start", "finish", "version", "read", "last", "last_index"):
+      np.testing.assert_array_equal(getattr(new, key), getattr(plain, key))
+  assert new.order == plain.order > 0
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5, 12])
+def test_the_persistent_heaps_rebuilt_at_every_change_keep_the_batches(seed):
+  """The scheduler's heaps rebuilt without their stale entries whenever they change (the
+  slack that bounds their memory made negative), over a long run: the batches stay the plain
+  loop's."""
+  make, _ = random_cluster(seed)
+  new, plain = make(events_lib.EventClock), make(PlainClock)
+  new._slack = -10 ** 9
+  for _ in range(400):
+    assert new.next_batch() == plain.next_batch()
+  assert new.tau() == plain.tau()
+
+
+def test_the_random_clusters_exercise_every_way():
+  """:func:`random_cluster`'s cases: each rule's batches often hold several events, and often
+  leave an event out (a conflict), so the equality above is not vacuous."""
+  sizes, short = {}, {}
+  for seed in range(21):
+    make, _ = random_cluster(seed)
+    clock = make(PlainClock)
+    got = [len(clock.next_batch()) for _ in range(30)]
+    kind = (clock._in_order, clock._reach is None, clock.resources)
+    sizes.setdefault(kind, []).extend(got)
+    short.setdefault(kind, []).append(min(got) < clock.n)
+  assert len(sizes) >= 5
+  for kind in sizes:
+    assert np.mean(sizes[kind]) > 1.2 and any(short[kind]), kind
+
+
+def test_a_checkpoint_of_the_plain_loop_continues_in_the_scheduler():
+  """A checkpoint written before the scheduler (its ``pending`` draws for the workers met)
+  continues with the plain loop's batches."""
+  make, _ = random_cluster(8)  # a pairing with reach
+  plain = make(PlainClock)
+  for _ in range(10):
+    plain.next_batch()
+  new = make(events_lib.EventClock)
+  new.load_state_dict(json.loads(json.dumps(plain.state_dict())))
+  for _ in range(20):
+    assert new.next_batch() == plain.next_batch()
+  assert new.tau() == plain.tau()
+
+
+def test_a_reach_outside_the_workers_and_resources_is_refused_by_name():
+  clock = events_lib.EventClock(N, duration, touch, comm, lambda i: (i, N + 1))
+  with pytest.raises(ValueError, match=r"reach\(\d+\) = .* is not allowed"):
+    clock.next_batch()

@@ -55,9 +55,11 @@ def test_a_failed_worker_sends_nothing_on_the_clock_and_the_run_is_named():
   assert "failures (MTBF 5e-06 h)" in naming.algorithm_as_run(cfg)
 
 
-def test_the_event_clock_refuses_failures_at_a_rate_by_name():
+def test_the_event_clock_takes_failures_at_a_rate_and_refuses_the_restart_policy():
   c = config_lib.override(config_lib.default_config(), {"algorithm": "ad_psgd",
                                                         "cluster.failure_mtbf": 3.0})
-  with pytest.raises(config_lib.ConfigError, match=r"config\.cluster\.failure_mtbf=3\.0 is "
-                                                   r"not allowed with .*no failures"):
+  config_lib.validate(c)  # elastic: the event clock's outages (host/outages.py)
+  c = config_lib.override(c, {"cluster.failure_policy": "restart"})
+  with pytest.raises(config_lib.ConfigError, match=r"config\.cluster\.failure_policy='restart' "
+                                                   r"is not allowed with .*elastic"):
     config_lib.validate(c)

@@ -39,7 +39,7 @@ def test_gathered_steps_equal_the_plain_steps(case):
   """30 steps with and without ``gather_gradients``: every worker's parameters and the
   optimizer state agree to 1e-6 (the same gradients of the computing workers, the rest
   dropped either way), and the gathered run computed at most twice its computing workers'
-  gradients each step (the bucket: the smallest of 0, 1, 2, 4, 8 that holds them), which
+  gradients each step (the bucket: the smallest of 1, 2, 4, 8 that holds them), which
   its host records as ``grads_computed``."""
   plain, _ = _run(_cfg(case, gather_gradients=False), 30)
   mine, steps = _run(_cfg(case), 30)
@@ -48,7 +48,7 @@ def test_gathered_steps_equal_the_plain_steps(case):
   buckets = []
   for _, inputs, _, report in steps:
     count = int(np.sum(inputs.events.compute))
-    bucket = 0 if count == 0 else min(8, 1 << (count - 1).bit_length())  # by hand
+    bucket = 1 if count == 0 else min(8, 1 << (count - 1).bit_length())  # by hand
     buckets.append(bucket)
     assert int(np.sum(report["grads_computed"])) == bucket, (count, report["grads_computed"])
     assert np.all(report["grads_computed"][np.asarray(inputs.events.compute)] >= 1)
@@ -59,10 +59,10 @@ def test_gathered_steps_equal_the_plain_steps(case):
 
 
 def test_bucket_sizes_and_dispatch_bucket():
-  assert gathered.bucket_sizes(8) == (0, 1, 2, 4, 8)
-  assert gathered.bucket_sizes(6) == (0, 1, 2, 4, 6)
-  assert gathered.bucket_sizes(1) == (0, 1)
-  assert [gathered.bucket_of(c, 8) for c in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
+  assert gathered.bucket_sizes(8) == (1, 2, 4, 8)
+  assert gathered.bucket_sizes(6) == (1, 2, 4, 6)
+  assert gathered.bucket_sizes(1) == (1,)
+  assert [gathered.bucket_of(c, 8) for c in range(9)] == [1, 1, 2, 4, 4, 8, 8, 8, 8]
   compute = np.zeros((2, 8, 3), bool)  # [R, n, k]: runs' steps of 0, 3 and 1 workers
   compute[1, :3, 1] = compute[0, 5, 2] = True
   assert gathered.dispatch_bucket(compute, 8) == 4
