@@ -21,6 +21,7 @@ from nbsgd_jax.host import cluster_config
 from nbsgd_jax.host import failures as failures_lib
 from nbsgd_jax.host import ledger as ledger_lib
 from nbsgd_jax.host import outages as outages_lib
+from nbsgd_jax.host import workload as workload_lib
 from nbsgd_jax import codecs
 from nbsgd_jax import config as config_lib
 from nbsgd_jax import data as data_lib
@@ -388,6 +389,8 @@ def make_host(s: Setup) -> host_lib.Host:
   if cfg.cluster.clock == "wall":
     parts.append(wallclock.WallWorkload(cluster, nb.enabled, nb.deadline, nb.adaptive_k,
                                         nb.window, cfg.cluster.emulate))
+  elif s.recipe.clock is not None:  # the event clock times each computation itself
+    parts.append(workload_lib.WholeBatches(cluster))
   else:
     parts.append(host_lib.Workload(cluster, nb.enabled, nb.deadline, nb.deadline_group,
                                    s.recipe.primary, nb.adaptive_k, nb.window,
