@@ -3,6 +3,7 @@ them have committed records.
 
     python experiments/accuracy_runs.py --out docs/accuracy_runs
     python experiments/accuracy_runs.py --all --out /tmp/accuracy_all   # about 8 min
+    python experiments/accuracy_runs.py --all --only ad_psgd --out /tmp/accuracy_async
 
 
 ``tests/algorithms/test_train.py::test_mlp_reaches_95_percent_on_mnist10k`` (8 workers, MLP 784-256-10,
@@ -59,8 +60,12 @@ def main():
   ap.add_argument("--out", required=True)
   ap.add_argument("--all", action="store_true",
                   help="the 8-worker MLP for every algorithm; exit 1 below 95%%")
+  ap.add_argument("--only", nargs="+", default=None, metavar="ALGORITHM",
+                  help="with --all: these algorithms only")
   a = ap.parse_args()
   runs = every_algorithm() if a.all else RUNS
+  if a.only:
+    runs = {k: v for k, v in runs.items() if v["algorithm"] in a.only}
   cfgs = [config_lib.override(config_lib.default_config(), {**BASE, **kw, "overwrite": True})
           for kw in runs.values()]
   short = []
