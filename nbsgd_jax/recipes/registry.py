@@ -187,6 +187,9 @@ def event_clock_errors(cfg: ml_collections.ConfigDict) -> list[str]:
     errs.append(f"config.cluster.failure_policy='restart' is not allowed with {algo}: the "
                 "event clock's failures are elastic (a crashed worker's computation is lost, "
                 "the others go on; docs/clock.md); use 'elastic'")
+  if cfg.cluster.get("rebuild_collectives"):
+    errs.append(f"config.cluster.rebuild_collectives=True is not allowed with {algo}: the "
+                "event clock's algorithms run no all-reduce to rebuild")
   if cfg.cluster.get("clock") != "simulated":
     errs.append(f"config.cluster.clock={cfg.cluster.clock!r} is not allowed with {algo}: the "
                 "event clock is simulated")

@@ -116,6 +116,8 @@ def test_bipartite_pairing_pairs_an_active_with_a_passive_worker():
     ({"nonblocking.enabled": True}, "config.nonblocking.enabled=True is not allowed"),
     ({"cluster.failures": "1:0:5", "cluster.failure_policy": "restart"},
      "config.cluster.failure_policy='restart' is not allowed"),
+    ({"cluster.rebuild_collectives": True},
+     "config.cluster.rebuild_collectives=True is not allowed"),
     ({"cluster.failures": "1:0:5", "ad_psgd.order": "released"},
      "config.cluster.failures='1:0:5' is not allowed with config.ad_psgd.order='released'"),
     ({"algorithm": "sgp", "sgp.synch_freq": -1}, "config.sgp.synch_freq=-1 is not allowed"),
