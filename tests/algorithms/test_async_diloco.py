@@ -383,6 +383,7 @@ MLP_SYNC = {**SYNC, "cluster.time_per_example": 1e-3, "cluster.latency": 1e-4,
             "cluster.bandwidth": 1e9, "eval_train_examples": 64}
 
 
+@pytest.mark.slow  # 4-14 s cold: DiLoCo's two programs and the gathered buckets
 def test_at_synchronous_timing_on_the_mlp_with_minibatches_async_diloco_is_diloco():
   """Common random numbers across clocks: on the MLP with mini-batches of 8 (mnist10k), at
   synchronous timing (equal speeds, no stragglers, N = n, c = 0, no weights, the inner

@@ -25,7 +25,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax.models import problems
 from nbsgd_jax import train
 from nbsgd_jax.host.events import draw_index  # the seeded draw: an input, like a seed
-from tests.helpers import least_squares_cfg, make_stepper
+from tests.helpers import least_squares_cfg, make_stepper, slow_except
 
 N, M, DIM = 8, 16, 4
 SLOW = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 5.0, 5.0)  # 3 speeds
@@ -343,8 +343,9 @@ EVENT_ALGORITHMS = {
     "halos": {"halos.regions": 2, "halos.inner_steps": 2, "halos.accumulation": 2}}
 
 
-@pytest.mark.parametrize("algorithm", list(EVENT_ALGORITHMS))
-@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("algorithm, fault", slow_except(
+    [(a, f) for f in FAULTS for a in EVENT_ALGORITHMS],
+    fast=(("ad_psgd", "rate"), ("async_diloco", "schedule"))))
 def test_every_event_clock_algorithm_runs_through_failures(algorithm, fault):
   """A failure schedule and a failure rate (Weibull up times, exponential repairs, the model
   fetched on rejoining) on each event-clock algorithm: the run's records show the time down,

@@ -70,6 +70,7 @@ def test_bucket_sizes_and_dispatch_bucket():
     gathered.bucket_of(9, 8)
 
 
+@pytest.mark.slow  # a second structure (k = 4) compiled
 def test_a_block_of_steps_takes_its_largest_bucket():
   """Four steps in one dispatch (``steps_per_dispatch = 4``) give the parameters of one step
   a dispatch; each of the four computes the block's bucket (its largest count's)."""
