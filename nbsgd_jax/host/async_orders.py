@@ -171,13 +171,12 @@ class GossipLoopTimes(events_lib.EventTimes):
 
   def record(self):
     per, s = max(self.grads, 1), self.stale
-    return {"sim_time": self.clock.now, "events": self.events,
+    return {"events": self.events,
             "grads_per_worker": float(self.computed(self.clock.steps).mean()),
             "staleness_s": s["s"] / per, "staleness_tau": s["tau"] / per,
             "staleness_tau_max": s["tau_max"], "staleness_own_steps": s["own"] / per,
             "staleness_own_steps_max": s["own_max"],
-            "grads_computed": self.grads_computed / self.cluster.n,
-            **self.fleet.record(self.clock.now)}
+            "grads_computed": self.grads_computed / self.cluster.n, **self._time_fields()}
 
   def state_dict(self):
     return {"clock": self.clock.state_dict(), "started": self.started.tolist(),

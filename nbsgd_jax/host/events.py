@@ -73,6 +73,7 @@ class EventTimes(HostPart):
     self._rule0 = copy.deepcopy(touch)  # an event rule with state, as it starts
     self._reach, self._resources = reach, resources
     self.outages: Optional[outages_lib.Outages] = None  # failures (set_outages)
+    self.restarts: Optional[outages_lib.RestartPauses] = None  # the restart policy's
     self.fleet = outages_lib.FleetTime(cluster.n)  # where the time went, goodput
     self.clock = self._new_clock(touch)
     self.started = np.ones(cluster.n, bool)  # every worker reads x_0 at step 0
@@ -97,6 +98,21 @@ class EventTimes(HostPart):
       return
     self.outages = outages
     self.clock = self._new_clock(copy.deepcopy(self._rule0))
+
+  def set_restarts(self, restarts: Optional[outages_lib.RestartPauses]) -> None:
+    """The restart policy's pauses (:class:`~nbsgd_jax.host.outages.RestartPauses`): the
+    events run on in the job's progress time; ``sim_time`` adds the restarts' cost."""
+    self.restarts = restarts
+
+  def _time_fields(self) -> dict:
+    """``sim_time`` (s: the last event's progress plus the restarts before it), with the
+    restart policy ``restarts`` and ``restart_lost`` (s), and the time split and goodput."""
+    now = self.clock.now
+    if self.restarts is None:
+      return {"sim_time": now, **self.fleet.record(now)}
+    count, lost = self.restarts.lost(now)
+    return {"sim_time": now + lost, "restarts": float(count), "restart_lost": lost,
+            **self.fleet.record(now + lost, lost)}
 
   def _computes(self, i: int, k: int) -> bool:
     """Whether worker i's event k ends a gradient computation (else a message)."""
@@ -220,10 +236,10 @@ class EventTimes(HostPart):
 
   def record(self):
     per = max(self.events, 1)
-    return {"sim_time": self.clock.now, "events": self.events,
+    return {"events": self.events,
             "grads_per_worker": float(self.computed(self.clock.steps).mean()),
             "grads_computed": self.grads_computed / self.cluster.n, **self._staleness(per),
-            **self.fleet.record(self.clock.now)}
+            **self._time_fields()}
 
   def _staleness(self, per: int) -> dict:
     events, total, top = self.clock.tau()

@@ -181,11 +181,13 @@ class FleetTime:
     self.useful[i] += seconds if computes else 0.0
     self.down[i] += down
 
-  def record(self, sim_time: float) -> dict:
-    """The records' fields (class docstring) at ``sim_time`` (s)."""
+  def record(self, sim_time: float, restarted: float = 0.0) -> dict:
+    """The records' fields (class docstring) at ``sim_time`` (s); ``restarted``: s every
+    worker lost to restarts (:class:`RestartPauses`), down time."""
     total = max(float(sim_time), 1e-300)
     parts = {k: float(np.mean(v)) / total for k, v in (
-        ("time_compute", self.compute), ("time_comm", self.comm), ("time_down", self.down))}
+        ("time_compute", self.compute), ("time_comm", self.comm),
+        ("time_down", self.down + restarted))}
     parts["time_wait"] = max(0.0, 1.0 - sum(parts.values()))
     return {**parts, "goodput": ledger.goodput(self.useful, total)}
 
@@ -198,11 +200,59 @@ class FleetTime:
         setattr(self, k, np.asarray(d[k], np.float64))
 
 
+class RestartPauses:
+  """The restart policy on the event clock (``cluster.failure_policy="restart"``): a failure
+  restarts the whole job from its last checkpoint, nobody drops out, and a deterministic job
+  replays the same events; so the event clock runs on unchanged, in the job's *progress*
+  time, and a restart is a pause of every worker inserted into it. A failure at progress time
+  ``f`` (worker w's failure at its step s: ``f = s s0_w``, as :class:`Outages` lays it) costs
+  ``(f - C) + R``: the progress since the last checkpoint ``C`` (checkpoints every
+  ``restart_every`` nominal steps of progress, ``P = restart_every mean(s0)``, at ``P, 2P,
+  ...``), computed again, plus the restart's ``R`` seconds; the simulated time of progress
+  ``p`` is ``p`` plus the costs of the failures before it (:meth:`wall`). Two failures
+  between checkpoints each lose everything since the checkpoint and one restart, as
+  :class:`nbsgd_jax.host.ledger.Restarts` charges the lockstep clock.
+
+  Args:
+    n: workers.
+    step_seconds: float ``[n]``, the nominal step ``s0`` of each worker.
+    failures: the schedule's :class:`~nbsgd_jax.host.failures.Failure` s.
+    process: a :class:`~nbsgd_jax.host.failures.FailureProcess`, or None.
+    every: ``restart_every``, steps between checkpoints, >= 1.
+    seconds: ``R``, a restart's own seconds, >= 0.
+  """
+
+  def __init__(self, n: int, step_seconds, failures: Sequence = (), process=None,
+               every: int = 1, seconds: float = 0.0):
+    self.n, self.process = int(n), process
+    self.s0 = np.broadcast_to(np.asarray(step_seconds, np.float64), (self.n,))
+    self.period, self.seconds = float(every) * float(self.s0.mean()), float(seconds)
+    self._fixed = sorted(f.start * self.s0[f.worker] for f in failures)
+
+  def starts(self, progress: float) -> list:
+    """The failures' progress times before ``progress`` (s), increasing."""
+    out = [f for f in self._fixed if f < progress]
+    if self.process is not None:
+      for i in range(self.n):
+        upto = int(math.ceil(progress / self.s0[i])) + 1
+        out += [f.start * self.s0[i] for f in self.process.worker_failures(i, upto)]
+    return sorted(f for f in out if f < progress)
+
+  def lost(self, progress: float) -> tuple:
+    """``(restarts, seconds lost)`` before ``progress`` (s)."""
+    starts = self.starts(progress)
+    return len(starts), float(sum(f % self.period + self.seconds for f in starts))
+
+  def wall(self, progress: float) -> float:
+    """The simulated time (s) at which the job reaches ``progress``."""
+    return progress + self.lost(progress)[1]
+
+
 def outages_of(cfg, cluster, fetch_seconds: Callable[[], np.ndarray]) -> Optional[Outages]:
   """The :class:`Outages` of ``cfg.cluster``'s failures (schedule and rate) on ``cluster``,
   or None without failures; ``fetch_seconds()``: float ``[n]``, each worker's model message
   (asked only with ``cluster.rejoin_fetch``)."""
-  if not failures_lib.failures_on(cfg):
+  if not failures_lib.failures_on(cfg) or cfg.cluster.failure_policy == "restart":
     return None
   fails = failures_lib.parse_failures(cfg.cluster.failures, cluster.n)
   fetch = fetch_seconds() if cfg.cluster.rejoin_fetch else 0.0
@@ -210,4 +260,16 @@ def outages_of(cfg, cluster, fetch_seconds: Callable[[], np.ndarray]) -> Optiona
                  failures_lib.failure_process(cfg, cluster), fetch)
 
 
-__all__ = ["FleetTime", "Outages", "outages_of"]
+def restarts_of(cfg, cluster) -> Optional[RestartPauses]:
+  """The :class:`RestartPauses` of ``cfg.cluster``'s failures under
+  ``failure_policy="restart"``, or None."""
+  if not failures_lib.failures_on(cfg) or cfg.cluster.failure_policy != "restart":
+    return None
+  c = cfg.cluster
+  return RestartPauses(cluster.n, failures_lib.nominal_step_seconds(cluster),
+                       failures_lib.parse_failures(c.failures, cluster.n),
+                       failures_lib.failure_process(cfg, cluster), c.restart_every,
+                       c.restart_seconds)
+
+
+__all__ = ["FleetTime", "Outages", "RestartPauses", "outages_of", "restarts_of"]

@@ -70,7 +70,7 @@ def check_ad_psgd_config(cfg, errs: list) -> None:
   checks.choice(cfg, errs, "ad_psgd.order", AD_PSGD_ORDERS)
   checks.integer(cfg, errs, "ad_psgd.seed", 0)
   if (cfg.get("algorithm") == "ad_psgd" and cfg.ad_psgd.get("order") == "released"
-      and failures_lib.failures_on(cfg)):
+      and failures_lib.drops_workers(cfg)):
     errs.append(f"{failures_lib.failures_named(cfg)} is not allowed with "
                 "config.ad_psgd.order='released': its gradients overlap its gossip "
                 "iterations, and a crash's lost work is not modelled there (use 'paper')")

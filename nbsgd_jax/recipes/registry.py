@@ -177,16 +177,12 @@ def is_asynchronous(algorithm: str) -> bool:
 
 def event_clock_errors(cfg: ml_collections.ConfigDict) -> list[str]:
   """The rules of every recipe on the event clock, one line each: no Non-blocking SGD
-  deadline (a worker waits for nobody), failures only under the elastic policy
-  (:mod:`nbsgd_jax.host.outages`) and no wall clock (the event clock is the run's time)."""
+  deadline (a worker waits for nobody), no collective to rebuild and no wall clock (the event
+  clock is the run's time); failures under both policies (:mod:`nbsgd_jax.host.outages`)."""
   algo, errs = f"config.algorithm={cfg.algorithm!r}", []
   if cfg.nonblocking.get("enabled"):
     errs.append(f"config.nonblocking.enabled=True is not allowed with {algo}: an asynchronous "
                 "worker waits for nobody, so there is no deadline")
-  if failures_lib.failures_on(cfg) and cfg.cluster.get("failure_policy") == "restart":
-    errs.append(f"config.cluster.failure_policy='restart' is not allowed with {algo}: the "
-                "event clock's failures are elastic (a crashed worker's computation is lost, "
-                "the others go on; docs/clock.md); use 'elastic'")
   if cfg.cluster.get("rebuild_collectives"):
     errs.append(f"config.cluster.rebuild_collectives=True is not allowed with {algo}: the "
                 "event clock's algorithms run no all-reduce to rebuild")

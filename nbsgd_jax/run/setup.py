@@ -407,6 +407,7 @@ def make_host(s: Setup) -> host_lib.Host:
     clock = s.recipe.clock(cluster, comms, jax.eval_shape(lambda: s.task.init()[0]))
     clock.set_outages(outages_lib.outages_of(cfg, cluster, lambda: np.array(
         [clock.pair_s(i, n) for i in range(n)])))  # a joiner fetches the server's model
+    clock.set_restarts(outages_lib.restarts_of(cfg, cluster))
   restarts = None
   if restart and type(clock) is host_lib.Clock:
     restarts = ledger_lib.Restarts(clock, schedule, process, cfg.cluster.restart_every,

@@ -46,15 +46,15 @@ def test_a_recipe_declared_on_the_event_clock_gets_its_rules_and_its_own(event_r
   assert recipes.is_asynchronous("my_event_sgd")
   cfg = config_lib.override(config_lib.default_config(), {
       "algorithm": "my_event_sgd", "nonblocking.enabled": True, "cluster.failures": "1:2:3",
-      "cluster.failure_policy": "restart", "batch_size": 128})
+      "cluster.rebuild_collectives": True, "batch_size": 128})
   errs = recipes.combination_errors(cfg)
   assert len(errs) == 3, errs
   assert errs[0].startswith("config.nonblocking.enabled=True is not allowed with "
                             "config.algorithm='my_event_sgd': an asynchronous worker")
-  assert "the event clock's failures are elastic" in errs[1]
+  assert "no all-reduce to rebuild" in errs[1]
   assert "at most 64" in errs[2]
   cfg = config_lib.override(cfg, {"nonblocking.enabled": False, "batch_size": 32,
-                                  "cluster.failure_policy": "elastic"})  # failures: elastic
+                                  "cluster.rebuild_collectives": False})  # failures: taken
   assert recipes.combination_errors(cfg) == []
 
 
