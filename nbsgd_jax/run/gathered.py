@@ -76,7 +76,7 @@ def gathered_gradients(source: Callable, size: int, n: int) -> Callable:
     source: one worker's ``(params, model_state, batch) -> (loss, grads, model_state)``
       (the whole-batch gradient source).
     size: the bucket B, at least the computing workers of every step it serves
-      (:func:`dispatch_bucket`); 0: none computes.
+      (:func:`dispatch_bucket`), >= 1 (a step where none computes fills one slot).
     n: the workers.
 
   Returns:
@@ -89,8 +89,6 @@ def gathered_gradients(source: Callable, size: int, n: int) -> Callable:
 
   def gradients(params, model_state, batch, compute):
     zero_grads = jax.tree.map(jnp.zeros_like, params)
-    if size == 0:
-      return jnp.zeros((n,), jnp.float32), zero_grads, model_state, jnp.zeros((n,), jnp.int32)
     first = jnp.argmax(compute).astype(jnp.int32)
     rows = jnp.nonzero(compute, size=size, fill_value=first)[0].astype(jnp.int32)
     loss, grads, state = jax.vmap(source)(_take(params, rows), _take(model_state, rows),

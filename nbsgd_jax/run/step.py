@@ -114,9 +114,10 @@ def data_index(state: TrainState, ctx: StepContext):
   and the key of any randomness of the task): the event clock's ``ctx.events.sample`` (the
   gradients the worker applied before: its k-th gradient reads draw k), else the step number
   (on the lockstep clock a worker's k-th gradient is step k's). So a worker's k-th gradient
-  sees the same data whichever clock runs it (common random numbers, ``docs/clock.md``)."""
+  sees the same data whichever clock runs it (common random numbers, ``docs/algorithms.md``,
+  "The event clock")."""
   events = ctx.events
-  if events is None or getattr(events, "sample", None) is None:
+  if events is None or events.sample is None:
     return state.step
   return events.sample.astype(state.step.dtype)
 

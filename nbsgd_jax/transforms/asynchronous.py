@@ -60,7 +60,7 @@ class Events(NamedTuple):
       step: the gradients it applied before (its own gradient count, the clock's
       ``computed``), so that a worker's k-th gradient reads the batch (and augmentation key)
       of the lockstep clock's step k whichever clock and algorithm run it (common random
-      numbers, ``docs/clock.md``); None: the device step's number.
+      numbers, ``docs/algorithms.md``, "The event clock"); None: the device step's number.
     compute: bool, the worker's gradient of this step is used (its computation starts:
       ``start``; asynchronous DiLoCo's and HALoS's inner steps: ``fire & ~pull``): with
       ``config.gather_gradients`` only these workers' gradients are computed
