@@ -5,6 +5,10 @@ the package: one registration with its own config section, trained by the comman
         --config.imports=examples.easgd --config.algorithm=easgd \\
         --config.easgd.beta=0.9 --config.easgd.tau=4 --workdir=runs/easgd
 
+(``examples.easgd`` is a module name: found on ``sys.path`` when run from the repository root,
+which ``python -m`` puts there; from elsewhere give the file's path,
+``--config.imports=path/to/easgd.py``, ``docs/extending.md``.)
+
 Synchronous EASGD with communication period tau (the paper's equations (5)-(6), the
 elastic step taken every tau steps as in its Algorithm 1): each worker takes tau local
 steps of the local optimizer; then, with the center variable c (the same on every worker)

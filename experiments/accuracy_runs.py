@@ -2,8 +2,8 @@
 them have committed records.
 
     python experiments/accuracy_runs.py --out docs/accuracy_runs
-    python experiments/accuracy_runs.py --all --out /tmp/accuracy_all   # about 8 min
-    python experiments/accuracy_runs.py --all --only ad_psgd --out /tmp/accuracy_async
+    python experiments/accuracy_runs.py --all --out runs/accuracy_all   # about 8 min
+    python experiments/accuracy_runs.py --all --only ad_psgd --out runs/accuracy_async
 
 
 ``tests/algorithms/test_train.py::test_mlp_reaches_95_percent_on_mnist10k`` (8 workers, MLP 784-256-10,
@@ -49,7 +49,7 @@ def every_algorithm() -> dict:
   runs = {}
   for a in config_lib.ALGORITHMS:
     steps = 1200 if recipes.is_asynchronous(a) else 300
-    diloco = {"diloco.inner_steps": 10, "diloco.outer_momentum": 0.5} if "diloco" in a else {}
+    diloco = {"diloco.local_steps": 10, "diloco.outer_momentum": 0.5} if "diloco" in a else {}
     runs[f"mlp8_{a}"] = {"algorithm": a, "num_workers": 8, "batch_size": 32,
                          "num_steps": steps, "eval_every": steps, **diloco}
   return runs

@@ -78,7 +78,7 @@ def lm_config(a, method: str, seed: int, outer_lr: float, stop_time: float = 0.0
                              "partition": "contiguous"})
   c = reproduce_diloco.base_config(ns, seed)
   fast = min(SECONDS_PER_STEP)
-  over = {**METHODS[method], "lr_schedule": "constant", "lr_min": 0.0, "diloco.inner_steps": a.h,
+  over = {**METHODS[method], "lr_schedule": "constant", "lr_min": 0.0, "diloco.local_steps": a.h,
           "cluster.slowdown": tuple(t / fast for t in SECONDS_PER_STEP),
           "cluster.time_per_example": fast / a.batch}
   if method != "diloco":  # batches of events: the fastest worker's steps, about
@@ -280,7 +280,7 @@ def main():
   command = "python experiments/async_diloco_lm.py " + " ".join(
       shlex.quote(x) for x in sys.argv[1:])
   start = time.time()
-  res = {"command": command, "settings": vars(a)}
+  res = {"command": common.repo_relative(command), "settings": common.repo_relative(vars(a))}
   study(a, res)
   res["seconds"] = time.time() - start
   common.write_results(a.out, res, markdown(res))

@@ -58,7 +58,7 @@ RUNS = {"dpsgd": ("dpsgd", {}),
                                           "nonblocking.num_minibatches": 4}),
         "ad_psgd": ("ad_psgd", {}),
         "swarm_sgd": ("swarm_sgd", {"swarm_sgd.local_steps": 2}),
-        "async_diloco": ("async_diloco", {"diloco.inner_steps": 10}),
+        "async_diloco": ("async_diloco", {"diloco.local_steps": 10}),
         "sgp, overlap": ("sgp", {"topology": "one_peer_exponential", "sgp.overlap": True})}
 
 
@@ -96,7 +96,7 @@ def run(a, name: str, seed: int, stop: float = 0.0) -> dict:
   if not stop:
     steps = last["step"]
   elif "pushes" in last:  # asynchronous DiLoCo: H inner steps a push
-    steps = last["pushes"] * cfg.diloco.inner_steps / 8
+    steps = last["pushes"] * cfg.diloco.local_steps / 8
   else:
     steps = last["events"] / 8
   own = last.get("staleness_own_steps", last.get("staleness_steps", 0.0))
@@ -147,7 +147,8 @@ def main():
         facts[name].append(run(a, name, seed, stop))
       shown = {k: v for k, v in facts[name][-1].items() if k != "history"}
       print(f"seed {seed} {name:22s} {shown}", flush=True)
-  results = {"args": vars(a), "target": TARGET, "time_to_target": "interpolated", "runs": facts,
+  results = {"args": common.repo_relative(vars(a)), "target": TARGET,
+             "time_to_target": "interpolated", "runs": facts,
              "summary": {name: {k: spread([f[k] for f in fs]) for k in fs[0] if k != "history"}
                          for name, fs in facts.items()}}
   tail = "" if a.time_factor == 1 else f"_t{a.time_factor:g}"

@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 from nbsgd_jax.core import files  # noqa: E402  (the repository's package, installed or not)
 
@@ -29,6 +31,25 @@ def save_figure(fig, path: str, dpi: int = 120) -> None:
 
 
 write_atomic = files.atomic_write
+
+# an absolute POSIX path: "/" then a name, at the start of a string or after a space, "=" or
+# a quote (a command line's ``--out /abs``, ``--out=/abs``, ``'/abs'``), not "bytes/s" or "1/2"
+_ABSOLUTE = re.compile(r"""(?<![^\s='"])/[\w.~+-][^\s'"]*""")
+
+
+def repo_relative(value, root: str = ROOT):
+  """``value`` (a record's command line, arguments or settings: a string, or a dict, list or
+  tuple of them, nested) with each absolute path in its strings made relative to the
+  repository ``root`` (``/x/repo/docs/frontier`` -> ``docs/frontier``, ``/x/shared/data`` ->
+  ``../shared/data``), so a committed record names no machine's directories; other values
+  as they are."""
+  if isinstance(value, str):
+    return _ABSOLUTE.sub(lambda m: os.path.relpath(m.group(0), root), value)
+  if isinstance(value, dict):
+    return {k: repo_relative(v, root) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return type(value)(repo_relative(v, root) for v in value)
+  return value
 
 
 def time_to(history: list, target: float, key: str = "train_loss"):

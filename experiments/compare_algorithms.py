@@ -73,11 +73,11 @@ MNIST_RUNS = {
                      "compression.rank": 4}, ""),
     "allreduce_top_k": ({"algorithm": "allreduce", "compression.name": "top_k",
                          "compression.density": 0.01}, "Top-k with EF (Shi et al. 2019)"),
-    "diloco": ({"algorithm": "diloco", "diloco.inner_steps": 8}, "Douillard et al. 2023"),
-    "streaming_diloco": ({"algorithm": "streaming_diloco", "diloco.inner_steps": 8,
+    "diloco": ({"algorithm": "diloco", "diloco.local_steps": 8}, "Douillard et al. 2023"),
+    "streaming_diloco": ({"algorithm": "streaming_diloco", "diloco.local_steps": 8,
                           "streaming_diloco.fragments": 2},
                          "DiLoCo's quality, peak bandwidth / P (Douillard et al. 2025)"),
-    "streaming_overlap": ({"algorithm": "streaming_diloco", "diloco.inner_steps": 8,
+    "streaming_overlap": ({"algorithm": "streaming_diloco", "diloco.local_steps": 8,
                            "streaming_diloco.fragments": 2, "streaming_diloco.delay": 2,
                            "streaming_diloco.alpha": 0.5},
                           "overlap tau = 2, alpha = 0.5: no loss of quality (Douillard et al. "
@@ -330,7 +330,7 @@ def main():
     merge(a, res, time.time() - t)
     return
   res["seconds"] = time.time() - t
-  res["args"] = vars(a)
+  res["args"] = common.repo_relative(vars(a))  # paths relative to the repository
   plots(res, a.out)
   common.write_results(a.out, res, markdown(res, a))
   print(f"total {res['seconds']:.0f} s")

@@ -45,7 +45,7 @@ def _methods(a) -> dict:
   out = {"allreduce": {"algorithm": "allreduce"},
          "one_worker": {"algorithm": "allreduce", "num_workers": 1}}
   for h in sorted(a.h):
-    out[f"diloco_h{h}"] = {"algorithm": "diloco", "diloco.inner_steps": h}
+    out[f"diloco_h{h}"] = {"algorithm": "diloco", "diloco.local_steps": h}
   return out
 
 
@@ -167,6 +167,7 @@ def report_seeds(a, base, res: dict, picks: dict) -> None:
 def run(a, base, settings: dict, command: str) -> dict:
   """The protocol; ``base(a, seed)``: the LM config of ``reproduce_diloco.py``."""
   path = os.path.join(a.out, "results.json")
+  settings, command = common.repo_relative(settings), common.repo_relative(command)
   res = {"protocol": "paper", "command": command, "settings": settings, "tuning": {},
          "methods": {}}
   if os.path.exists(path):

@@ -95,20 +95,20 @@ def methods(a, n: int) -> dict:
   quorum = int(np.ceil(0.9 * n))
   return {
       "allreduce": ({"algorithm": "allreduce"}, False),
-      "allreduce_hier": ({"algorithm": "allreduce", "cluster.allreduce_group": per}, False),
+      "allreduce_hier": ({"algorithm": "allreduce", "cluster.allreduce_group_size": per}, False),
       "nonblocking": ({"algorithm": "allreduce", "nonblocking.enabled": True,
                        "nonblocking.num_minibatches": 4}, False),
       "backup": ({"algorithm": "allreduce", "nonblocking.enabled": True,
                   "nonblocking.num_minibatches": 1,
                   "nonblocking.deadline": f"kth:{n - max(n // 16, 1)}"}, False),
       "ad_psgd": ({"algorithm": "ad_psgd", "topology": "exponential"}, True),
-      "diloco": ({"algorithm": "diloco", "diloco.inner_steps": h}, False),
-      "async_diloco": ({"algorithm": "async_diloco", "diloco.inner_steps": h}, True),
-      "elastic_diloco": ({"algorithm": "diloco", "diloco.inner_steps": h,
+      "diloco": ({"algorithm": "diloco", "diloco.local_steps": h}, False),
+      "async_diloco": ({"algorithm": "async_diloco", "diloco.local_steps": h}, True),
+      "elastic_diloco": ({"algorithm": "diloco", "diloco.local_steps": h,
                           "nonblocking.enabled": True, "nonblocking.num_minibatches": 1,
                           "nonblocking.deadline": f"kth:{quorum}:{0.1 * a.step_s:g}"}, False),
       # the reference's ratios (4 workers a region): a buffer of 4 and K of 8 pushes a worker
-      "halos": ({"algorithm": "halos", "halos.regions": a.regions, "halos.inner_steps": h,
+      "halos": ({"algorithm": "halos", "halos.regions": a.regions, "halos.local_steps": h,
                  "halos.lps_buffer": 4 * per, "halos.accumulation": 8 * per}, True),
   }
 
@@ -178,8 +178,9 @@ def _per_method(a, cfgs: dict) -> dict:
 
 
 def study(a) -> dict:
-  res = {"command": "python experiments/fleet_study.py " + " ".join(sys.argv[1:]),
-         "settings": {k: v for k, v in vars(a).items()}, "scales": {}}
+  res = {"command": common.repo_relative("python experiments/fleet_study.py "
+                                         + " ".join(sys.argv[1:])),
+         "settings": common.repo_relative(vars(a)), "scales": {}}
   done = previous(a)
   for n in a.workers:
     if str(n) in done and not a.methods:

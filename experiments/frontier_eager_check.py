@@ -37,12 +37,13 @@ def main():
   p.add_argument("--rate", type=float, default=0.004)
   args = p.parse_args()
   with open(os.path.join(args.out, "results.json")) as f:
-    a = argparse.Namespace(**json.load(f)["settings"])
+    a = argparse.Namespace(**{**json.load(f)["settings"], "out": args.out})
   a.prefixes_done, a.methods = {}, None
   cfgs = {k: config_lib.override(frontier_lm.continuation(a, a.tune_seed, "diloco", args.rate,
                                                           "datacenter"), v)
           for k, v in VARIANTS.items()}
-  out = {"command": "python experiments/frontier_eager_check.py " + " ".join(sys.argv[1:]),
+  out = {"command": common.repo_relative("python experiments/frontier_eager_check.py "
+                                         + " ".join(sys.argv[1:])),
          "seed": a.tune_seed, "rate": args.rate, "variants": {}}
   for k, r in zip(cfgs, common.run_histories(list(cfgs.values()), frontier_lm.KEEP)):
     r.pop("summary", None)

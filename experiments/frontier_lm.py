@@ -53,13 +53,13 @@ GRIDS = {"adamw": [1e-3, 2e-3, 4e-3], "sign": [3e-4, 1e-3, 3e-3], "muon": [3e-3,
 def methods(a) -> dict:
   """name -> (config overrides, learning-rate grid name, description)."""
   h = a.h
-  diloco = {"algorithm": "diloco", "diloco.inner_steps": h}
+  diloco = {"algorithm": "diloco", "diloco.local_steps": h}
   out = {
       "allreduce": ({"algorithm": "allreduce"}, "adamw", "all-reduce every step"),
       "diloco": (diloco, "adamw", f"DiLoCo, H = {h}"),
       "diloco_eager": ({**diloco, "diloco.overlap": "eager"}, "adamw",
                        f"DiLoCo, H = {h}, all-reduce overlapping the next H steps, eager"),
-      "streaming_diloco": ({"algorithm": "streaming_diloco", "diloco.inner_steps": h,
+      "streaming_diloco": ({"algorithm": "streaming_diloco", "diloco.local_steps": h,
                             "streaming_diloco.fragments": 2,
                             "streaming_diloco.delay": max(h // 4, 1),
                             "streaming_diloco.alpha": 0.5}, "adamw",
@@ -67,11 +67,11 @@ def methods(a) -> dict:
       "muloco": ({**diloco, "optimizer": "muon"}, "muon", f"MuLoCo: DiLoCo, Muon inside"),
       "demo": ({"algorithm": "demo", "optimizer": "sgd", "momentum": 0.0}, "sign",
                "DeMo, top-32 of 64-chunks, beta 0.999"),
-      "sparseloco": ({"algorithm": "sparseloco", "sparseloco.inner_steps": h}, "adamw",
+      "sparseloco": ({"algorithm": "sparseloco", "sparseloco.local_steps": h}, "adamw",
                      f"SparseLoCo, H = {h}, top-128 / 64^2, 2 bits"),
-      "noloco": ({"algorithm": "noloco", "noloco.number_of_local_steps": h}, "adamw",
+      "noloco": ({"algorithm": "noloco", "noloco.local_steps": h}, "adamw",
                  f"NoLoCo, H = {h}, groups of 2"),
-      "sparta": ({"algorithm": "sparta", "sparta.p": 0.005}, "adamw", "SPARTA, p = 0.005"),
+      "sparta": ({"algorithm": "sparta", "sparta.density": 0.005}, "adamw", "SPARTA, p = 0.005"),
   }
   if a.methods:
     out = {k: out[k] for k in a.methods}
@@ -162,10 +162,10 @@ def main():
     a.prefix_steps, a.steps, a.eval_every, a.warmup, a.h = 10, 24, 12, 2, 6
     a.eval_train_examples, a.seeds, a.tune_seed, a.extend = 32, a.seeds[:1], 9, 0
   os.makedirs(a.out, exist_ok=True)
-  settings = {k: v for k, v in vars(a).items()}
+  settings = common.repo_relative(vars(a))  # paths relative to the repository
   settings["networks"] = NETWORKS
-  command = "python experiments/frontier_lm.py " + " ".join(shlex.quote(x)
-                                                             for x in sys.argv[1:])
+  command = common.repo_relative("python experiments/frontier_lm.py " + " ".join(
+      shlex.quote(x) for x in sys.argv[1:]))
   path = os.path.join(a.out, "results.json")
   res = {"command": command, "settings": settings, "tuning": {}, "methods": {}}
   if os.path.exists(path):

@@ -124,7 +124,8 @@ def main():
     for j, name in enumerate(VARIANTS):
       h = runs[i * len(VARIANTS) + j]["history"]
       out[name].append({"seed": seed, **facts(h, targets[f"dpsgd/seed{seed}"]), "history": h})
-  res = {"command": "python experiments/overlap_sgp_ablation.py " + " ".join(sys.argv[1:]),
+  res = {"command": common.repo_relative("python experiments/overlap_sgp_ablation.py "
+                                         + " ".join(sys.argv[1:])),
          "lr": a.lr, "steps": a.steps, "seeds": a.seeds, "cell": CELL,
          "targets": {str(s): targets[f"dpsgd/seed{s}"] for s in a.seeds},
          "grid_ring_time": [ring_row["time_blocking"]["per_seed"][ring_row["seeds"].index(s)]

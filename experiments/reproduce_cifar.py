@@ -587,11 +587,12 @@ def main():
       "device": f"{_cpu_name()}, {os.cpu_count()} cores",
   }
   first = next(iter(next(iter(rg.values()))["seeds"].values()))
-  res = {"command": " ".join(["python experiments/reproduce_cifar.py",
-                              *map(shlex.quote, sys.argv[1:])]),
-         "args": {k: v for k, v in vars(a).items()},
-         "dataset": {"name": a.run_dataset, "source": source, "train": a.train_examples,
-                     "test": test, "classes": classes},
+  rel = common.repo_relative  # paths in the record relative to the repository
+  res = {"command": rel(" ".join(["python experiments/reproduce_cifar.py",
+                                  *map(shlex.quote, sys.argv[1:])])),
+         "args": rel({k: v for k, v in vars(a).items()}),
+         "dataset": rel({"name": a.run_dataset, "source": source, "train": a.train_examples,
+                         "test": test, "classes": classes}),
          "model_params": first.get("model_params"),
          "settings": settings, "published": {"single": PUBLISHED_SINGLE, "ring": PUBLISHED_RING},
          "throughput": tp, "single": sg, "ring": rg, "seconds": seconds}

@@ -355,7 +355,8 @@ def main():
       settings.append(run_setting(a, n, part))
       plot_curves(settings, os.path.join(a.out, "xi_and_accuracy.png"))
       plot_scatter(settings, os.path.join(a.out, "accuracy_vs_xi.png"))
-      results = {"args": vars(a), "settings": settings, "real_seconds": time.time() - start}
+      results = {"args": common.repo_relative(vars(a)), "settings": settings,
+                 "real_seconds": time.time() - start}
       common.write_results(a.out, results, markdown(settings, a))
   print(f"wrote {a.out}/results.json, results.md and plots in {time.time() - start:.0f} s")
 

@@ -20,11 +20,11 @@ character). Every method sees the same tokens: ``--steps`` steps of ``--batch`` 
 ``--context`` characters per worker. Methods (``--methods``):
 
 * ``allreduce``: the synchronous baseline, gradients averaged every step, the same AdamW.
-* ``diloco_h{H}`` for H in ``--h`` (DiLoCo, ``diloco.inner_steps`` = H).
+* ``diloco_h{H}`` for H in ``--h`` (DiLoCo, ``diloco.local_steps`` = H).
 * ``streaming_p{P}``: Streaming DiLoCo, H = the largest of ``--h``, P = ``--fragments``.
 * ``streaming_p{P}_overlap``: the same with ``streaming_diloco.delay`` = ``--delay`` and
   ``streaming_diloco.alpha`` = ``--alpha``.
-* ``local_sgd``: local AdamW, plain model averaging every H steps (``local_sgd.tau`` = H).
+* ``local_sgd``: local AdamW, plain model averaging every H steps (``local_sgd.local_steps`` = H).
 * ``diloco_{codec}``: DiLoCo (H = the largest) whose pseudo-gradient goes through
   ``--compression`` (``compression.*``, with error feedback).
 
@@ -73,9 +73,9 @@ def methods(a) -> dict:
   out = {"allreduce": ({"algorithm": "allreduce"},
                        "all-reduce of the gradients every step (synchronous baseline)")}
   for h in sorted(a.h):
-    out[f"diloco_h{h}"] = ({"algorithm": "diloco", "diloco.inner_steps": h},
+    out[f"diloco_h{h}"] = ({"algorithm": "diloco", "diloco.local_steps": h},
                            f"DiLoCo, H = {h}")
-  stream = {"algorithm": "streaming_diloco", "diloco.inner_steps": big,
+  stream = {"algorithm": "streaming_diloco", "diloco.local_steps": big,
             "streaming_diloco.fragments": a.fragments}
   out[f"streaming_p{a.fragments}"] = (
       stream, f"Streaming DiLoCo, H = {big}, P = {a.fragments}, no overlap")
@@ -83,7 +83,7 @@ def methods(a) -> dict:
       {**stream, "streaming_diloco.delay": a.delay, "streaming_diloco.alpha": a.alpha},
       f"Streaming DiLoCo, H = {big}, P = {a.fragments}, overlap tau = {a.delay}, "
       f"alpha = {a.alpha}")
-  out["local_sgd"] = ({"algorithm": "local_sgd", "local_sgd.tau": big},
+  out["local_sgd"] = ({"algorithm": "local_sgd", "local_sgd.local_steps": big},
                       f"local SGD (local AdamW, model averaging every tau = {big} steps)")
   comp = {"compression.name": a.compression}
   what = a.compression
@@ -94,7 +94,7 @@ def methods(a) -> dict:
     comp["compression.levels"] = a.levels
     what = f"qsgd s = {a.levels}"
   out[f"diloco_{a.compression}"] = (
-      {"algorithm": "diloco", "diloco.inner_steps": big, **comp},
+      {"algorithm": "diloco", "diloco.local_steps": big, **comp},
       f"DiLoCo, H = {big}, pseudo-gradient compressed ({what}, error feedback)")
   if a.methods:
     unknown = [m for m in a.methods if m not in out]
@@ -405,7 +405,8 @@ def main():
     diloco_paper.plots(res, a.out)
     common.write_results(a.out, res, diloco_paper.markdown(res))
     return
-  res = {"paper": PAPER, "command": command, "settings": settings, "methods": {},
+  res = {"paper": PAPER, "command": common.repo_relative(command),
+         "settings": common.repo_relative(settings), "methods": {},
          "_start": time.time()}
   study(a, res)
   res["seconds"] = time.time() - res.pop("_start")

@@ -84,7 +84,7 @@ def speedup(a) -> dict:
   base = make_problem(a)
   taus = {p: max(1, round(a.steps ** (2 / 3) / p ** (1 / 3))) for p in a.workers}
   done = iter(train.train_runs([  # every run at once: one compilation per structure
-      pl_config(a, base, "local_sgd", p, seed, **{"local_sgd.tau": taus[p]})
+      pl_config(a, base, "local_sgd", p, seed, **{"local_sgd.local_steps": taus[p]})
       for p in a.workers for seed in range(a.seeds)]))
   rows = []
   for p in a.workers:
@@ -120,13 +120,13 @@ def communication(a) -> dict:
   p = a.comm_workers
   runs = {"sync SGD (tau=1)": ("allreduce", {})}
   for tau in a.taus:
-    runs[f"LUPA tau={tau}"] = ("local_sgd", {"local_sgd.tau": tau})
+    runs[f"LUPA tau={tau}"] = ("local_sgd", {"local_sgd.local_steps": tau})
   for tau0 in a.ada_taus:
-    ada = {"local_sgd.schedule": "ada_lupa", "local_sgd.tau": tau0}
+    ada = {"local_sgd.schedule": "ada_lupa", "local_sgd.local_steps": tau0}
     runs[f"ADA-LUPA tau0={tau0}"] = ("local_sgd", ada)
     runs[f"ADA-LUPA tau0={tau0}, F-F*"] = ("local_sgd", {**ada, "local_sgd.offset_optimum": True})
   runs[f"linear ramp tau0={a.ada_taus[0]}, alpha=0.1"] = (
-      "local_sgd", {"local_sgd.schedule": "linear", "local_sgd.tau": a.ada_taus[0],
+      "local_sgd", {"local_sgd.schedule": "linear", "local_sgd.local_steps": a.ada_taus[0],
                     "local_sgd.alpha": 0.1})
   out = {}
   done = iter(train.train_runs([  # an evaluation after every step: rounds to the target
@@ -185,13 +185,13 @@ def mnist_config(a, algorithm, lr: float = 0.05, **kw):
 def mnist_runs(steps: int) -> dict:
   """(c)'s runs: name -> (algorithm, overrides) for :func:`mnist_config`."""
   return {
-      "local SGD tau=1": ("local_sgd", {"local_sgd.tau": 1}),
-      "local SGD tau=4": ("local_sgd", {"local_sgd.tau": 4}),
-      "local SGD tau=16": ("local_sgd", {"local_sgd.tau": 16}),
+      "local SGD tau=1": ("local_sgd", {"local_sgd.local_steps": 1}),
+      "local SGD tau=4": ("local_sgd", {"local_sgd.local_steps": 4}),
+      "local SGD tau=16": ("local_sgd", {"local_sgd.local_steps": 16}),
       "post-local SGD (tau 1 -> 16)": (
-          "local_sgd", {"local_sgd.tau": 16, "local_sgd.schedule": "post_local",
+          "local_sgd", {"local_sgd.local_steps": 16, "local_sgd.schedule": "post_local",
                         "local_sgd.switch_step": steps // 4}),
-      "DiLoCo H=16": ("diloco", {"diloco.inner_steps": 16}),
+      "DiLoCo H=16": ("diloco", {"diloco.local_steps": 16}),
   }
 
 
@@ -370,7 +370,8 @@ def main():
   if a.mnist_only:
     merge_mnist(a, start)
     return
-  res = {"args": vars(a), "speedup": speedup(a), "communication": communication(a)}
+  res = {"args": common.repo_relative(vars(a)), "speedup": speedup(a),
+         "communication": communication(a)}
   plot_speedup(res["speedup"], os.path.join(a.out, "speedup.png"))
   plot_rounds(res["communication"], os.path.join(a.out, "rounds_to_target.png"))
   if not a.skip_mnist:

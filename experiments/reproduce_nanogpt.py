@@ -157,7 +157,8 @@ def main():
   a = p.parse_args()
   os.makedirs(a.out, exist_ok=True)
   path = os.path.join(a.out, "results.json")
-  res = {"command": "python experiments/reproduce_nanogpt.py " + " ".join(sys.argv[1:]),
+  res = {"command": common.repo_relative("python experiments/reproduce_nanogpt.py "
+                                         + " ".join(sys.argv[1:])),
          "iters": a.iters, "draws": a.draws, "seeds": {}}
   if os.path.exists(path):
     with open(path) as f:

@@ -409,7 +409,7 @@ def main():
   else:
     runs = run_grid(a)
     summary = summarize(runs, a.densities)
-    results = {"args": vars(a), "summary": summary, "runs": runs,
+    results = {"args": common.repo_relative(vars(a)), "summary": summary, "runs": runs,
                "real_seconds": time.time() - start}
   plot_accuracy_vs_bytes(runs, os.path.join(a.out, "accuracy_vs_bytes.png"))
   ef_keys = [k for k, r in runs.items() if r["error_feedback"] and r["histograms"]]

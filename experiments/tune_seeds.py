@@ -187,7 +187,8 @@ def markdown(rows: list, a) -> str:
 
 def save(a, records: dict, runs: list) -> None:
   rows = table(records, runs, a.lrs, a.seeds, a.tune_seed)
-  results = {"args": {k: v for k, v in vars(a).items() if k not in ("report", "retrain")},
+  results = {"args": common.repo_relative(
+                 {k: v for k, v in vars(a).items() if k not in ("report", "retrain")}),
              "table": rows,
              "records": records}
   common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(results))

@@ -47,7 +47,7 @@ NETWORK = {"cluster.levels": ("2:2e-3:1e9",), "cluster.latency": 8e-3,
 # name, algorithm, non-blocking, extra keys, loopback messages a step (the calibration's unit:
 # the real program's, a flat psum for the hierarchical all-reduce too)
 RUNS = [("allreduce_blocking", "allreduce", False, {}, 6),
-        ("allreduce_hierarchical", "allreduce", False, {"cluster.allreduce_group": 2}, 6),
+        ("allreduce_hierarchical", "allreduce", False, {"cluster.allreduce_group_size": 2}, 6),
         ("allreduce_nonblocking", "allreduce", True, {}, 6),
         ("dpsgd_blocking", "dpsgd", False, {}, 2)]
 
@@ -113,8 +113,9 @@ def main(argv=None) -> int:
                       "calibrated_step_overhead_s": overhead,
                       "calibrated_latency_s": latency},
          "runs": runs, "seconds": time.time() - start,
-         "command": "python experiments/validate_fleet_clock.py " + " ".join(
-             argv if argv is not None else sys.argv[1:])}
+         "command": common.repo_relative(
+             "python experiments/validate_fleet_clock.py "
+             + " ".join(argv if argv is not None else sys.argv[1:]))}
   common.write_results(a.out, out, markdown(out))
   return 0
 

@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax.config import renamed as renamed_lib
 from nbsgd_jax.core import files as files_lib
 from nbsgd_jax import recipes as recipes_lib
 
@@ -192,7 +193,8 @@ def allowed_values(key: str, probes: Sequence = PROBES,
   ``is not allowed with ...``) contributes ``WHY``. The first context that yields a message
   wins; a context that yields only the generic ``it must be a finite number`` (the check
   every float gets, also triggered by a NaN given to a key of another type) does not, and that
-  message is kept only for float keys with nothing more specific.
+  message is kept only for float keys with nothing more specific; one range said twice is
+  kept once (:func:`one_per_range`).
 
   Returns:
     the distinct ``WHY`` texts in the order found; empty when ``validate`` never complains.
@@ -219,12 +221,35 @@ def allowed_values(key: str, probes: Sequence = PROBES,
         why = line.split(" is not allowed: ", 1)[1].strip()
         if why not in found:
           found.append(why)
-    specific = [w for w in found if w != FINITE]
+    specific = one_per_range([w for w in found if w != FINITE])
     if specific:
       return specific
     if found and not fallback:
       fallback = found
   return fallback if isinstance(default_of(key), float) else []
+
+
+_RANGE = re.compile(r"^it must be a (?:finite )?number ([<>]=?) (\S+?)(?: and ([<>]=?) (\S+))?$")
+
+
+def one_per_range(whys: list[str]) -> list[str]:
+  """``whys`` without a later ``it must be a finite number >= 0.0`` when an earlier entry says
+  ``it must be a number >= 0``: the same range, written once by the section's check and again
+  by the component that refuses the NaN the range check lets through (``cluster.episode_*``:
+  ``episodes.check_config`` and ``SlowEpisodes``). Other entries as they are, in order."""
+  def bound(text):
+    try:
+      return float(text)
+    except (TypeError, ValueError):
+      return text
+  seen, out = set(), []
+  for why in whys:
+    m = _RANGE.match(why)
+    key = tuple(bound(g) for g in m.groups()) if m else why
+    if key not in seen:
+      seen.add(key)
+      out.append(why)
+  return out
 
 
 def default_of(key: str) -> Any:
@@ -327,6 +352,7 @@ def render(docs: Sequence[KeyDoc]) -> str:
     members = [d for d in docs if d.key.startswith(sec.key + ".") and not d.section
                and d.key.count(".") == sec.key.count(".") + 1]
     out += ["", title, ""] + header + [_row(d) for d in members]
+  out += renamed_lib.concepts_markdown()
   return "\n".join(out) + "\n"
 
 

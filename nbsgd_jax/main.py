@@ -37,9 +37,20 @@ _PROCESS_ID = flags.DEFINE_integer(
     "$JAX_PROCESS_ID).")
 
 
+# the summary's times named in the table (docs/guide.md, "Outputs": the three times)
+TIME_LABELS = {
+    "sim_time": "sim_time (s, simulated cluster)",
+    "wall_time": "wall_time (s, training steps, compilation included)",
+    "run_seconds": "run_seconds (s, all of train(): data, set-up, steps, evaluations)",
+}
+TIMES_NOTE = ("times: the progress bar times the step loop (steps, the evaluations after "
+              "step 0, checkpoints); the whole command adds Python's start and imports to "
+              "run_seconds (docs/guide.md, Outputs)")
+
+
 def _summary_table(summary: dict) -> str:
   keys = ["algorithm", "num_workers", "backend", "model", "dataset", "step", "sim_time",
-          "wall_time",
+          "wall_time", "run_seconds",
           "train_loss", "gap", "f_star", "test_loss", "test_accuracy", "worker_test_accuracy",
           "consensus_distance", "bytes_sent", "rounds", "samples_per_second"]
   rows = ["| metric | value |", "|---|---|"]
@@ -49,7 +60,7 @@ def _summary_table(summary: dict) -> str:
       continue
     if isinstance(v, float):
       v = f"{v:.4e}" if k in ("bytes_sent", "gap") else f"{v:.4g}"
-    rows.append(f"| {k} | {v} |")
+    rows.append(f"| {TIME_LABELS.get(k, k)} | {v} |")
   return "\n".join(rows)
 
 
@@ -123,8 +134,11 @@ def _unknown_keys(argv: list[str]) -> list[str]:
 def _import_early(argv: list[str]) -> None:
   """Imports the modules of ``--config.imports=M1,M2`` before the config file loads, so that
   what they register comes with its config keys: an algorithm registered with its own
-  section (``recipes.register(..., sections=...)``) has ``--config.SECTION.KEY``. A module
-  that cannot be imported: one ``error:`` line and exit status 2."""
+  section (``recipes.register(..., sections=...)``) has ``--config.SECTION.KEY``. Each entry
+  is a module name on ``sys.path`` (``examples.easgd``: ``python -m`` puts the current
+  directory there) or a ``.py`` file's path (``path/to/my_algo.py``, relative to the current
+  directory), :func:`nbsgd_jax.config.import_modules`. One that cannot be imported: one
+  ``error:`` line naming the key and the value, and exit status 2."""
   values = [a.split("=", 1)[1] for a in argv[1:] if re.match(r"--config\.imports=", a)]
   if not values:
     return
@@ -208,6 +222,7 @@ def main(argv):
   import jax
   if jax.process_index() == 0:  # multihost: process 0 reports (and wrote the files)
     print(_summary_table(summary))
+    print(TIMES_NOTE)
     if not summary.get("finished_before"):  # a finished run was only read back
       print(f"wrote {_WORKDIR.value}/config.json, metrics.jsonl, summary.json")
 

@@ -387,3 +387,53 @@ def start_and_gradients(shapes: dict, n: int, steps: int, seed: int = 0):
   grads = [{k: rng.normal(size=(n,) + s).astype(np.float32) for k, s in sorted(shapes.items())}
            for _ in range(steps)]
   return x0, grads
+
+
+# ----------------------------------------------------------------------------- composition cells
+
+
+COMPOSITION_STEPS = 4  # a composition cell's steps
+
+
+def cell_cfg(algorithm, nonblocking, compression, failures, control, **kw):
+  """A cell of the composition matrix (tests/algorithms/test_composition.py): ``algorithm``
+  with Non-blocking SGD, a top_k codec, a failure and consensus control each on or off, on
+  4 workers of logistic regression for :data:`COMPOSITION_STEPS` steps; ``kw`` overrides any
+  key (``a.b`` spelled as a ``**{"a.b": v}`` entry)."""
+  c = config_lib.default_config()
+  over = {"algorithm": algorithm, "model": "logreg", "num_workers": 4, "batch_size": 8,
+          "num_steps": COMPOSITION_STEPS, "eval_every": COMPOSITION_STEPS,
+          "eval_train_examples": 32,
+          "progress": False, "topology": "ring", "learning_rate": 0.1,
+          "local_sgd.local_steps": 2, "diloco.local_steps": 2, "gossip_pga.period": 2,
+          "sparseloco.local_steps": 2, "noloco.local_steps": 2,
+          "halos.local_steps": 1, "halos.accumulation": 1,  # the global model steps by 3
+          "epidemic.rounds": 2, "epidemic.graph_degree": 2, "teleportation.local_steps": 2,
+          "teleportation.sample_size": 2,
+          "nonblocking.enabled": nonblocking, "nonblocking.num_minibatches": 2,
+          "compression.name": "top_k" if compression else "none",
+          "compression.density": 0.1,
+          "cluster.failures": "1:1:2" if failures else "",
+          "cluster.scenario": "lognormal", "cluster.spread": 0.5,
+          "consensus.control": control, "consensus.target": 1e-4 if control else 0.0,
+          "consensus.max_gossip_steps": 2,
+          "momentum": 0.0 if algorithm == "demo" else 0.9, **kw}  # DeMo's momentum is its own
+  return config_lib.override(c, over)
+
+
+def run_cell(cfg, steps=COMPOSITION_STEPS):
+  """Steps through the run's parts; checks device bytes == clock bytes at every step.
+
+  Returns the final state and the host."""
+  stepper = make_stepper(cfg)
+  host = stepper.hosts[0]
+  clock = host.part("clock")
+  for t, inputs, loss, report in stepper.steps(steps):  # the host parts observed each step
+    assert np.all(np.isfinite(np.asarray(loss)))
+    device = report.get("bytes_sent", np.zeros(cfg.num_workers))
+    charged = sum((r.num_bytes for r in clock.rounds(t, inputs, report)),
+                  np.zeros(cfg.num_workers))
+    np.testing.assert_allclose(charged, device, rtol=1e-6, err_msg=f"step {t}")
+    if inputs.alive is not None:  # a failed worker sends nothing
+      assert np.all(device[~inputs.alive] == 0)
+  return stepper.state, host

@@ -37,6 +37,14 @@ GroupNorm instead of BatchNorm: ``--config.norm=group``; bfloat16 compute:
 --config.eval_every=10 --config.num_workers=4 --config.batch_size=16
 --config.eval_test_examples=1000`` (its test loss is BatchNorm's running statistics after 20
 steps, not divergence: docs/guide.md, "Workloads").
+
+The derived settings follow ``num_workers`` and ``batch_size`` as given on the command line
+(ml_collections FieldReferences, resolved in ``config.json``): an epoch is
+``50,000 // (num_workers x batch_size)`` steps, and the learning rate, the warm-up, the run's
+length and the evaluation and checkpoint cadences are counted from it, e.g.
+``--config.num_workers=2 --config.batch_size=64``: learning rate 0.1 x 128 / 128 = 0.1, an
+epoch of 390 steps, a warm-up of 1,950 steps. Setting a derived key itself
+(``--config.warmup_steps=100``) overrides that key alone.
 """
 
 from nbsgd_jax.config import default_config
@@ -57,11 +65,15 @@ def get_config():
   c.dataset = "tfds:cifar10"
   c.partition = "iid"
   c.batch_size = 128
-  steps_per_epoch = TRAIN_EXAMPLES // (c.num_workers * c.batch_size)  # 24
-  c.learning_rate = 0.1 * c.num_workers * c.batch_size / 128  # linear scaling (Goyal et al.)
+  # derived lazily from num_workers and batch_size (FieldReferences): a command line's
+  # --config.num_workers / --config.batch_size reach them
+  workers, batch = c.get_ref("num_workers"), c.get_ref("batch_size")
+  steps_per_epoch = TRAIN_EXAMPLES // (workers * batch)  # 24 for 16 x 128
+  # linear scaling (Goyal et al.): 0.1 per 128 examples of the global batch (1.6 for 16 x 128)
+  c.learning_rate = 0.1 * workers.to_float() * batch / 128
   c.warmup_steps = 5 * steps_per_epoch
   c.lr_schedule = "step"
-  c.lr_milestones = (0.5, 0.75)
+  c.lr_milestones = (0.5, 0.75)  # fractions of num_steps
   c.lr_decay = 0.1
   c.momentum = 0.9
   c.nesterov = True
@@ -73,6 +85,8 @@ def get_config():
   c.augment.flip = True
   c.augment.normalize = True
   c.augment.stats = "cifar10"  # the published statistics for every source
-  c.checkpoint_every = 50 * c.eval_every
+  # every 5th evaluation, 50 epochs (follows --config.eval_every; setting it leaves
+  # eval_every); a checkpoint is also written at the end
+  c.checkpoint_every = c.get_ref("eval_every") * 5
   c.seed = 0
   return c

@@ -15,7 +15,7 @@ On one GPU (8 workers simulated with jax.vmap on the device)::
     python -m nbsgd_jax.main --config=experiments/configs/lm_diloco.py --workdir=runs/lm_diloco
 
 Streaming DiLoCo: ``--config.algorithm=streaming_diloco``; local SGD with the same inner
-steps: ``--config.algorithm=local_sgd --config.local_sgd.tau=50``; bfloat16 compute:
+steps: ``--config.algorithm=local_sgd --config.local_sgd.local_steps=50``; bfloat16 compute:
 ``--config.compute_dtype=bfloat16``.
 """
 
@@ -44,7 +44,7 @@ def get_config():
   c.num_steps = 3000
   c.eval_every = 250
   c.eval_train_examples = 256     # training windows behind train_loss
-  c.diloco.inner_steps = 50
+  c.diloco.local_steps = 50
   c.diloco.outer_lr = 0.7
   c.diloco.outer_momentum = 0.9
   c.diloco.outer_nesterov = True

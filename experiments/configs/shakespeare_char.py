@@ -27,6 +27,10 @@ Differences from nanoGPT that we know of: the validation loss is averaged over t
 rather than 20 random batches (and ``train_loss`` over the first 240 training windows); the
 warm-up ramp is ``lr * t / 100`` at step ``t`` (nanoGPT's ``get_lr``: ``lr * (t + 1) / 101``);
 and the random streams (initialisation, batches) are JAX's, not PyTorch's.
+
+``lr_min`` and ``eval_train_examples`` follow ``learning_rate`` and ``batch_size`` as given on
+the command line (ml_collections FieldReferences, resolved in ``config.json``), as nanoGPT's
+``min_lr = learning_rate / 10`` and ``eval_iters`` batches do.
 """
 
 from nbsgd_jax.config import default_config
@@ -58,10 +62,11 @@ def get_config():
   c.weight_decay_on = "matrices"
   c.grad_clip = 1.0
   c.lr_schedule = "cosine"
-  c.lr_min = 1e-4
+  c.lr_min = c.get_ref("learning_rate") / 10  # 1e-4; nanoGPT: "learning_rate / 10 usually"
   c.warmup_steps = 100
   c.num_steps = 2000
   c.eval_every = 250
-  c.eval_train_examples = 240  # training windows behind train_loss (nanoGPT: 20 x 12)
+  # training windows behind train_loss: nanoGPT's eval_iters = 20 batches (20 x 12 = 240)
+  c.eval_train_examples = 20 * c.get_ref("batch_size")
   c.seed = 0
   return c

@@ -3,7 +3,7 @@
 0e48145d702b25f83055e11d9585a9c11bcfe154), and the chunking SparseLoCo shares.
 
 * The chunk of an axis of length ``s`` is the largest divisor of ``s`` that is at most the
-  target (``compression_chunk``), or ``s`` itself when every divisor is smaller
+  target (``chunk_size``), or ``s`` itself when every divisor is smaller
   (:func:`chunk_size`, the reference's ``_get_smaller_split``).
 * A 1-D array ``[s]`` is cut into ``[s / c, c]``; a 2-D array ``[r, s]`` into separable
   ``[r / c1, c1] x [s / c2, c2]`` blocks (``einops.rearrange("(y h) (x w) -> y h x w")``).

@@ -169,7 +169,7 @@ class HierarchicalAllReduce(AllReduce):
   def __init__(self, n: int, group_size: int, axis_name: Any = AXIS, key: str = "allreduce",
                weighted: bool = False, ring: bool = False, parts: int = 1, tree: bool = False):
     if group_size < 2 or n % group_size:
-      raise ValueError(f"cluster.allreduce_group={group_size} is not allowed with {n} "
+      raise ValueError(f"cluster.allreduce_group_size={group_size} is not allowed with {n} "
                        "workers: it must be >= 2 and divide the workers")
     super().__init__(n, axis_name, key, weighted, ring, parts, tree)
     self.g, self.m = int(group_size), n // int(group_size)

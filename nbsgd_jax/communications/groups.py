@@ -3,7 +3,7 @@
 37d1a8a11adf5070ec544d63d0d0e6d97e6c5b08).
 
 At an outer step the ``n`` workers are split into ``n / g`` groups of ``g``
-(``local_group_size``) by a random permutation, the reference's strided rule: position ``p``
+(``group_size``) by a random permutation, the reference's strided rule: position ``p``
 of the permutation joins group ``p mod (n / g)``, and the group's first member (positions
 ``0 .. n/g - 1``) is its root. The reference draws the permutation with
 ``numpy.random.default_rng(t + 1)`` from the step; here it is
@@ -56,7 +56,7 @@ class RandomGroups(Communication):
   def __init__(self, n: int, group_size: int, seed: int = 0, axis_name: Any = AXIS,
                key: str = "groups"):
     if group_size < 1 or n % group_size:
-      raise ValueError(f"noloco.local_group_size={group_size} is not allowed with {n} "
+      raise ValueError(f"noloco.group_size={group_size} is not allowed with {n} "
                        "workers: it must divide the workers")
     super().__init__(n, axis_name, key)
     self.g, self.seed, self.num_groups = int(group_size), int(seed), n // int(group_size)

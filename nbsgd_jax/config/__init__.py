@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import math
+import os
+import sys
 from typing import Callable
 
 import ml_collections
@@ -38,6 +41,7 @@ from nbsgd_jax import data as data_lib
 from nbsgd_jax import models as models_lib
 from nbsgd_jax import recipes as recipes_lib
 from nbsgd_jax import topology as topology_lib
+from nbsgd_jax.config import renamed as renamed_lib
 from nbsgd_jax.config.defaults import (SECTIONS, TOP_LEVEL, _setup_defaults,  # noqa: F401
                                        _training_defaults, default_config)
 from nbsgd_jax.config.switches import (CONTROL_KEYS, CRITICAL_KEYS, SWITCHES,  # noqa: F401
@@ -66,7 +70,8 @@ def override(cfg: ml_collections.ConfigDict, overrides: dict) -> ml_collections.
   ``--config.section.key`` spelling, for scripts and tests); returns ``cfg``.
 
   Raises:
-    ConfigError: a key that ``default_config()`` does not have (named in the message).
+    ConfigError: a key that ``default_config()`` does not have (named in the message; an old
+      name of a renamed key names its new one, :mod:`nbsgd_jax.config.renamed`).
   """
   for name, value in overrides.items():
     *sections, key = name.split(".")
@@ -74,7 +79,7 @@ def override(cfg: ml_collections.ConfigDict, overrides: dict) -> ml_collections.
     for sec in sections:
       node = node.get(sec) if isinstance(node, ml_collections.ConfigDict) else None
     if not isinstance(node, ml_collections.ConfigDict) or key not in node:
-      raise ConfigError([f"config.{name} is not a configuration key"])
+      raise ConfigError(unknown_key_errors([name]) or [f"config.{name} is not a configuration key"])
     try:
       node[key] = value
     except TypeError:  # ConfigDict is type-safe: the default's type (int -> float allowed)
@@ -107,7 +112,9 @@ def unknown_key_errors(keys) -> list[str]:
   known += sorted({k.rsplit(".", 1)[0] for k in known if "." in k})  # the sections
   errors = []
   for key in keys:
-    if key not in known:
+    if renamed_lib.renamed_error(key):
+      errors.append(renamed_lib.renamed_error(key))
+    elif key not in known:
       close = difflib.get_close_matches(key, known, n=1)
       errors.append(f"config.{key} is not a configuration key"
                     + (f" (did you mean config.{close[0]}?)" if close else ""))
@@ -257,20 +264,63 @@ def model_names() -> tuple:
   return models_lib.model_names()
 
 
+IMPORTS_ALLOWED = ("comma-separated module names on sys.path (examples.easgd: run from the "
+                   "directory that holds examples/) or .py file paths (path/to/my_algo.py)")
+
+
 def import_modules(cfg) -> None:
-  """Import ``config.imports`` (comma-separated module names), which may register models,
-  data sets and recipes.
+  """Import ``config.imports``: comma-separated entries, each a module name found on
+  ``sys.path`` (``examples.easgd``; ``python -m`` puts the current directory there) or a
+  Python file's path (an entry that ends in ``.py`` or holds a ``/``: ``path/to/my_algo.py``,
+  relative to the current directory), imported by path
+  (``importlib.util.spec_from_file_location``) as the module named after the file's stem
+  (``my_algo``), once per process. They may register models, data sets and recipes.
 
   Raises:
-    ConfigError: a module that cannot be imported (named, with the reason).
+    ConfigError: an entry that cannot be imported, one line naming ``config.imports``, the
+      entry and the reason (a missing module or file, an error raised while importing it, a
+      file whose module name another loaded module holds).
   """
   names = [m.strip() for m in str(cfg.get("imports") or "").split(",") if m.strip()]
   for name in names:
     try:
-      importlib.import_module(name)
+      if name.endswith(".py") or "/" in name or os.sep in name:
+        _import_file(name)
+      else:
+        importlib.import_module(name)
     except Exception as e:  # the user's module: any failure is named
-      raise ConfigError([f"config.imports={cfg.imports!r}: cannot import {name!r}: "
-                         f"{type(e).__name__}: {e}"]) from None
+      why = " ".join(f"{type(e).__name__}: {e}".split())  # one line
+      raise ConfigError([f"config.imports={cfg.imports!r} is not allowed: cannot import "
+                         f"{name!r} ({why}); use {IMPORTS_ALLOWED}"]) from None
+
+
+def _import_file(path: str):
+  """The module of the Python file ``path``, imported by path as the module named after its
+  stem (kept in ``sys.modules``; a second call returns it).
+
+  Raises:
+    FileNotFoundError: no such file. ImportError: another module holds the name. Whatever
+      the file raises while it runs.
+  """
+  full = os.path.abspath(os.path.expanduser(path))
+  if not os.path.isfile(full):
+    raise FileNotFoundError(f"no file {full}")
+  name = os.path.splitext(os.path.basename(full))[0]
+  loaded = sys.modules.get(name)
+  if loaded is not None:
+    if os.path.abspath(getattr(loaded, "__file__", "") or "") == full:
+      return loaded
+    raise ImportError(f"a module named {name!r} is loaded already (from "
+                      f"{getattr(loaded, '__file__', None) or 'built-in'}): rename the file")
+  spec = importlib.util.spec_from_file_location(name, full)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module  # dataclasses and pickle look the module up there
+  try:
+    spec.loader.exec_module(module)
+  except BaseException:
+    sys.modules.pop(name, None)
+    raise
+  return module
 
 
 def algorithm_names() -> list[str]:

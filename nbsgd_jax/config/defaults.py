@@ -34,9 +34,10 @@ def _setup_defaults() -> ml_collections.ConfigDict:
                                  # multihost (mesh over the devices of every process)
   c.workers_per_device = 0       # mesh: k workers per device (vmap inside shard_map); 0: the
                                  # smallest k with num_workers / k <= devices
-  c.imports = ""                 # comma-separated modules imported before the run: they may
-                                 # register models, data sets and recipes by name
-                                 # (models.register_model, data.register_dataset)
+  c.imports = ""                 # comma-separated modules imported before the run, each a
+                                 # module name on sys.path or a file path (ends in .py or
+                                 # holds a /); they may register models, data sets and
+                                 # recipes by name (docs/extending.md)
   c.model = "cnn"                # logreg | mlp | cnn | resnet (CIFAR ResNet, He et al. 2016) |
                                  # transformer (decoder-only language model, config.lm; a
                                  # text data set, e.g. tfds:tiny_shakespeare)

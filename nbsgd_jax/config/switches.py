@@ -17,6 +17,7 @@ from nbsgd_jax import data as data_lib
 from nbsgd_jax import recipes as recipes_lib
 from nbsgd_jax.config.defaults import default_config
 from nbsgd_jax.models.problems import PROBLEMS as SYNTHETIC  # with their known F*
+from nbsgd_jax.recipes.asynchronous import first_change
 
 
 class Switch(NamedTuple):
@@ -103,14 +104,24 @@ def _switched_keys(switch: Switch, default: ml_collections.ConfigDict) -> list[s
   return keys
 
 
+def inactive_reasons(cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, Any]]:
+  """``{dotted key: (switch, its value)}`` for the keys of the sections that are off in
+  ``cfg`` (:data:`SWITCHES`), each with the first switch that turns it off (the one
+  :func:`inactive_warnings` names)."""
+  default, out = default_config(), {}
+  for switch in switches():
+    state = cfg.get(switch.switch)
+    if not switch.on(state):
+      for key in _switched_keys(switch, default):
+        out.setdefault(key, (switch.switch, state))
+  return out
+
+
 def inactive_keys(cfg: ml_collections.ConfigDict) -> set[str]:
   """The dotted keys of the sections that are off in ``cfg`` (:data:`SWITCHES`): what a run
-  does not depend on (e.g. to compare runs whatever those keys hold)."""
-  default, out = default_config(), set()
-  for switch in switches():
-    if not switch.on(cfg.get(switch.switch)):
-      out.update(_switched_keys(switch, default))
-  return out
+  does not depend on (e.g. to compare runs whatever those keys hold; a sweep axis over one
+  is refused, :func:`nbsgd_jax.run.grid.expand`)."""
+  return set(inactive_reasons(cfg))
 
 
 def inactive_warnings(cfg: ml_collections.ConfigDict) -> list[str]:
@@ -132,8 +143,12 @@ def inactive_warnings(cfg: ml_collections.ConfigDict) -> list[str]:
 
 def odd_warnings(cfg: ml_collections.ConfigDict) -> list[str]:
   """One line per value allowed but probably not meant: a warm-up longer than the run, a
-  dispatch size that does not divide ``eval_every`` (each shorter block compiles again)."""
-  lines = []
+  dispatch size that does not divide ``eval_every`` (each shorter block compiles again), and
+  evaluations of an event-clock DiLoCo (``async_diloco``, ``halos``) before the step its
+  evaluated model can first change (:func:`nbsgd_jax.recipes.asynchronous.first_change`: a
+  lower bound; when the change comes depends on the event clock's times, known only while
+  running, so a run shorter than the bound is refused and a longer one warned)."""
+  lines = _early_evaluations(cfg)
   if cfg.warmup_steps > cfg.num_steps:
     lines.append(f"config.warmup_steps={cfg.warmup_steps} is longer than the run "
                  f"(config.num_steps={cfg.num_steps}): the learning rate never reaches "
@@ -144,6 +159,18 @@ def odd_warnings(cfg: ml_collections.ConfigDict) -> list[str]:
                  f"{cfg.eval_every}: every shorter block before an evaluation compiles once "
                  "more")
   return lines
+
+
+def _early_evaluations(cfg) -> list[str]:
+  """The line of :func:`odd_warnings` on evaluations before the evaluated model can change."""
+  first, every = first_change(cfg), cfg.get("eval_every")
+  if not first or not isinstance(every, int) or not 1 <= every < first[0] <= cfg.num_steps:
+    return []
+  step, _, why = first
+  last = (step - 1) // every * every
+  return [f"config.algorithm={cfg.algorithm!r}: its evaluated model cannot change before step "
+          f"{step} ({why}), and the event clock's times decide when it first does: the "
+          f"evaluations at steps {every} to {last} read the initial model"]
 
 
 def warn_inactive(cfg: ml_collections.ConfigDict, stream: TextIO | None = None) -> list[str]:

@@ -71,7 +71,7 @@ def from_config(cfg, time_per_example: Optional[float] = None) -> Cluster:
   episodes, trace = episodes_lib.speed_over_time(
       cl.n, step_seconds, c.episode_rate, c.episode_median, c.episode_sigma, c.episode_factor,
       c.trace, c.seed)
-  network = (network_lib.Network(cl.n, network_lib.parse_levels(c.levels), cl.latency,
+  network = (network_lib.Network(cl.n, network_lib.parse_levels(c.levels, cl.n), cl.latency,
                                  cl.bandwidth, c.placement) if c.levels else None)
   return cl._replace(episodes=episodes, trace=trace, network=network)
 
@@ -92,10 +92,10 @@ def _value_errors(cfg) -> list:
   checks.integer(cfg, errs, "cluster.seed", 0)
   episodes_lib.check_config(cfg, errs)
   checks.choice(cfg, errs, "cluster.allreduce_algorithm", ("ring", "tree"))
-  g, n = cfg.cluster.get("allreduce_group"), cfg.get("num_workers")
-  if checks.integer(cfg, errs, "cluster.allreduce_group", 0) and g and checks.is_int(n) and (
+  g, n = cfg.cluster.get("allreduce_group_size"), cfg.get("num_workers")
+  if checks.integer(cfg, errs, "cluster.allreduce_group_size", 0) and g and checks.is_int(n) and (
       g < 2 or n % g):
-    errs.append(f"config.cluster.allreduce_group={g} is not allowed with "
+    errs.append(f"config.cluster.allreduce_group_size={g} is not allowed with "
                 f"config.num_workers={n}: it must be 0 (a flat ring) or >= 2 and divide the "
                 "workers")
   levels = cfg.cluster.get("levels")
@@ -103,8 +103,8 @@ def _value_errors(cfg) -> list:
     errs.append(f"config.cluster.levels={levels!r} is not allowed: it must be a tuple of "
                 "'size:latency:bandwidth' strings (() for a flat network)")
   else:
-    try:
-      network_lib.parse_levels(levels)
+    try:  # the levels tile the workers (when num_workers is itself good)
+      network_lib.parse_levels(levels, n if checks.is_int(n) and n >= 1 else None)
     except ValueError as e:
       errs.append(f"config.{e}")
   place = cfg.cluster.get("placement")
@@ -112,18 +112,19 @@ def _value_errors(cfg) -> list:
       range(n if checks.is_int(n) else -1))):
     errs.append(f"config.cluster.placement={place!r} is not allowed: it must be () or a "
                 f"permutation of the workers 0..num_workers-1 (worker i's place)")
-  elif len(place) and cfg.cluster.get("allreduce_group"):
+  elif len(place) and cfg.cluster.get("allreduce_group_size"):
     errs.append(f"config.cluster.placement={tuple(place)!r} is not allowed with "
-                "config.cluster.allreduce_group: the hierarchical all-reduce groups "
+                "config.cluster.allreduce_group_size: the hierarchical all-reduce groups "
                 "consecutive workers")
   elif len(place) and isinstance(levels, (tuple, list)) and not levels:
     errs.append(f"config.cluster.placement={tuple(place)!r} is not allowed with "
                 "config.cluster.levels=(): a place matters only on a hierarchical network "
                 "(set cluster.levels, or placement=())")
   if checks.boolean(cfg, errs, "cluster.rebuild_collectives") and (
-      cfg.cluster.get("rebuild_collectives") and cfg.cluster.get("allreduce_group")):
+      cfg.cluster.get("rebuild_collectives") and cfg.cluster.get("allreduce_group_size")):
     errs.append(f"config.cluster.rebuild_collectives=True is not allowed with "
-                f"config.cluster.allreduce_group={cfg.cluster.get('allreduce_group')!r}: the "
+                f"config.cluster.allreduce_group_size="
+                f"{cfg.cluster.get('allreduce_group_size')!r}: the "
                 "rebuilt all-reduce is the flat one (ring or tree) over the live workers")
   failures_lib.check_config(cfg, errs)
   v = cfg.cluster.get("slowdown")
@@ -173,15 +174,17 @@ def cluster_defaults() -> ml_collections.ConfigDict:
                                  # levels, of the outermost link
   s.bandwidth = 1e9              # bytes/s (1 / beta); with levels, of the outermost link
   s.levels = ()                  # a hierarchical network, innermost first: "size:latency:
-                                 # bandwidth" each, e.g. ("8:1e-6:3e11", "4:1e-5:1.25e10")
+                                 # bandwidth" each, e.g. ("8:1e-6:3e11", "4:1e-5:1.25e10");
+                                 # a level's group (the sizes up to it multiplied) must
+                                 # divide num_workers
   s.placement = ()               # levels: worker i's place (a permutation; () for i itself)
-  s.allreduce_group = 0          # 0: a flat ring | g: the hierarchical all-reduce over groups
+  s.allreduce_group_size = 0          # 0: a flat ring | g: the hierarchical all-reduce over groups
                                  # of g consecutive workers (reduce-scatter inside, all-reduce
                                  # across, all-gather inside)
   s.allreduce_algorithm = "ring"  # ring | tree: NCCL's double binary tree, 2 ceil(log2 n)
                                  # messages, 2 (n - 1) / n S bytes per worker on average and
                                  # the busiest worker's 2 S timed (S for n = 2, 3 S / 2 for
-                                 # n = 3; with allreduce_group: its across phase)
+                                 # n = 3; with allreduce_group_size: its across phase)
   s.rebuild_collectives = False  # failures: True charges the all-reduce over the live
                                  # workers (torchft reconfigures its process group at each
                                  # quorum); False: over all n, as a fixed communicator

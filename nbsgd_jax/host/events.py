@@ -267,7 +267,7 @@ PULLS = ("arrival", "instant")  # when an asynchronous DiLoCo worker reads the s
 
 class ServerEventTimes(EventTimes):
   """The event clock of asynchronous DiLoCo (:func:`nbsgd_jax.transforms.asynchronous.
-  server_rounds`): worker i repeats a cycle of ``inner_steps[i] + 1`` events: a pull of the
+  server_rounds`): worker i repeats a cycle of ``local_steps[i] + 1`` events: a pull of the
   server's model (it takes one message's time), then its inner steps (the cluster model's
   time each), the last one pushing its pseudo-gradient (one message's time before its next
   pull). Pushes and pulls touch the server (resource ``n``), so none shares a batch with
@@ -299,19 +299,19 @@ class ServerEventTimes(EventTimes):
 
   Args:
     cluster, message_bytes, step_overhead: as :class:`EventTimes`.
-    inner_steps: int ``[n]``, H_i >= 1 (dynamic local updates: fewer for slower workers).
+    local_steps: int ``[n]``, H_i >= 1 (dynamic local updates: fewer for slower workers).
     pull: one of :data:`PULLS`, when a worker reads (above).
 
   Raises:
     ValueError: an unknown ``pull`` (named).
   """
 
-  def __init__(self, cluster, message_bytes: float, inner_steps, step_overhead: float = 0.0,
+  def __init__(self, cluster, message_bytes: float, local_steps, step_overhead: float = 0.0,
                pull: str = "arrival"):
     if pull not in PULLS:
       raise ValueError(f"async_diloco.pull={pull!r} is not allowed: use one of {list(PULLS)}")
     self.pull, self.asked = pull, np.full(cluster.n, -1.0)  # s, a waiting worker's push
-    self.cycle = np.asarray(inner_steps, np.int64) + 1
+    self.cycle = np.asarray(local_steps, np.int64) + 1
     server = cluster.n
     touch = lambda i, k: (i, server) if k % self.cycle[i] in (0, self.cycle[i] - 1) else (i,)
     super().__init__(cluster, touch, message_bytes, step_overhead, lambda i: (i, server), 1)

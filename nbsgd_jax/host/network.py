@@ -7,7 +7,8 @@ second): ``("8:1e-6:3e11", "4:1e-5:1.25e10")`` is 8 workers a node over NVLink-l
 nodes a region over a datacenter network. Beyond the last level the cluster's own
 ``latency`` and ``bandwidth`` are the link (the wide-area one). Worker ``i`` sits at place
 ``p_i`` (``cluster.placement``, a permutation; by default ``p_i = i``), in node ``p_i // 8``
-and region ``p_i // 32`` (a placement without levels is refused: it would change nothing).
+and region ``p_i // 32`` (a placement without levels is refused: it would change nothing;
+so are levels whose groups do not tile the workers, :func:`parse_levels`).
 A message from ``i`` to ``j`` crosses the innermost level whose group holds both.
 
 A round of a communication (:class:`~nbsgd_jax.communications.Round`: who waits for whom,
@@ -39,12 +40,22 @@ from nbsgd_jax.core import checks
 from nbsgd_jax.communications.adjacency import Group, Neighbours
 
 
-def parse_levels(levels: Sequence[str]) -> list[tuple[int, float, float]]:
-  """``[(size, latency, bandwidth)]`` of ``cluster.levels``.
+def parse_levels(levels: Sequence[str], n: int | None = None) -> list[tuple[int, float, float]]:
+  """``[(size, latency, bandwidth)]`` of ``cluster.levels``; with ``n`` (workers), checked to
+  tile them.
+
+  A level's group holds its size times the workers of a group of the level inside it (the
+  product of the sizes up to it), so each level's group size divides the next one's by
+  construction; the levels tile ``n`` workers when the outermost group size divides ``n``
+  (``n`` over it is the number of top-level groups, joined by the cluster's own link). A group
+  size that does not divide ``n`` (``"3:..."`` with 8 workers: uneven groups) or exceeds it
+  (``"16:..."`` with 8: a group bigger than the cluster) is refused: :meth:`Network.level`
+  would charge links between groups that do not exist.
 
   Raises:
-    ValueError: a malformed entry, a size < 2, a latency < 0 or a bandwidth <= 0 (named as
-      ``cluster.levels``).
+    ValueError: a malformed entry, a size < 2, a latency < 0 or a bandwidth <= 0; with ``n``,
+      a level whose group size does not divide ``n`` (named as ``cluster.levels``, with the
+      level and ``num_workers``).
   """
   out = []
   for item in levels:
@@ -58,6 +69,15 @@ def parse_levels(levels: Sequence[str]) -> list[tuple[int, float, float]]:
       raise checks.not_allowed("cluster.levels", tuple(levels), f"entry {item!r} needs size "
                                ">= 2, latency >= 0 and bandwidth > 0")
     out.append((size, lat, bw))
+  span = 1
+  for j, (size, _, _) in enumerate(out):
+    span *= size
+    if n is not None and (span > n or n % span):
+      how = "exceeds" if span > n else "does not divide"
+      raise ValueError(
+          f"cluster.levels={tuple(levels)!r} is not allowed with config.num_workers={n}: level "
+          f"{j} ({levels[j]!r}) makes groups of {span} workers, which {how} {n}; each level's "
+          "group (its size times the sizes inside it) must divide num_workers")
   return out
 
 

@@ -87,15 +87,15 @@ class SyncPlanner:
       raise ValueError(f"local_sgd.schedule={schedule!r} is not allowed: use one of "
                        f"{list(SCHEDULES)}")
     if not _is_int(tau) or tau < 1:
-      raise ValueError(f"local_sgd.tau={tau!r} is not allowed: it must be an int >= 1")
+      raise ValueError(f"local_sgd.local_steps={tau!r} is not allowed: it must be an int >= 1")
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:
       raise ValueError(f"local_sgd.alpha={alpha!r} is not allowed: it must be a number >= 0")
     if not _is_int(switch_step) or switch_step < 0:
       raise ValueError(f"local_sgd.switch_step={switch_step!r} is not allowed: it must be an "
                        "int >= 0")
     if not _is_int(max_tau) or max_tau < 0:
-      raise ValueError(f"local_sgd.max_tau={max_tau!r} is not allowed: it must be an int >= 0 "
-                       "(0: no cap)")
+      raise ValueError(f"local_sgd.max_local_steps={max_tau!r} is not allowed: it must be an "
+                       "int >= 0 (0: no cap)")
     if not _is_int(num_comm) or num_comm < 0:
       raise ValueError(f"local_sgd.num_comm={num_comm!r} is not allowed: it must be an int >= 0 "
                        "(0: use local_sgd.alpha)")
@@ -211,11 +211,11 @@ class FragmentPlanner(SyncPlanner):
     ValueError: ``P`` does not divide ``H``, or tau is not in ``[0, H / P)``.
   """
 
-  def __init__(self, inner_steps: int, fragments: int, delay: int = 0):
-    if inner_steps % fragments:
+  def __init__(self, local_steps: int, fragments: int, delay: int = 0):
+    if local_steps % fragments:
       raise ValueError(f"streaming_diloco.fragments={fragments} is not allowed with "
-                       f"diloco.inner_steps={inner_steps}: it must divide H")
-    every = inner_steps // fragments
+                       f"diloco.local_steps={local_steps}: it must divide H")
+    every = local_steps // fragments
     if not 0 <= delay < every:
       raise ValueError(f"streaming_diloco.delay={delay} is not allowed with H / P = {every}: "
                        f"a fragment's all-reduce must land before the next one starts "
@@ -244,8 +244,8 @@ def make_planner(cfg, loss_offset: float = 0.0) -> SyncPlanner:
   """The :class:`SyncPlanner` of ``local_sgd.*`` (the ``local_sgd`` recipe's planner).
   ``loss_offset``: ADA-LUPA's ``F*`` when ``local_sgd.offset_optimum`` (a synthetic task)."""
   c = cfg.local_sgd
-  return SyncPlanner(c.schedule, c.tau, alpha=c.alpha, switch_step=c.switch_step,
-                     max_tau=c.max_tau, loss_offset=loss_offset, num_comm=c.num_comm,
+  return SyncPlanner(c.schedule, c.local_steps, alpha=c.alpha, switch_step=c.switch_step,
+                     max_tau=c.max_local_steps, loss_offset=loss_offset, num_comm=c.num_comm,
                      num_steps=cfg.num_steps)
 
 
@@ -255,7 +255,7 @@ def make_planner(cfg, loss_offset: float = 0.0) -> SyncPlanner:
 def local_sgd_defaults() -> ml_collections.ConfigDict:
   """``config.local_sgd.*`` with their defaults: LUPA-SGD (Haddadpour et al. 2019)."""
   s = ml_collections.ConfigDict()
-  s.tau = 4                      # local steps per communication period (tau_0 of ada_lupa)
+  s.local_steps = 4              # H: local steps per communication period (tau_0 of ada_lupa)
   s.schedule = "fixed"           # fixed | ada_lupa | linear | post_local (see host/periods.py)
   s.alpha = 0.1                  # linear: tau_i = ceil(tau (1 + alpha (i + 1))), i = 0, 1, ..
                                  # (the released code's ramp, see host/periods.py)
@@ -263,7 +263,7 @@ def local_sgd_defaults() -> ml_collections.ConfigDict:
                                  # (num_comm tau) as the released main.py --num-comm (alpha
                                  # ignored); 0: use alpha
   s.switch_step = 0              # post_local: tau = 1 before this step, then tau
-  s.max_tau = 0                  # cap on any period (0: none)
+  s.max_local_steps = 0          # cap on any period (0: none)
   s.averaging = "mean"           # mean (exact average) | gossip (one step over topology)
   s.opt_state = "keep"           # at a sync: keep local | average | reset the optimizer state
   s.offset_optimum = False       # ada_lupa: observe F - F* (synthetic problems) not F
@@ -272,7 +272,7 @@ def local_sgd_defaults() -> ml_collections.ConfigDict:
 
 def check_period(cfg, errs: list) -> None:
   """Local SGD's first period ends within the run (``config.algorithm='local_sgd'``)."""
-  checks.period_within_run(cfg, errs, "local_sgd.tau",
+  checks.period_within_run(cfg, errs, "local_sgd.local_steps",
                            cfg.local_sgd.get("schedule") != "post_local")
 
 
@@ -281,7 +281,7 @@ def check_config(cfg, errs: list) -> None:
   for key, allowed in (("schedule", SCHEDULES), ("averaging", AVERAGINGS),
                        ("opt_state", OPT_STATE_SYNCS)):
     checks.choice(cfg, errs, f"local_sgd.{key}", allowed)
-  for key, lo in (("tau", 1), ("switch_step", 0), ("max_tau", 0), ("num_comm", 0)):
+  for key, lo in (("local_steps", 1), ("switch_step", 0), ("max_local_steps", 0), ("num_comm", 0)):
     checks.integer(cfg, errs, f"local_sgd.{key}", lo)
   checks.number(cfg, errs, "local_sgd.alpha", 0)
   if (checks.boolean(cfg, errs, "local_sgd.offset_optimum") and cfg.local_sgd.offset_optimum

@@ -48,7 +48,7 @@ class RegionalServerTimes(events_lib.ServerEventTimes):
   """The event clock of HALoS (module docstring).
 
   Args:
-    cluster, message_bytes, inner_steps, step_overhead: as
+    cluster, message_bytes, local_steps, step_overhead: as
       :class:`~nbsgd_jax.host.events.ServerEventTimes`.
     regions: L (a divisor of n).
     accumulation: K, pushes an LPS takes between two sends.
@@ -57,7 +57,7 @@ class RegionalServerTimes(events_lib.ServerEventTimes):
     ValueError: L not a divisor of n, or K < 1 (named).
   """
 
-  def __init__(self, cluster, message_bytes: float, inner_steps, regions: int,
+  def __init__(self, cluster, message_bytes: float, local_steps, regions: int,
                accumulation: int, step_overhead: float = 0.0):
     n = cluster.n
     if regions < 1 or n % regions:
@@ -66,7 +66,7 @@ class RegionalServerTimes(events_lib.ServerEventTimes):
     if accumulation < 1:
       raise ValueError(f"halos.accumulation={accumulation} is not allowed: K >= 1")
     self.regions, self.per, self.k = int(regions), n // int(regions), int(accumulation)
-    super().__init__(cluster, message_bytes, inner_steps, step_overhead, "instant")
+    super().__init__(cluster, message_bytes, local_steps, step_overhead, "instant")
     push = lambda i, k: k % self.cycle[i] == self.cycle[i] - 1
     self._rule0 = lambda i, k: (i, n) if push(i, k) else (i,)
     self.clock = self._new_clock(self._rule0)

@@ -49,11 +49,11 @@ from nbsgd_jax.recipes import lowcomm  # noqa: F401  (registers DiLoCo's descend
 from nbsgd_jax.recipes import sampled  # noqa: F401  (Epidemic Learning, Teleportation)
 from nbsgd_jax.recipes.synchronous import (DILOCO, check_dpsgd_config, dpsgd,
                                            dpsgd_defaults)
-from nbsgd_jax.recipes.asynchronous import check_sgp, inner_steps, two_colouring
+from nbsgd_jax.recipes.asynchronous import check_sgp, local_steps_per_worker, two_colouring
 
 __all__ = ["CLOCKS", "DILOCO", "GOSSIP_REASON", "REGISTRY", "SECTIONS", "Builder", "Entry",
            "Reason", "Recipe", "Section", "asynchronous", "build", "check_dpsgd_config",
            "check_sgp", "combination_errors", "dpsgd", "dpsgd_defaults", "event_clock_errors",
-           "gossip_recipes", "inner_steps", "is_asynchronous", "lowcomm", "register",
+           "gossip_recipes", "local_steps", "is_asynchronous", "lowcomm", "register",
            "registrations", "sampled", "section_owners",
            "synchronous", "two_colouring"]

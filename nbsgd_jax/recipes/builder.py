@@ -74,11 +74,11 @@ class Builder:
   # ------------------------------------------------------------------ communications
 
   def allreduce(self, ring: bool = False, key: str = "allreduce") -> AllReduce:
-    """An all-reduce; with ``cluster.allreduce_group`` = g, the hierarchical one over groups
+    """An all-reduce; with ``cluster.allreduce_group_size`` = g, the hierarchical one over groups
     of g consecutive workers (:class:`~nbsgd_jax.communications.HierarchicalAllReduce`);
     ``cluster.allreduce_algorithm='tree'`` charges the double binary tree;
     ``cluster.rebuild_collectives`` charges it over the live workers after a failure."""
-    g, tree = self.cfg.cluster.allreduce_group, self.cfg.cluster.allreduce_algorithm == "tree"
+    g, tree = self.cfg.cluster.allreduce_group_size, self.cfg.cluster.allreduce_algorithm == "tree"
     if g:
       return HierarchicalAllReduce(self.n, g, self.axis_name, key, self.weighted, ring,
                                    tree=tree)

@@ -99,6 +99,40 @@ def make_schedule(cfg: ml_collections.ConfigDict,
   return schedule
 
 
+def schedule_count(opt_state: Any) -> Optional[jax.Array]:
+  """The local optimizer's own count in a worker's transform state ``opt_state`` (any
+  pytree): the ``count`` of the first optax ``ScaleByScheduleState`` in ``jax.tree`` order,
+  the stage of :func:`make_optimizer` that scales by :func:`make_schedule` (Muon's two
+  branches hold one each, equal). It advances once per update the optimizer applies, not on
+  the steps it skips (:func:`nbsgd_jax.transforms.skip_when_idle` keeps the state). None:
+  no scheduled optax optimizer in ``opt_state``."""
+  is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_sched) if is_sched(x)]
+  return found[0].count if found else None
+
+
+def step_rate(cfg: ml_collections.ConfigDict, opt_state: Any,
+              hp: Optional[Mapping[str, Any]] = None) -> tuple[Any, Any]:
+  """``(learning_rate, opt_step)`` of a worker's local optimizer at this step, the numbers it
+  applies: ``opt_step`` = :func:`schedule_count` of ``opt_state`` (int32 scalar) and
+  ``learning_rate`` = :func:`make_schedule` ``(cfg, hp)`` at it (float32 scalar, the schedule
+  :func:`make_optimizer` builds from the same ``cfg`` and ``hp``). The trainer puts them in
+  the step's context (``StepContext.learning_rate`` / ``opt_step``) before the recipe's
+  transform runs; ``(None, None)`` when ``opt_state`` holds no scheduled optimizer.
+
+  Args:
+    cfg: the run's config (its ``lr_schedule`` is structure).
+    opt_state: one worker's transform state, before this step's update.
+    hp: the step's hyperparameters (:func:`hparams`' keys among them; arrays or floats);
+      None: those of ``cfg``.
+  """
+  count = schedule_count(opt_state)
+  if count is None:
+    return None, None
+  count = jnp.asarray(count, jnp.int32)
+  return jnp.asarray(make_schedule(cfg, hp)(count), jnp.float32), count
+
+
 def milestone_step(cfg: ml_collections.ConfigDict, fraction: float) -> int:
   """The first step (0-based) with the decayed rate of the milestone at ``fraction`` of
   ``num_steps``: ``round(fraction * num_steps)``."""

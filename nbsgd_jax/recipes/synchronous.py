@@ -29,7 +29,7 @@ from nbsgd_jax.recipes.registry import GOSSIP_REASON, Recipe, Section, register
 
 def check_diloco_config(cfg, errs: list) -> None:
   """diloco.*: inner steps and the outer optimizer."""
-  checks.integer(cfg, errs, "diloco.inner_steps", 1, note="H")
+  checks.integer(cfg, errs, "diloco.local_steps", 1, note="H")
   checks.number(cfg, errs, "diloco.outer_lr", 0, lo_open=True)
   checks.number(cfg, errs, "diloco.outer_momentum", 0, hi=1, hi_open=True)
   checks.boolean(cfg, errs, "diloco.outer_nesterov")
@@ -51,8 +51,18 @@ def check_dpsgd_config(cfg, errs: list) -> None:
 
 
 def _check_diloco_period(cfg, errs: list) -> None:
-  """DiLoCo's first round ends within the run."""
-  checks.period_within_run(cfg, errs, "diloco.inner_steps", True)
+  """DiLoCo's first round ends within the run; with ``diloco.overlap='delayed'`` so does its
+  first outer step, at the second period end ``2 H`` (the first mean lands a period late):
+  before it the outer model, the evaluated one, is the initial model."""
+  checks.period_within_run(cfg, errs, "diloco.local_steps", True)
+  h, steps = cfg.diloco.get("local_steps"), cfg.get("num_steps")
+  if (cfg.get("algorithm") == "diloco" and cfg.diloco.get("overlap") == "delayed"
+      and checks.is_int(h) and checks.is_int(steps) and 1 <= h <= steps < 2 * h):
+    errs.append(f"config.diloco.local_steps={h} is not allowed with config.diloco.overlap="
+                f"'delayed' and config.num_steps={steps}: the run would end before its "
+                f"evaluated (outer) model first changes, at step {2 * h} (the first mean lands "
+                f"a period late); use " + (f"at most {steps // 2}, or " if steps > 1 else "")
+                + f"num_steps >= {2 * h}")
 
 
 def check_streaming_diloco_config(cfg, errs: list) -> None:
@@ -63,20 +73,20 @@ def check_streaming_diloco_config(cfg, errs: list) -> None:
 
 
 def _check_streaming(cfg, errs: list) -> None:
-  """Streaming DiLoCo's first round within the run, P dividing H = diloco.inner_steps and
+  """Streaming DiLoCo's first round within the run, P dividing H = diloco.local_steps and
   0 <= tau < H / P (a fragment's all-reduce lands before the next one starts); its overlap is
   its own (``streaming_diloco.delay``), not ``diloco.overlap``."""
   _check_diloco_period(cfg, errs)
   if cfg.diloco.get("overlap", "none") != "none":
     errs.append(f"config.diloco.overlap={cfg.diloco.overlap!r} is not allowed with "
                 "algorithm='streaming_diloco': its overlap is streaming_diloco.delay")
-  sd, h = cfg.streaming_diloco, cfg.diloco.get("inner_steps")
+  sd, h = cfg.streaming_diloco, cfg.diloco.get("local_steps")
   p, tau = sd.get("fragments"), sd.get("delay")
   if not (checks.is_int(p) and p >= 1 and checks.is_int(h) and h >= 1):
     return
   if h % p:
     errs.append(f"config.streaming_diloco.fragments={p} is not allowed with "
-                f"config.diloco.inner_steps={h}: it must divide H")
+                f"config.diloco.local_steps={h}: it must divide H")
   elif checks.is_int(tau) and tau >= h // p:
     errs.append(f"config.streaming_diloco.delay={tau} is not allowed with H / P = {h // p}: "
                 f"a fragment's all-reduce must land before the next one starts "
@@ -128,7 +138,7 @@ def gossip_pga_defaults() -> ml_collections.ConfigDict:
 def diloco_defaults() -> ml_collections.ConfigDict:
   """``config.diloco.*`` with their defaults: DiLoCo (Douillard et al. 2023)."""
   s = ml_collections.ConfigDict()
-  s.inner_steps = 50             # H: inner steps per round
+  s.local_steps = 50             # H: inner steps per round
   s.outer_lr = 0.7               # outer SGD learning rate
   s.outer_momentum = 0.9         # outer momentum (0: plain SGD)
   s.outer_nesterov = True        # Nesterov outer momentum
@@ -143,7 +153,7 @@ def streaming_diloco_defaults() -> ml_collections.ConfigDict:
   """``config.streaming_diloco.*`` with their defaults: Streaming DiLoCo (Douillard et al. 2025)."""
   s = ml_collections.ConfigDict()
   s.fragments = 2                # P: contiguous groups of parameter arrays, one synchronised
-                                    # every diloco.inner_steps / P steps (P must divide H)
+                                    # every diloco.local_steps / P steps (P must divide H)
   s.delay = 0                    # tau: inner steps a fragment's all-reduce overlaps (0: none;
                                  # 0 <= tau < H / P)
   s.alpha = 0.0                  # mixing factor at landing: x <- alpha x + (1 - alpha) global
@@ -167,7 +177,7 @@ MATCHA = Section(matcha_lib.matcha_defaults, matcha_lib.check_config, "MATCHA (W
 def sparta_defaults() -> ml_collections.ConfigDict:
   """``config.sparta.*`` with their defaults: SPARTA (exo-explore/gym)."""
   s = ml_collections.ConfigDict()
-  s.p = 0.005                    # fraction of the coordinates averaged after each step (the
+  s.density = 0.005              # k/d: fraction of the coordinates averaged after each step (the
                                  # reference's p_sparta)
   s.mask = "broadcast"           # broadcast (the reference: rank 0's mask sent, d bytes to
                                  # each other worker) | seeded (drawn on every worker from a
@@ -176,13 +186,13 @@ def sparta_defaults() -> ml_collections.ConfigDict:
 
 
 def check_sparta_config(cfg, errs: list) -> None:
-  """sparta.p in (0, 1]; sparta.mask."""
-  checks.number(cfg, errs, "sparta.p", 0, lo_open=True, hi=1)
+  """sparta.density in (0, 1]; sparta.mask."""
+  checks.number(cfg, errs, "sparta.density", 0, lo_open=True, hi=1)
   checks.choice(cfg, errs, "sparta.mask", MASKS)
 
 
 SPARTA = Section(sparta_defaults, check_sparta_config, "SPARTA (exo-explore/gym)",
-                 hparams=("p",))
+                 hparams=("density",))
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -315,9 +325,9 @@ def diloco(b: Builder) -> Recipe:
   reducer, opt = b.delta_reducer(comm), b.optimizer("local")
   c = b.cfg.diloco
   t = b.injected(lambda lr, m: A.diloco(opt, reducer, _outer(b.cfg, lr, m), c.overlap,
-                                        c.inner_steps), "diloco.outer_lr", "diloco.outer_momentum")
+                                        c.local_steps), "diloco.outer_lr", "diloco.outer_momentum")
   return Recipe(t, decentralized=True, primary=comm, evaluated=asynchronous.outer_models,
-                planner=b.fixed_periods(b.cfg.diloco.inner_steps))
+                planner=b.fixed_periods(b.cfg.diloco.local_steps))
 
 
 @register("streaming_diloco", sections={"diloco": DILOCO, "streaming_diloco": STREAMING_DILOCO},
@@ -327,7 +337,7 @@ def streaming_diloco(b: Builder) -> Recipe:
   one every H / P steps (``diloco.*`` as DiLoCo, ``streaming_diloco.fragments`` = P), each
   all-reduce overlapping ``streaming_diloco.delay`` = tau inner steps, merged with mixing
   factor ``streaming_diloco.alpha``."""
-  h, c = b.cfg.diloco.inner_steps, b.cfg.streaming_diloco
+  h, c = b.cfg.diloco.local_steps, b.cfg.streaming_diloco
   comm = b.allreduce()
   reducer, opt = b.delta_reducer(comm), b.optimizer("local")
   t = b.injected(lambda lr, m: A.streaming_diloco(opt, reducer, _outer(b.cfg, lr, m),
@@ -342,8 +352,8 @@ def streaming_diloco(b: Builder) -> Recipe:
           face="sparta")
 def sparta(b: Builder) -> Recipe:
   """SPARTA (exo-explore/gym): the local step, then the mean over the workers of a random
-  fraction ``sparta.p`` of the coordinates, the same on every worker."""
+  fraction ``sparta.density`` of the coordinates, the same on every worker."""
   exchange = MaskedAllReduce(b.n, b.axis_name, "sparta", b.cfg.sparta.mask)
   opt = b.optimizer("local")
-  t = b.injected(lambda p, seed: A.sparta(opt, exchange, p, seed), "sparta.p", "seed")
+  t = b.injected(lambda p, seed: A.sparta(opt, exchange, p, seed), "sparta.density", "seed")
   return Recipe(t, decentralized=True, primary=exchange)

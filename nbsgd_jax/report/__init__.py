@@ -12,22 +12,33 @@ progress) and, once the run has finished, ``summary.json``. The report reads onl
 * ``loss_accuracy_vs_{sim_time,wall_time,bytes_sent,step}.png``: training loss of the averaged
   model (``train_loss``, log scale) and test accuracy against simulated time (s), wall time of
   the training steps (s), MB sent per worker and step; one line per run;
-* ``consensus_distance.png``: consensus distance Xi against step, for the runs that have it;
-* ``report.md``: one row per run (the algorithm as run, final accuracy and loss, steps, times,
-  MB sent, time and MB to a target training loss, samples/s; for the asynchronous runs on the
-  event clock their events or pushes and staleness, with a note on what their steps applied)
-  with the figures embedded.
+* ``consensus_distance.png``: consensus distance Xi against step, for the runs that have it
+  (a periodic run whose evaluations all fall just after a synchronisation says so in its
+  legend entry and a note under the figure: :mod:`nbsgd_jax.report.syncs`);
+* ``time_by_cause.png``: where each run's simulated time went, one stacked bar per run
+  (computing, communicating, waiting, down; seconds per worker) with a tick at its
+  counterfactual ``sim_time_ideal`` (:mod:`nbsgd_jax.report.fleet`);
+* ``report.md``: the settings the runs share (the fleet's too: the network's levels and
+  placement, a trace, failures, episodes), then one row per run (the algorithm as run, final
+  accuracy and loss, steps, times, MB sent, time and MB to a target training loss, samples/s;
+  goodput and the time by cause; the ideal simulated time and sim / ideal; the failures,
+  episodes and restarts counted; for the asynchronous runs on the event clock their events or
+  pushes and staleness, with a note on what their steps applied) with the figures embedded.
 
 Runs are labelled by the algorithm as run where it differs (:mod:`nbsgd_jax.run.naming`, e.g.
 ``dpsgd + non-blocking (M = 4)``), then by the other configuration keys that differ between
-them (nested keys flattened with dots, e.g. ``learning_rate=0.1``; a key counts only among
-the runs that read it: ``diloco.inner_steps`` not for ``dpsgd``; logging-only keys such as
-``progress`` are ignored), or by their directory name when nothing differs. Every file is
-written to a temporary name and then renamed, so a crash never leaves a half-written report.
+them (the fleet's in words, e.g. ``episodes (0.03/h, median 1260 s, x1.5)``, ``levels
+8:1e-6:3e11``; others as nested keys flattened with dots, e.g. ``learning_rate=0.1``; a key
+counts only among the runs that read it: ``diloco.local_steps`` not for ``dpsgd``;
+logging-only keys such as ``progress`` are ignored), or by their directory name when nothing
+differs. Every file is written to a temporary name and then renamed, so a crash never leaves
+a half-written report.
 
 The run directories as read live in :mod:`nbsgd_jax.report.runs`, the figures in
-:mod:`nbsgd_jax.report.plots`, the markdown of ``report.md`` in :mod:`nbsgd_jax.report.table`
-(their names re-exported here) and a sweep's report in :mod:`nbsgd_jax.report.sweep`.
+:mod:`nbsgd_jax.report.plots`, the fleet's settings and time by cause in
+:mod:`nbsgd_jax.report.fleet`, the synchronisation points in :mod:`nbsgd_jax.report.syncs`,
+the markdown of ``report.md`` in :mod:`nbsgd_jax.report.table` (their names re-exported
+here) and a sweep's report in :mod:`nbsgd_jax.report.sweep`.
 """
 
 from __future__ import annotations
@@ -52,12 +63,24 @@ from nbsgd_jax.report.plots import (  # noqa: F401
     plot_consensus,
     plot_loss_accuracy,
 )
+from nbsgd_jax.report import syncs as syncs_lib
+from nbsgd_jax.report.fleet import (  # noqa: F401
+    CAUSES,
+    TIME_FIGURE,
+    cause_seconds,
+    fleet_keys,
+    fleet_settings,
+    fleet_words,
+    plot_time_by_cause,
+)
 from nbsgd_jax.report.runs import NotARunError, Run, _num, flatten, load_run  # noqa: F401
 from nbsgd_jax.report.table import (  # noqa: F401
     ASYNC_COLUMNS,
     EXTRA_COLUMNS,
+    FAULT_COLUMNS,
     FLEET_COLUMNS,
     EVENT_CLOCK_DOC,
+    IDEAL_COLUMNS,
     KEY_SETTINGS,
     NO_EVAL,
     _f,
@@ -67,6 +90,7 @@ from nbsgd_jax.report.table import (  # noqa: F401
     _notes,
     _table,
     event_note,
+    shared_settings,
 )
 
 # Keys that change logging or bookkeeping, not training: never used to tell runs apart.
@@ -87,7 +111,7 @@ _LABEL_FIELDS = 4  # at most this many differing fields in a legend label (all i
 
 def differing_keys(runs: Sequence[Run]) -> list[str]:
   """Flattened config keys whose values are not the same in every run that reads them
-  (:attr:`Run.unused`: ``diloco.inner_steps`` counts only among the runs of a recipe that
+  (:attr:`Run.unused`: ``diloco.local_steps`` counts only among the runs of a recipe that
   takes ``diloco``, ``compression.density`` only among those that compress; noise keys left
   out), in config order; empty for a single run."""
   keys: list[str] = []
@@ -152,22 +176,29 @@ def _row(run: Run, label: str, settings: dict, target: float | None) -> dict:
       target_bytes_sent=hit_bytes,
       target_mb_sent=hit_bytes * 1e-6 if hit_bytes is not None else None,
       **{key: _num(last.get(key)) for key, _, _ in EXTRA_COLUMNS})
+  ideal = row["sim_time_ideal"]  # sim_time / sim_time_ideal: what stragglers and faults cost
+  row["ideal_ratio"] = row["sim_time"] / ideal if ideal and row["sim_time"] is not None else None
   return row
 
 
 def _labels(runs: Sequence[Run], keys: Sequence[str]) -> list[str]:
   """Legend labels: the algorithm as run (:attr:`Run.as_run`) where it is not the same in
-  every run, then the differing keys the run reads that it does not state (at most
-  ``_LABEL_FIELDS`` parts), or the directory name when nothing differs; runs with the same
-  label (same config) get their directory name added."""
+  every run, then the fleet's settings that differ in words (:func:`fleet_words`: the
+  network's levels, a trace, episodes), then the differing keys the run reads that neither
+  states (at most ``_LABEL_FIELDS`` parts), or the directory name when nothing differs; runs
+  with the same label (same config) get their directory name added."""
   names = [r.name for r in runs]
   ident = [r.path if names.count(r.name) > 1 else r.name for r in runs]
   by_name = len({r.as_run for r in runs}) > 1
   labels = []
+  some = fleet_keys(runs)
+  fleet = [k for k in keys if k in some]  # the differing fleet settings some run has
   for r, idn in zip(runs, ident):
-    parts = [r.as_run] if by_name else []
+    named = r.named if by_name else ()
+    words, said = fleet_words(r.flat_config, fleet, named)
+    parts = ([r.as_run] if by_name else []) + words
     parts += [f"{k}={_fmt_value(v)}" for k, v in settings_of(r, keys).items()
-              if not (by_name and k in r.named)]
+              if k not in named and k not in said]
     if len(parts) > _LABEL_FIELDS:
       parts = parts[:_LABEL_FIELDS] + ["..."]
     labels.append(", ".join(parts) if parts else idn)
@@ -177,6 +208,54 @@ def _labels(runs: Sequence[Run], keys: Sequence[str]) -> list[str]:
 
 
 _atomic_write = files_lib.atomic_write
+
+
+def _remove(path: str) -> None:
+  if os.path.exists(path):  # from an earlier report in the same directory
+    os.remove(path)
+
+
+def _consensus_figure(out: str, evaluated: list) -> tuple:
+  """The consensus figure of the evaluated runs that have the distance: ``(figures, note,
+  notes under it)``; a run whose plotted evaluations all come just after a synchronisation
+  (:func:`nbsgd_jax.report.syncs.at_syncs`) says so in its legend entry and a note."""
+  cons = [(i, r, lab) for i, (r, lab) in enumerate(evaluated) if has_consensus(r)]
+  cpath = os.path.join(out, CONSENSUS_FIGURE)
+  if not cons:
+    _remove(cpath)
+    return [], "no run has consensus distance data: no consensus plot.", []
+  at = [syncs_lib.at_syncs(r) for _, r, _ in cons]
+  plot_consensus([r for _, r, _ in cons],
+                 [syncs_lib.sync_label(lab) if a else lab for (_, _, lab), a in zip(cons, at)],
+                 cpath, [i for i, _, _ in cons])
+  notes = [syncs_lib.sync_note(r, lab, a) for (_, r, lab), a in zip(cons, at) if a]
+  without = [r.name for r, _ in evaluated if not has_consensus(r)]
+  note = None
+  if without:
+    note = ("no consensus distance (all-reduce or not measured), not in "
+            f"{CONSENSUS_FIGURE}: {', '.join(without)}.")
+  return [(CONSENSUS_FIGURE, "consensus distance vs step")], note, notes
+
+
+def _figures(out: str, evaluated: list, rows: list) -> tuple:
+  """Every figure of the report, written to ``out``: ``(figures [(file, title)], the
+  consensus note, {file: notes under it})``."""
+  figures: list = []
+  if evaluated:
+    eruns, elabels = [r for r, _ in evaluated], [lab for _, lab in evaluated]
+    for xkey, xlabel, xscale in X_AXES:
+      fname = f"loss_accuracy_vs_{xkey}.png"
+      plot_loss_accuracy(eruns, elabels, xkey, xlabel, xscale, os.path.join(out, fname))
+      figures.append((fname, f"training loss and test accuracy vs {xlabel}"))
+  cons, consensus_note, notes = _consensus_figure(out, evaluated)
+  figures += cons
+  if plot_time_by_cause(rows, os.path.join(out, TIME_FIGURE)):
+    figures.append((TIME_FIGURE, "time by cause per run (simulated seconds per worker)"))
+  else:
+    _remove(os.path.join(out, TIME_FIGURE))
+  if not evaluated:
+    consensus_note = (consensus_note or "") + " No run has an evaluation yet: no figures."
+  return figures, consensus_note, {CONSENSUS_FIGURE: notes}
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -206,7 +285,11 @@ def build_report(run_dirs: Sequence[str], out: str, target_loss: float | None = 
     ``target_wall_time`` (s), ``target_bytes_sent`` (bytes), ``target_mb_sent``: None when
     the target is not reached or there is no evaluation; the event clock's ``events``,
     ``pushes``, ``staleness_tau``, ``staleness_tau_max`` and ``staleness_own_steps`` at the
-    last evaluation, None for a run without them), ``skipped`` (``(dir, reason)``
+    last evaluation, None for a run without them; likewise ``goodput``,
+    ``time_compute``, ``time_comm``, ``time_wait``, ``time_down`` (fractions of n x
+    ``sim_time``), ``sim_time_ideal`` (s) and ``ideal_ratio`` (``sim_time /
+    sim_time_ideal``), ``failures``, ``episodes`` and ``restarts`` (counts: None for a run
+    that simulated no such process)), ``skipped`` (``(dir, reason)``
     pairs), ``target_loss``, ``report`` (path of ``report.md``) and ``figures`` (paths of
     the PNGs written).
 
@@ -239,33 +322,10 @@ def build_report(run_dirs: Sequence[str], out: str, target_loss: float | None = 
   rows = [_row(r, lab, settings_of(r, keys), target) for r, lab in zip(runs, labels)]
 
   os.makedirs(out, exist_ok=True)
-  figures = []
-  if evaluated:
-    eruns, elabels = [r for r, _ in evaluated], [lab for _, lab in evaluated]
-    for xkey, xlabel, xscale in X_AXES:
-      fname = f"loss_accuracy_vs_{xkey}.png"
-      plot_loss_accuracy(eruns, elabels, xkey, xlabel, xscale, os.path.join(out, fname))
-      figures.append((fname, f"training loss and test accuracy vs {xlabel}"))
-  cons = [(i, r, lab) for i, (r, lab) in enumerate(evaluated) if has_consensus(r)]
-  consensus_note = None
-  cpath = os.path.join(out, CONSENSUS_FIGURE)
-  if cons:
-    plot_consensus([r for _, r, _ in cons], [lab for _, _, lab in cons], cpath,
-                   [i for i, _, _ in cons])
-    figures.append((CONSENSUS_FIGURE, "consensus distance vs step"))
-    without = [r.name for r, _ in evaluated if not has_consensus(r)]
-    if without:
-      consensus_note = ("no consensus distance (all-reduce or not measured), not in "
-                        f"{CONSENSUS_FIGURE}: {', '.join(without)}.")
-  else:
-    consensus_note = "no run has consensus distance data: no consensus plot."
-    if os.path.exists(cpath):  # from an earlier report in the same directory
-      os.remove(cpath)
-  if not evaluated:
-    consensus_note = (consensus_note or "") + " No run has an evaluation yet: no figures."
+  figures, consensus_note, figure_notes = _figures(out, evaluated, rows)
   report = os.path.join(out, "report.md")
   _atomic_write(report, _markdown(rows, runs, skipped, keys, target, target_loss is not None,
-                                  figures, consensus_note))
+                                  figures, consensus_note, figure_notes))
   paths = [os.path.join(out, f) for f, _ in figures]
   return {"rows": rows, "skipped": skipped, "target_loss": target, "report": report,
           "figures": paths}

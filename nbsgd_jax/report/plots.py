@@ -7,6 +7,7 @@ atomically. :mod:`nbsgd_jax.report` re-exports these names (the module to import
 
 from __future__ import annotations
 
+import textwrap
 from typing import Sequence
 
 from nbsgd_jax.core import files as files_lib
@@ -61,7 +62,8 @@ def plot_loss_accuracy(runs: Sequence[Run], labels: Sequence[str], xkey: str, xl
     ax.grid(True, which="both", alpha=0.3)
   ax_loss.set_title(f"training loss vs {xlabel}")
   ax_acc.set_title(f"test accuracy vs {xlabel}")
-  ax_acc.legend(fontsize="small", loc="lower right")
+  fig.legend(*ax_acc.get_legend_handles_labels(), fontsize="small",
+             loc="outside lower center")  # below the panels: labels can be long
   _atomic_savefig(fig, path)
 
 
@@ -69,18 +71,18 @@ def plot_consensus(runs: Sequence[Run], labels: Sequence[str], path: str,
                    colors: Sequence[int] | None = None) -> None:
   """Consensus distance Xi against step (log scale), one line per run, written atomically;
   ``colors``: each run's style index (its colour in the loss / accuracy figures)."""
-  fig = _new_figure((6.5, 4.2))
+  fig = _new_figure((7.5, 4.6))
   ax = fig.subplots()
   colors = range(len(runs)) if colors is None else colors
   for i, run, label in zip(colors, runs, labels):
-    ax.plot(*_series(run.records, "step", "consensus_distance", positive=True), label=label,
-            **_style(i))
+    ax.plot(*_series(run.records, "step", "consensus_distance", positive=True),
+            label=textwrap.fill(label, 90), **_style(i))
   ax.set_yscale("log")
   ax.set_xlabel("step")
   ax.set_ylabel("consensus distance Xi")
   ax.set_title("consensus distance vs step")
   ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize="small")
+  fig.legend(fontsize="small", loc="outside lower center")  # below: labels can be long
   _atomic_savefig(fig, path)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import ml_collections
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax.config import renamed as renamed_lib
 from nbsgd_jax.core import files as files_lib
 from nbsgd_jax.run import naming
 
@@ -94,6 +95,7 @@ def load_run(path: str) -> Run:
     raise NotARunError(f"unreadable config.json ({e})") from None
   if not isinstance(config, dict):
     raise NotARunError("unreadable config.json (not a JSON object)")
+  config = renamed_lib.upgrade(config)  # a run made before a key's rename reads as today's
 
   records, skipped = files_lib.read_records(os.path.join(path, "metrics.jsonl"))
   summary = None

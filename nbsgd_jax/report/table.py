@@ -1,15 +1,20 @@
 """The report's markdown: ``report.md``'s table (one row per run), its notes and figures.
 
-:func:`_markdown` renders the rows that :func:`nbsgd_jax.report.build_report` computes, with
-the event clock's columns (:data:`ASYNC_COLUMNS`) that some run has and a note on what an
-event-clock run's steps applied (:func:`event_note`). :mod:`nbsgd_jax.report` re-exports these
-names (the module to import).
+:func:`_markdown` renders the rows that :func:`nbsgd_jax.report.build_report` computes: the
+settings the runs share (:func:`shared_settings`, the fleet's included), the table with the
+fleet's columns (goodput and time by cause, :data:`FLEET_COLUMNS`; the counterfactual,
+:data:`IDEAL_COLUMNS`; the faults, :data:`FAULT_COLUMNS`) and the event clock's
+(:data:`ASYNC_COLUMNS`) that some run has, a note on what an event-clock run's steps applied
+(:func:`event_note`), and the figures with the notes under them. :mod:`nbsgd_jax.report`
+re-exports these names (the module to import).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from nbsgd_jax.report import fleet as fleet_lib
 
 # Shown as "shared settings" in report.md when they do not differ.
 KEY_SETTINGS = ("algorithm", "num_workers", "topology", "backend", "model", "dataset",
@@ -29,11 +34,28 @@ ASYNC_COLUMNS = (("events", "events", ".0f"), ("pushes", "pushes", ".0f"),
 FLEET_COLUMNS = (("goodput", "goodput", ".3f"), ("time_compute", "computing", ".3f"),
                  ("time_comm", "communicating", ".3f"), ("time_wait", "waiting", ".3f"),
                  ("time_down", "down", ".3f"))
-EXTRA_COLUMNS = FLEET_COLUMNS + ASYNC_COLUMNS  # shown where some run has the key
+# The counterfactual (nbsgd_jax.host.ledger, lockstep runs): the same steps with every worker
+# up at slowdown 1, without stragglers, episodes or traces; "sim / ideal" (a row's
+# ideal_ratio, sim_time / sim_time_ideal) is what the stragglers and failures cost.
+IDEAL_COLUMNS = (("sim_time_ideal", "ideal sim time (s)", ".4g"),
+                 ("ideal_ratio", "sim / ideal", ".3g"))
+# The faults the fleet met (nbsgd_jax.host.faults, nbsgd_jax.host.ledger.Restarts): a run's
+# record has a count only when it simulated that process ("-" without it, 0 when it drew none).
+FAULT_COLUMNS = (("failures", "failures", ".0f"), ("episodes", "episodes", ".0f"),
+                 ("restarts", "restarts", ".0f"))
+# shown where some run has the key (ideal_ratio: computed from the row's record fields)
+EXTRA_COLUMNS = FLEET_COLUMNS + IDEAL_COLUMNS + FAULT_COLUMNS + ASYNC_COLUMNS
 GOODPUT_NOTE = ("goodput: the seconds the workers computed gradients that entered the model, "
                 "over n x sim time (Decoupled DiLoCo's \"useful training time as a fraction "
                 "of wall-clock\", per worker); computing + communicating + waiting + down = 1 "
                 "(docs/clock.md, \"Goodput\").")
+IDEAL_NOTE = ("ideal sim time: the same steps and communication rounds on a clock with every "
+              "worker up, at slowdown 1, without straggler delays, episodes or traces; sim / "
+              "ideal is what the stragglers, episodes and failures cost (docs/clock.md, "
+              "\"Where the time went\").")
+FAULT_NOTE = ("failures, episodes, restarts: the failures (schedule and rate) and fail-slow "
+              "episodes begun over every worker, and the restarts they caused; \"-\": the run "
+              "simulated no such process, 0: it did and none began.")
 EVENT_CLOCK_DOC = "docs/algorithms.md, \"The event clock\""
 NO_EVAL = "no evaluation yet"
 
@@ -122,6 +144,10 @@ def _notes(rows: list, skipped: list, consensus_note: str | None) -> list[str]:
       notes.append(f"- {event_note(row)}")
   if any(row.get("goodput") is not None for row in rows):
     notes.append(f"- {GOODPUT_NOTE}")
+  if any(row.get("sim_time_ideal") is not None for row in rows):
+    notes.append(f"- {IDEAL_NOTE}")
+  if any(row.get(k) is not None for row in rows for k, _, _ in FAULT_COLUMNS):
+    notes.append(f"- {FAULT_NOTE}")
   for path, reason in skipped:
     notes.append(f"- skipped {path}: {reason}")
   if consensus_note:
@@ -129,8 +155,31 @@ def _notes(rows: list, skipped: list, consensus_note: str | None) -> list[str]:
   return notes
 
 
+def shared_settings(runs: list, keys: list) -> dict:
+  """``{dotted key: value}`` the runs share: the :data:`KEY_SETTINGS` that do not differ
+  (``keys``: the differing ones), then the fleet's settings (the network's levels and
+  placement, a trace, failures, episodes: :func:`nbsgd_jax.report.fleet.fleet_settings`)
+  that every run has, with the same value."""
+  first = runs[0].flat_config
+  out = {k: first[k] for k in KEY_SETTINGS if k in first and k not in keys}
+  fleets = [fleet_lib.fleet_settings(r.flat_config) for r in runs]
+  for k, v in fleets[0].items():
+    if k not in keys and all(k in f and f[k] == v for f in fleets[1:]):
+      out[k] = v
+  return out
+
+
+def _shared_lines(runs: list, keys: list) -> list[str]:
+  shared = shared_settings(runs, keys)
+  if not shared:
+    return []
+  return (["", "Shared settings (the same in every run):", "", "| setting | value |", "|---|---|"]
+          + [f"| {k} | {_md_cell(_fmt_value(v))} |" for k, v in shared.items()])
+
+
 def _markdown(rows: list, runs: list, skipped: list, keys: list, target: float | None,
-              target_given: bool, figures: list, consensus_note: str | None) -> str:
+              target_given: bool, figures: list, consensus_note: str | None,
+              figure_notes: dict | None = None) -> str:
   out = ["# Run comparison", ""]
   if target is None:
     out.append("Target training loss: none (no run has a finite final training loss).")
@@ -140,10 +189,7 @@ def _markdown(rows: list, runs: list, skipped: list, keys: list, target: float |
     out.append(f"Target training loss: {target:.4g} (the highest final training loss among "
                "the runs, so every run reaches it).")
   out.append("Time and MB to target: at the first evaluation with train_loss <= target.")
-  shared = [f"{k}={_fmt_value(runs[0].flat_config[k])}" for k in KEY_SETTINGS
-            if k in runs[0].flat_config and k not in keys]
-  if shared:
-    out.append(f"Shared settings: {_md_cell(', '.join(shared))}.")
+  out += _shared_lines(runs, keys)
   out += [""] + _table(rows, target)
   notes = _notes(rows, skipped, consensus_note)
   if notes:
@@ -152,4 +198,6 @@ def _markdown(rows: list, runs: list, skipped: list, keys: list, target: float |
     out += ["", "## Figures", ""]
     for fname, title in figures:
       out += [f"![{title}]({fname})", ""]
+      for note in (figure_notes or {}).get(fname, ()):
+        out += [f"*{note}*", ""]
   return "\n".join(out).rstrip() + "\n"

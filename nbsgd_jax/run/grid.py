@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple, Optional
 import ml_collections
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax.config.switches import inactive_reasons
 from nbsgd_jax.run import hparams as hparams_lib
 
 # what a run's own config may not vary within one program, with the reason (grouped instead)
@@ -149,22 +150,42 @@ def expand(cfg: ml_collections.ConfigDict) -> list[Run]:
   config validated.
 
   Raises:
-    ConfigError: a bad grid (:func:`parse`) or a run whose config is refused (named with the
-      run).
+    ConfigError: a bad grid (:func:`parse`), an axis with no effect on any run
+      (:func:`idle_axis_errors`) or a run whose config is refused (named with the run).
   """
   axes = parse(cfg.sweep, cfg)
   runs = []
   for values in itertools.product(*(v for _, v in axes)):
     over = dict(zip((k for k, _ in axes), values))
     run_cfg = config_lib.override(copy.deepcopy(cfg), {**over, "sweep": ""})
-    name = ",".join(f"{k}={_show(v)}" for k, v in over.items())
+    runs.append(Run(",".join(f"{k}={_show(v)}" for k, v in over.items()), over, run_cfg))
+  errs = idle_axis_errors(axes, runs)
+  if errs:
+    raise config_lib.ConfigError(errs)
+  for run in runs:
     try:
-      config_lib.validate(run_cfg)
+      config_lib.validate(run.cfg)
     except config_lib.ConfigError as e:
-      raise config_lib.ConfigError([f"config.sweep run {name}: {line}"
+      raise config_lib.ConfigError([f"config.sweep run {run.name}: {line}"
                                     for line in e.errors]) from None
-    runs.append(Run(name, over, run_cfg))
   return runs
+
+
+def idle_axis_errors(axes: list[tuple[str, list]], runs: list[Run]) -> list[str]:
+  """One line per axis whose key has no effect on any run of the grid: a key of a section
+  that is off in every run (:func:`nbsgd_jax.config.switches.inactive_reasons`, the switches
+  behind the ``has no effect`` warnings), e.g. ``diloco.outer_lr`` with
+  ``algorithm=dpsgd``, whose runs would be identical. An axis that matters in some runs
+  (``algorithm`` swept too) passes."""
+  reasons = [inactive_reasons(run.cfg) for run in runs]
+  errs = []
+  for key, values in axes:
+    if all(key in r for r in reasons):
+      why = ", ".join(dict.fromkeys(f"config.{r[key][0]}={r[key][1]!r}" for r in reasons))
+      errs.append(f"config.sweep: config.{key}={','.join(map(_show, values))} is not allowed: "
+                  f"it has no effect on any run ({why}), so its {len(values)} values would "
+                  "train identical runs; sweep a key the runs read")
+  return errs
 
 
 def _show(v) -> str:
@@ -187,4 +208,4 @@ def groups(runs: list[Run], *given, alone: Optional[Callable[[int], bool]] = Non
   return list(out.values())
 
 
-__all__ = ["NOT_SWEPT", "Run", "expand", "groups", "parse"]
+__all__ = ["NOT_SWEPT", "Run", "expand", "groups", "idle_axis_errors", "parse"]

@@ -22,6 +22,7 @@ import ml_collections
 
 from nbsgd_jax.core import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
+from nbsgd_jax.config import renamed as renamed_lib
 from nbsgd_jax.core import files as files_lib
 
 STALE = ("summary.json", "steps.jsonl")  # removed when a new run starts in a used workdir
@@ -56,7 +57,7 @@ def config_diff(old: dict, cfg: ml_collections.ConfigDict) -> list[tuple[str, An
   (``config.json``) and ``cfg`` differ, :data:`OUTPUT_KEYS` aside. A key the stored config
   lacks (a run made before the key existed) is the same when ``cfg`` holds its default: that
   run ran as the default does."""
-  a = config_lib.flatten_dict(old)
+  a = config_lib.flatten_dict(renamed_lib.upgrade(old))  # a run made before a key's rename
   b = config_lib.flatten_dict(json.loads(cfg.to_json_best_effort()))
   defaults = config_lib.flatten_dict(json.loads(config_lib.default_config().to_json_best_effort()))
   newer = {k for k in set(b) - set(a) if k in defaults and b[k] == defaults[k]}

@@ -19,6 +19,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from nbsgd_jax.host import cluster as cluster_lib
 from nbsgd_jax.host import cluster_config
 from nbsgd_jax.host import failures as failures_lib
+from nbsgd_jax.host import faults as faults_lib
 from nbsgd_jax.host import ledger as ledger_lib
 from nbsgd_jax.host import outages as outages_lib
 from nbsgd_jax.host import workload as workload_lib
@@ -415,7 +416,8 @@ def make_host(s: Setup) -> host_lib.Host:
   parts += [clock] + ([restarts] if restarts else []) + [host_lib.Totals(fetch)]
   if type(clock) is host_lib.Clock:  # the lockstep clock: where its time went
     parts.append(ledger_lib.Ledger(clock, cfg.cluster.step_overhead, restarts))
-  return host_lib.Host(parts)
+  faults = faults_lib.fault_counts(cfg, cluster, clock)  # failures, episodes begun
+  return host_lib.Host(parts + ([faults] if faults else []))
 
 
 def _targets(cfg) -> host_lib.Targets:

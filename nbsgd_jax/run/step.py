@@ -4,6 +4,7 @@ The program of one worker for one step (on the ``"workers"`` axis)::
 
     batch = task.batch(data, step)                              # the task
     loss, grads, model_state = gradient_source(loss_fn, params, model_state, batch, ctx)
+    ctx = ctx._replace(learning_rate=..., opt_step=...)         # the optimizer's, from state
     updates, state, report = recipe.transform.update(grads, state, params, ctx)
     params = optax.apply_updates(params, updates)
 
@@ -29,6 +30,7 @@ import optax
 from jax import lax
 
 from nbsgd_jax.host import cluster_config
+from nbsgd_jax.recipes import optim
 from nbsgd_jax.run import gathered as gathered_lib
 from nbsgd_jax import transforms
 from nbsgd_jax.core.axis import varying_like
@@ -123,7 +125,12 @@ def data_index(state: TrainState, ctx: StepContext):
 
 
 def apply_update(s, state: TrainState, loss, grads, ctx: StepContext):
-  """The recipe's update of one worker from its gradient: ``(state, (loss, report))``."""
+  """The recipe's update of one worker from its gradient: ``(state, (loss, report))``; the
+  recipe's transform sees ``ctx`` with the local optimizer's ``learning_rate`` and
+  ``opt_step`` of this step, read from the worker's state (:func:`nbsgd_jax.recipes.optim.
+  step_rate`: the optimizer's own count and its schedule there, never a second counter)."""
+  rate, count = optim.step_rate(s.cfg, state.opt_state, ctx.hparams)
+  ctx = ctx._replace(learning_rate=rate, opt_step=count)
   updates, opt_state, report = s.recipe.transform.update(grads, state.opt_state, state.params,
                                                          ctx)
   params = optax.apply_updates(state.params, updates)

@@ -109,11 +109,22 @@ def _train(runs: list, workdir: Optional[str], grid: Optional[str], model, data,
   with loop_lib.progress_bar(total, 0, f"{cfg.algorithm}: {len(runs)} runs",
                              cfg.progress and jax.process_index() == 0) as bar:
     for i, (group, parts_i) in enumerate(zip(groups, prepared)):
-      bar.set_description(f"{group[0].cfg.algorithm}: group {i + 1}/{len(groups)} "
-                          f"({len(group)} runs)")
+      bar.set_description(progress_text(group[0].cfg.algorithm, sum(map(len, groups[:i])),
+                                        len(group), len(runs)))
       with contextlib.ExitStack() as stack:
         done.update(_group(group, parts_i, workdir, i, bar, stack, hooks or {}))
   return [{**done[run.name], "run": run.name, "overrides": run.overrides} for run in runs]
+
+
+def progress_text(algorithm: str, before: int, size: int, total: int) -> str:
+  """The sweep's progress bar text while a group trains, counting runs (``docs/guide.md``,
+  "Sweeps": the runs of a group share one program): ``"dpsgd: run 3 of 8"`` for a group of
+  one run (the runs one after another, a CPU's way), ``"dpsgd: runs 5-8 of 8 (one program)"``
+  for a group of several stacked; ``before`` runs were trained before this group's ``size``,
+  of ``total``."""
+  if size == 1:
+    return f"{algorithm}: run {before + 1} of {total}"
+  return f"{algorithm}: runs {before + 1}-{before + size} of {total} (one program)"
 
 
 def stacks(cfg) -> bool:

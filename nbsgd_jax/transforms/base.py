@@ -63,6 +63,16 @@ class StepContext(NamedTuple):
     events: the event clock's per-worker masks of this step, an
       :class:`~nbsgd_jax.transforms.asynchronous.Events` (``HostInputs.events``), each worker
       reading its own row; None on the lockstep clock.
+    learning_rate: float32 scalar, ``eta_t``: the learning rate this worker's local optimizer
+      (:meth:`nbsgd_jax.recipes.Builder.optimizer`) applies at this step, the same number
+      (its schedule at its own count :attr:`opt_step`, warm-up and decay included). Filled in
+      on the device from the worker's state before the recipe's transform runs
+      (:func:`nbsgd_jax.recipes.optim.step_rate`); None on the host, in ``nbsgd_jax.tx`` and
+      where the recipe's state holds no scheduled optax optimizer.
+    opt_step: int32 scalar, the local optimizer's own count of the updates it applied before
+      this step (optax's ``count``): it does not advance on the steps the optimizer skips
+      (Non-blocking SGD's idle worker, a failed worker, an event clock's idle worker), so it
+      may lag :attr:`step`; None where :attr:`learning_rate` is.
   """
 
   step: jax.Array
@@ -76,15 +86,18 @@ class StepContext(NamedTuple):
   shared: Any = None
   per_worker: Any = None
   events: Any = None
+  learning_rate: Any = None
+  opt_step: Any = None
 
 
 # ``jax.vmap`` in_axes of a context given to the backends (``Backend.spmd``): ``count`` and
 # the ``per_worker`` dict and the ``events`` masks are per worker, every other field is the same on every worker and
 # goes in as one value (an unbatched / replicated input), not n copies (``alive`` would be
 # ``[n, n]``). An entry covers a whole subtree (a prefix, as ``jax.vmap``'s in_axes).
+# ``learning_rate`` and ``opt_step`` are None on the host (each worker's program fills them in).
 CONTEXT_AXES = StepContext(step=None, count=0, total=None, active=None, alive=None, target=None,
                            period_end=None, hparams=None, shared=None, per_worker=0,
-                           events=0)
+                           events=0, learning_rate=None, opt_step=None)
 
 
 class WorkerTransform(NamedTuple):

@@ -7,7 +7,7 @@ SparseLoCo's error feedback (arXiv 2508.15706; tplr-ai/SparseLoCo ``src/tplr/spa
 Each worker keeps its own accumulator ``delta`` (never averaged) and sends only its largest
 components: per parameter array,
 
-1. ``delta <- beta delta + lr_t g`` (``beta`` = ``compression_decay``; the learning rate
+1. ``delta <- beta delta + lr_t g`` (``beta`` = ``error_decay``; the learning rate
    enters here and again in the optimizer's step);
 2. the chunked DCT of ``delta`` (:mod:`nbsgd_jax.codecs.dct`), the top-k coefficients per
    chunk ``(idx, val)``;

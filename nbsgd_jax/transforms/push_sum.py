@@ -83,7 +83,7 @@ def stochastic_gradient_push(inner, gossip, overlap: bool = False,
     ValueError: ``synch_freq < 0``, or ``> 0`` without ``overlap``.
   """
   if int(synch_freq) < 0 or (synch_freq and not overlap):
-    raise ValueError(f"sgp.synch_freq={synch_freq} is not allowed: it must be an integer >= 0, "
+    raise ValueError(f"sgp.delay={synch_freq} is not allowed: it must be an integer >= 0, "
                      "and 0 unless sgp.overlap=True")
   inner, tau = as_worker_transform(inner), int(synch_freq) + 1
   if overlap:

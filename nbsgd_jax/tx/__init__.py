@@ -230,7 +230,7 @@ def matcha(plan, *, axis_name: Any, order: str = "atc") -> optax.GradientTransfo
 
 
 def sgp(topology: Topologyish = "one_peer_exponential", *, axis_name: Any,
-        overlap: bool = False, synch_freq: int = 0) -> optax.GradientTransformationExtraArgs:
+        overlap: bool = False, delay: int = 0) -> optax.GradientTransformationExtraArgs:
   """Stochastic Gradient Push (Assran et al. 2019, Algorithm 1; Overlap-SGP with ``overlap``),
   after the optimizer: the optimizer's update is added to the push-sum numerator, ``(x, w)``
   mixed over the topology's ``W_t``, and the returned change makes ``params`` the de-biased
@@ -240,15 +240,15 @@ def sgp(topology: Topologyish = "one_peer_exponential", *, axis_name: Any,
   Args:
     topology: as :func:`gossip` (the paper's: ``"one_peer_exponential"``).
     axis_name: the worker axis.
-    overlap, synch_freq: Overlap-SGP; a round every ``synch_freq + 1`` steps, landing after
-      as many steps.
+    overlap, delay: Overlap-SGP; a round every ``delay + 1`` steps, landing after as many
+      steps (``delay`` is the reference's ``synch_freq``; ``config.sgp.delay``).
 
   Raises:
-    ValueError: as :func:`gossip`; ``synch_freq < 0``, or ``> 0`` without ``overlap``.
+    ValueError: as :func:`gossip`; ``delay < 0``, or ``> 0`` without ``overlap``.
   """
   owner = "tx.sgp"
   phases = _phases(topology, owner, "metropolis_hastings")
-  make = lambda n: A.sgp(optax.identity(), Gossip(phases(n), axis_name), overlap, synch_freq)
+  make = lambda n: A.sgp(optax.identity(), Gossip(phases(n), axis_name), overlap, delay)
   make(2)  # the arguments' checks, at once
   init = make(1).init
   return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name,
@@ -428,24 +428,26 @@ def streaming_diloco(outer: optax.GradientTransformation, period: int, fragments
                   schedule=schedule, needs_params=True, name=owner)
 
 
-def sparta(p: float, *, axis_name: Any, seed: int = 0, mask: str = "broadcast"
+def sparta(density: float, *, axis_name: Any, seed: int = 0, mask: str = "broadcast"
            ) -> optax.GradientTransformationExtraArgs:
   """SPARTA (exo-explore/gym ``exogym/strategy/sparta.py``, commit 9fa323c) after the
-  optimizer: every update, the mean over the workers of a random fraction ``p`` of the
-  coordinates, the same on every worker (drawn from ``seed`` and the step). Bytes: a ring
-  all-reduce of the selected float32 values, and with ``mask="broadcast"`` (the reference)
-  the mask's ``d`` bytes from worker 0 to each other one; ``"seeded"`` sends no mask.
+  optimizer: every update, the mean over the workers of a random fraction ``density`` of the
+  coordinates (the reference's ``p_sparta``; ``config.sparta.density``), the same on every
+  worker (drawn from ``seed`` and the step). Bytes: a ring all-reduce of the selected
+  float32 values, and with ``mask="broadcast"`` (the reference) the mask's ``d`` bytes from
+  worker 0 to each other one; ``"seeded"`` sends no mask.
 
   Raises:
-    ValueError: ``p`` not in (0, 1], an unknown ``mask``; (at update) ``axis_name`` not
+    ValueError: ``density`` not in (0, 1], an unknown ``mask``; (at update) ``axis_name`` not
       bound, ``params`` missing.
   """
   owner = "tx.sparta"
-  if not 0.0 < float(p) <= 1.0:
-    raise ValueError(f"{owner}(p={p!r}) is not allowed: it must be in (0, 1]")
+  if not 0.0 < float(density) <= 1.0:
+    raise ValueError(f"{owner}(density={density!r}) is not allowed: it must be in (0, 1]")
   MaskedAllReduce(2, axis_name, mask=mask)  # the mask's check, at once
-  init = A.sparta(optax.identity(), None, p, seed).init
-  make = lambda n: A.sparta(optax.identity(), MaskedAllReduce(n, axis_name, mask=mask), p, seed)
+  init = A.sparta(optax.identity(), None, density, seed).init
+  make = lambda n: A.sparta(optax.identity(), MaskedAllReduce(n, axis_name, mask=mask), density,
+                            seed)
   return to_optax(_sized(make, init, axis_name, owner), axis_name=axis_name, needs_params=True,
                   name=owner)
 

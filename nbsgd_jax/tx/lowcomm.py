@@ -23,8 +23,8 @@ def _rate(learning_rate: Union[float, Callable]) -> Callable:
 
 
 def demo(learning_rate: Union[float, Callable], *, axis_name: Any,
-         compression_decay: float = 0.999, compression_topk: int = 32,
-         compression_chunk: int = 64) -> optax.GradientTransformationExtraArgs:
+         error_decay: float = 0.999, top_k: int = 32,
+         chunk_size: int = 64) -> optax.GradientTransformationExtraArgs:
   """DeMo (Peng, Quesnelle, Kingma 2024, Algorithm 1; bloc97/DeMo ``demo.py``, commit
   0e48145d702b25f83055e11d9585a9c11bcfe154) before the optimizer: gradients in, the sign of
   the mean over the contributors of the workers' top-k DCT coefficients per chunk of their
@@ -38,31 +38,31 @@ def demo(learning_rate: Union[float, Callable], *, axis_name: Any,
   ``12`` bytes (an int64 index and a float32 value) per coefficient sent.
 
   Raises:
-    ValueError: ``compression_decay`` not in [0, 1), ``compression_topk`` or
-      ``compression_chunk`` < 1; (at update) ``axis_name`` not bound.
+    ValueError: ``error_decay`` not in [0, 1), ``top_k`` or
+      ``chunk_size`` < 1; (at update) ``axis_name`` not bound.
   """
   owner = "tx.demo"
-  if not 0.0 <= float(compression_decay) < 1.0:
-    raise ValueError(f"{owner}(compression_decay={compression_decay!r}) is not allowed: it "
+  if not 0.0 <= float(error_decay) < 1.0:
+    raise ValueError(f"{owner}(error_decay={error_decay!r}) is not allowed: it "
                      "must be in [0, 1)")
-  for key, v in (("compression_topk", compression_topk),
-                 ("compression_chunk", compression_chunk)):
+  for key, v in (("top_k", top_k),
+                 ("chunk_size", chunk_size)):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
       raise ValueError(f"{owner}({key}={v!r}) is not allowed: it must be an int >= 1")
   build = lambda comm: A.demo(optax.identity(), comm, _rate(learning_rate),
-                              compression_decay, compression_topk, compression_chunk)
+                              error_decay, top_k, chunk_size)
   make = lambda n: build(ContributorAllGather(n, axis_name, "demo"))
   return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
                   name=owner)
 
 
-def sparseloco(period: int, *, axis_name: Any, outer_learning_rate: float = 1.0,
+def sparseloco(period: int, *, axis_name: Any, outer_lr: float = 1.0,
                outer_momentum: float = 0.0, error_decay: float = 0.95, top_k: int = 128,
                chunk_size: int = 64, quantization_bins: int = 4,
                quantization_range: float = 6.0) -> optax.GradientTransformationExtraArgs:
   """SparseLoCo (arXiv 2508.15706; tplr-ai/SparseLoCo ``src/tplr/sparseloco.py``, commit
   276fa59977f84a601fb81f3a7e9379b204b4e91c) after the inner optimizer: after every
-  ``period`` = H updates, each worker adds ``outer_learning_rate`` times its pseudo-gradient
+  ``period`` = H updates, each worker adds ``outer_lr`` times its pseudo-gradient
   ``x_outer - x_i`` to its error-feedback accumulator ``e`` (decayed by ``error_decay``),
   sends the top entries per chunk quantised to ``quantization_bins`` levels (0: float32)
   and keeps the rest in ``e``; the outer SGD steps on the mean over the contributors, and
@@ -85,7 +85,7 @@ def sparseloco(period: int, *, axis_name: Any, outer_learning_rate: float = 1.0,
   if quantization_bins == 1:
     raise ValueError(f"{owner}(quantization_bins=1) is not allowed: use 0 (none) or >= 2")
   build = lambda comm: A.sparseloco(
-      optax.identity(), comm, outer_learning_rate, outer_momentum, error_decay, top_k,
+      optax.identity(), comm, outer_lr, outer_momentum, error_decay, top_k,
       chunk_size, quantization_bins, quantization_range, bool(outer_momentum))
   make = lambda n: build(ContributorAllGather(n, axis_name, "sparseloco",
                                               value_bits=8 if quantization_bins else 32))
@@ -93,11 +93,11 @@ def sparseloco(period: int, *, axis_name: Any, outer_learning_rate: float = 1.0,
                   period=period, needs_params=True, name=owner)
 
 
-def noloco(period: int, *, axis_name: Any, local_group_size: int = 2, outer_lr: float = 0.7,
+def noloco(period: int, *, axis_name: Any, group_size: int = 2, outer_lr: float = 0.7,
            outer_momentum: float = 0.5, seed: int = 0) -> optax.GradientTransformationExtraArgs:
   """NoLoCo (arXiv 2506.10911; jkolehm/noloco ``sparse_optimizer_c.py``, commit
   37d1a8a11adf5070ec544d63d0d0e6d97e6c5b08) after the inner optimizer: after every
-  ``period`` = H updates, the workers split into random groups of ``local_group_size`` (the
+  ``period`` = H updates, the workers split into random groups of ``group_size`` (the
   permutation drawn from ``seed`` and the step, the same on every worker), and each worker
   steps its own slow weights towards its group's mean model with its own outer momentum,
   ``m <- outer_momentum m + outer_lr (mean_G - slow)``, ``slow <- slow + m``, restarting
@@ -105,13 +105,13 @@ def noloco(period: int, *, axis_name: Any, local_group_size: int = 2, outer_lr: 
   from the group's root.
 
   Raises:
-    ValueError: ``period`` < 1; (at update) ``local_group_size`` not dividing the workers,
+    ValueError: ``period`` < 1; (at update) ``group_size`` not dividing the workers,
       ``axis_name`` not bound, ``params`` missing.
   """
   owner = "tx.noloco"
   period = _check_period(period, owner)
   build = lambda comm: A.noloco(optax.identity(), comm, outer_lr, outer_momentum)
-  make = lambda n: build(RandomGroups(n, local_group_size, seed, axis_name, "noloco"))
+  make = lambda n: build(RandomGroups(n, group_size, seed, axis_name, "noloco"))
   return to_optax(_sized(make, build(None).init, axis_name, owner), axis_name=axis_name,
                   period=period, needs_params=True, name=owner)
 

@@ -164,10 +164,10 @@ def _notebook_cfg(pull, latency, bandwidth=1e6):
   """8 workers of 3 speeds, dynamic local updates (H_i = 6 and 2), delayed Nesterov N = 3,
   c = 0.2, polynomial staleness weights."""
   return _cfg(algorithm="async_diloco", num_steps=10 ** 5, **{
-      "diloco.inner_steps": H_ASYNC, "diloco.outer_lr": OUTER_LR,
+      "diloco.local_steps": H_ASYNC, "diloco.outer_lr": OUTER_LR,
       "diloco.outer_momentum": OUTER_M, "async_diloco.buffer": BUFFER,
       "async_diloco.activation": ACTIVATION, "async_diloco.staleness_weight": "polynomial",
-      "async_diloco.dynamic_local_updates": True, "async_diloco.min_inner_steps": 2,
+      "async_diloco.dynamic_local_updates": True, "async_diloco.min_local_steps": 2,
       "async_diloco.pull": pull, "cluster.latency": latency, "cluster.bandwidth": bandwidth,
       "cluster.slowdown": SLOW_ASYNC})
 
@@ -219,7 +219,7 @@ def test_arrival_pull_with_messages_of_no_time_is_the_notebook_s():
   _close(got, reference_notebook(x0, 40, clock.cycle - 1, 1e-12 + 4 * DIM / 1e18))
 
 
-SYNC = {"diloco.inner_steps": 3, "diloco.outer_lr": OUTER_LR, "diloco.outer_momentum": OUTER_M,
+SYNC = {"diloco.local_steps": 3, "diloco.outer_lr": OUTER_LR, "diloco.outer_momentum": OUTER_M,
         "cluster.slowdown": (), "budget_unit": "grads_per_worker", "num_steps": 12,
         "eval_every": 3, "async_diloco.reset_inner": False}
 
@@ -258,7 +258,7 @@ def test_diloco_evaluates_its_outer_model():
   last outer step, the same on every worker), not the workers' models; ``consensus_distance``
   stays the workers' own."""
   stepper = make_stepper(_cfg(algorithm="diloco", num_steps=100, **{
-      "diloco.inner_steps": 3}))
+      "diloco.local_steps": 3}))
   stepper.steps(4)  # an outer step, then one inner step
   run = stepper.runs[0]
   read = np.asarray(run.models()["w"])
@@ -276,7 +276,7 @@ def test_async_diloco_evaluates_the_server_s_model():
   """``Recipe.evaluated``: an evaluation of asynchronous DiLoCo reads the server's model (the
   same on every worker), not the workers' models in their rounds."""
   stepper = make_stepper(_cfg(algorithm="async_diloco", num_steps=10 ** 5,
-                               **{"diloco.inner_steps": 3}))
+                               **{"diloco.local_steps": 3}))
   server, _ = _server_after(stepper, 10)
   read = np.asarray(stepper.runs[0].models()["w"])
   np.testing.assert_array_equal(read, np.asarray(server))
@@ -288,7 +288,7 @@ def test_async_diloco_s_consensus_distance_is_the_workers_own():
   """The replicas an evaluation reads are equal (their Xi is 0), but the recorded
   ``consensus_distance`` is that of the workers' own models (numpy float64), not a false 0."""
   stepper = make_stepper(_cfg(algorithm="async_diloco", num_steps=10 ** 5,
-                               **{"diloco.inner_steps": 3}))
+                               **{"diloco.local_steps": 3}))
   _server_after(stepper, 10)
   run = stepper.runs[0]
   rec = run.evaluate(run.done, None)
@@ -301,7 +301,7 @@ def test_async_diloco_s_consensus_distance_is_the_workers_own():
 @pytest.mark.parametrize("over, named", [
     ({"async_diloco.pull": "late"},
      "config.async_diloco.pull='late' is not allowed"),
-    ({"async_diloco.min_inner_steps": 0}, "config.async_diloco.min_inner_steps=0"),
+    ({"async_diloco.min_local_steps": 0}, "config.async_diloco.min_local_steps=0"),
 ])
 def test_bad_async_diloco_input_is_one_line_naming_the_key(over, named):
   with pytest.raises(config_lib.ConfigError, match=named):
@@ -361,7 +361,7 @@ def test_diloco_s_worker_test_accuracy_mid_round_is_the_workers_own():
   data = data_lib.ArrayDataset(x.astype(np.float32), noisy(x), tx.astype(np.float32),
                                noisy(tx), num_classes=5, name="toy")
   cfg = small_cfg(dataset="arrays", model="logreg", algorithm="diloco", num_steps=100,
-                  learning_rate=0.5, **{"diloco.inner_steps": 8})
+                  learning_rate=0.5, **{"diloco.local_steps": 8})
   stepper = make_stepper(cfg, data=data)
   stepper.steps(12)  # an outer step, then 4 inner steps
   run = stepper.runs[0]
@@ -413,7 +413,7 @@ def test_a_worker_s_kth_gradient_reads_draw_k(algorithm):
   reads draw k as the lockstep clock reads step k: ``run.step.data_index``)."""
   cfg = small_cfg(algorithm=algorithm, num_steps=40, **{
       "cluster.slowdown": (1.0, 1.7, 2.9, 4.3), "cluster.time_per_example": 1e-3,
-      "diloco.inner_steps": 2})
+      "diloco.local_steps": 2})
   seen = {i: [] for i in range(4)}
   for _, inputs, _, _ in make_stepper(cfg).steps(40):
     ev = inputs.events

@@ -53,7 +53,7 @@ def _events_until(stepper, own_steps):
 def test_swarm_sgd_on_two_workers_at_synchronous_timing_is_local_sgd(periods=1):
   swarm = make_stepper(_cfg("swarm_sgd", **{"swarm_sgd.local_steps": H}))
   got = _events_until(swarm, H * periods)
-  local = make_stepper(_cfg("local_sgd", **{"local_sgd.tau": H}))
+  local = make_stepper(_cfg("local_sgd", **{"local_sgd.local_steps": H}))
   local.steps(H * periods)
   want = np.asarray(local.state.params["w"], np.float64)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())

@@ -118,13 +118,13 @@ def test_bipartite_pairing_pairs_an_active_with_a_passive_worker():
      "config.cluster.rebuild_collectives=True is not allowed"),
     ({"cluster.failures": "1:0:5", "ad_psgd.order": "released"},
      "config.cluster.failures='1:0:5' is not allowed with config.ad_psgd.order='released'"),
-    ({"algorithm": "sgp", "sgp.synch_freq": -1}, "config.sgp.synch_freq=-1 is not allowed"),
+    ({"algorithm": "sgp", "sgp.delay": -1}, "config.sgp.delay=-1 is not allowed"),
     ({"algorithm": "async_diloco", "async_diloco.staleness_weight": "linear"},
      "config.async_diloco.staleness_weight='linear' is not allowed"),
     ({"algorithm": "async_diloco", "diloco.outer_nesterov": False},
      "config.diloco.outer_nesterov=False is not allowed"),
-    ({"algorithm": "sgp", "sgp.synch_freq": 2},
-     "config.sgp.synch_freq=2 is not allowed with config.sgp.overlap=False"),
+    ({"algorithm": "sgp", "sgp.delay": 2},
+     "config.sgp.delay=2 is not allowed with config.sgp.overlap=False"),
 ])
 def test_bad_input_is_one_line_naming_the_key(over, named):
   with pytest.raises(config_lib.ConfigError, match=named.replace("[", r"\[")):
@@ -205,7 +205,7 @@ def test_sgp_equals_the_reference_s_iterations(overlap, synch_freq, steps):
   and with synch_freq s = 1, 2 the first round after s steps and every later one after s + 1
   (the pre-hook counts iteration 0)."""
   s = train.setup(_cfg(algorithm="sgp", topology="one_peer_exponential", **{
-      "sgp.overlap": overlap, "sgp.synch_freq": synch_freq}))
+      "sgp.overlap": overlap, "sgp.delay": synch_freq}))
   stepper = train.Stepper.of(s)
   x0 = np.asarray(stepper.state.params["w"][0])
   stepper.steps(steps)
@@ -337,8 +337,8 @@ FAULTS = {"schedule": {"cluster.failures": "1:1:6,5:0:4"},
                    "cluster.rejoin_fetch": True}}
 EVENT_ALGORITHMS = {
     "ad_psgd": {}, "swarm_sgd": {"swarm_sgd.local_steps": 2},
-    "async_diloco": {"diloco.inner_steps": 3},
-    "halos": {"halos.regions": 2, "halos.inner_steps": 2, "halos.accumulation": 2}}
+    "async_diloco": {"diloco.local_steps": 3},
+    "halos": {"halos.regions": 2, "halos.local_steps": 2, "halos.accumulation": 2}}
 
 
 @pytest.mark.parametrize("algorithm, fault", slow_except(

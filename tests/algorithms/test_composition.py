@@ -16,7 +16,7 @@ from nbsgd_jax import recipes, train
 from nbsgd_jax import transforms as T
 from nbsgd_jax.communications import AllReduce, Communication, Pattern
 
-from tests.helpers import ROOT, make_stepper, slow_except
+from tests.helpers import ROOT, cell_cfg, run_cell, slow_except
 
 # the registry's lists: every built-in algorithm, those that gossip every step, and of those
 # the ones that exchange plain models (a codec needs CHOCO-SGD's public copies)
@@ -27,27 +27,6 @@ UNCOMPRESSED_GOSSIP = tuple(n for n in GOSSIP if recipes.REGISTRY[n].no_compress
 # the asynchronous family (the event clock): no deadline, no simulated failures, no codec
 ASYNC = tuple(n for n in ALGORITHMS if recipes.is_asynchronous(n))
 PUSH_SUM = tuple(n for n in ALGORITHMS if recipes.REGISTRY[n].check is recipes.check_sgp)
-STEPS = 4
-
-
-def cell_cfg(algorithm, nonblocking, compression, failures, control, **kw):
-  c = config_lib.default_config()
-  over = {"algorithm": algorithm, "model": "logreg", "num_workers": 4, "batch_size": 8,
-          "num_steps": STEPS, "eval_every": STEPS, "eval_train_examples": 32,
-          "progress": False, "topology": "ring", "learning_rate": 0.1,
-          "local_sgd.tau": 2, "diloco.inner_steps": 2, "gossip_pga.period": 2,
-          "sparseloco.inner_steps": 2, "noloco.number_of_local_steps": 2,
-          "epidemic.rounds": 2, "epidemic.graph_degree": 2, "teleportation.local_steps": 2,
-          "teleportation.sample_size": 2,
-          "nonblocking.enabled": nonblocking, "nonblocking.num_minibatches": 2,
-          "compression.name": "top_k" if compression else "none",
-          "compression.density": 0.1,
-          "cluster.failures": "1:1:2" if failures else "",
-          "cluster.scenario": "lognormal", "cluster.spread": 0.5,
-          "consensus.control": control, "consensus.target": 1e-4 if control else 0.0,
-          "consensus.max_gossip_steps": 2,
-          "momentum": 0.0 if algorithm == "demo" else 0.9, **kw}  # DeMo's momentum is its own
-  return config_lib.override(c, over)
 
 
 CELLS = [cell for cell in itertools.product(ALGORITHMS, (False, True), (False, True),
@@ -77,24 +56,6 @@ def refusal(algorithm, compression, nonblocking=False, failures=False):
   if algorithm in ("epidemic", "teleportation") and compression:
     return "it exchanges whole models"
   return None
-
-
-def run_cell(cfg, steps=STEPS):
-  """Steps through the run's parts; checks device bytes == clock bytes at every step.
-
-  Returns the final state and the host."""
-  stepper = make_stepper(cfg)
-  host = stepper.hosts[0]
-  clock = host.part("clock")
-  for t, inputs, loss, report in stepper.steps(steps):  # the host parts observed each step
-    assert np.all(np.isfinite(np.asarray(loss)))
-    device = report.get("bytes_sent", np.zeros(cfg.num_workers))
-    charged = sum((r.num_bytes for r in clock.rounds(t, inputs, report)),
-                  np.zeros(cfg.num_workers))
-    np.testing.assert_allclose(charged, device, rtol=1e-6, err_msg=f"step {t}")
-    if inputs.alive is not None:  # a failed worker sends nothing
-      assert np.all(device[~inputs.alive] == 0)
-  return stepper.state, host
 
 
 def covering(cells):
@@ -140,7 +101,7 @@ def test_composition_cell(algorithm, nonblocking, compression, failures, control
 def test_every_codec_composes_with_nonblocking_and_failures(algorithm, codec):
   """The other codecs in the places top_k goes (and in CHOCO), under Non-blocking SGD and
   failures: device bytes == clock bytes at every step (run_cell)."""
-  overlap = ({"diloco.inner_steps": 4, "streaming_diloco.delay": 1}
+  overlap = ({"diloco.local_steps": 4, "streaming_diloco.delay": 1}
              if algorithm == "streaming_diloco" else {})  # launch, land, launch, land
   cfg = cell_cfg(algorithm, True, True, True, False, **{"compression.name": codec,
                                                         "compression.rank": 1,

@@ -24,8 +24,8 @@ LR = [0.05, 0.04, 0.03, 0.02, 0.01]
 def _framework(params, grads):
   """DeMo through ``tx.demo`` in a user's vmapped step: ``grads[t]`` the gradients of step t."""
   sched = lambda count: jnp.asarray(LR)[count]
-  opt = optax.chain(tx.demo(sched, axis_name="w", compression_decay=DECAY,
-                            compression_topk=TOPK, compression_chunk=CHUNK),
+  opt = optax.chain(tx.demo(sched, axis_name="w", error_decay=DECAY,
+                            top_k=TOPK, chunk_size=CHUNK),
                     optax.add_decayed_weights(WD), optax.sgd(sched))
   return [(p, state_of(st, DecoupledMomentumState).delta, np.asarray(tx.bytes_sent(st)))
           for _, p, st in vmapped_steps(opt, params, grads)]
@@ -72,10 +72,10 @@ def test_the_dct_is_the_references_and_decode_inverts_encode():
 def test_a_bad_demo_key_and_sgd_momentum_are_refused_by_name():
   c = config_lib.default_config()
   c.update(dict(algorithm="demo", momentum=0.0))
-  with pytest.raises(config_lib.ConfigError, match=r"config\.demo\.compression_decay=1\.0"):
-    config_lib.validate(config_lib.override(c, {"demo.compression_decay": 1.0}))
+  with pytest.raises(config_lib.ConfigError, match=r"config\.demo\.error_decay=1\.0"):
+    config_lib.validate(config_lib.override(c, {"demo.error_decay": 1.0}))
   with pytest.raises(config_lib.ConfigError, match=r"config\.momentum=0\.9 is not allowed with "
                                                    r"algorithm='demo'"):
     config_lib.validate(config_lib.override(c, {"momentum": 0.9}))
-  with pytest.raises(ValueError, match=r"tx\.demo\(compression_topk=0\)"):
-    tx.demo(0.1, axis_name="w", compression_topk=0)
+  with pytest.raises(ValueError, match=r"tx\.demo\(top_k=0\)"):
+    tx.demo(0.1, axis_name="w", top_k=0)

@@ -518,7 +518,7 @@ def test_streaming_diloco_overlap_hides_the_allreduce_on_the_clock(latency, hidd
   out = {}
   for delay in (0, 1):
     cfg = small_cfg(algorithm="streaming_diloco", num_steps=8, eval_every=8,
-                    **{"diloco.inner_steps": 4, "streaming_diloco.fragments": 2,
+                    **{"diloco.local_steps": 4, "streaming_diloco.fragments": 2,
                        "streaming_diloco.delay": delay, "cluster.latency": latency,
                        "cluster.bandwidth": 1e30})
     out[delay] = train.train(cfg)
@@ -529,7 +529,7 @@ def test_streaming_diloco_overlap_hides_the_allreduce_on_the_clock(latency, hidd
 
 @pytest.mark.slow
 def test_streaming_diloco_with_one_fragment_is_diloco():
-  kw = {"diloco.inner_steps": 2}
+  kw = {"diloco.local_steps": 2}
   _, s1, l1 = run_steps(small_cfg(algorithm="diloco", **kw), 6)
   _, s2, l2 = run_steps(small_cfg(algorithm="streaming_diloco", **{"streaming_diloco.fragments": 1},
                                   **kw), 6)
@@ -542,9 +542,9 @@ def test_streaming_diloco_bad_fragments():
   from nbsgd_jax import config as config_lib
   from nbsgd_jax.transforms.wrappers import fragment_leaves
   cfg = config_lib.override(config_lib.default_config(), {
-      "algorithm": "streaming_diloco", "diloco.inner_steps": 10, "streaming_diloco.fragments": 3})
+      "algorithm": "streaming_diloco", "diloco.local_steps": 10, "streaming_diloco.fragments": 3})
   with pytest.raises(config_lib.ConfigError, match="config.streaming_diloco.fragments=3 is not "
-                                                   "allowed with config.diloco.inner_steps=10"):
+                                                   "allowed with config.diloco.local_steps=10"):
     config_lib.validate(cfg)
   with pytest.raises(ValueError, match="streaming_diloco.fragments=5 is not allowed: the model "
                                        "has 4 parameter arrays"):

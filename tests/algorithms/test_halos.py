@@ -30,7 +30,7 @@ def _cfg(levels=(), **kw):
       n=N, m=M, dim=DIM, lr=LR, momentum=MOM, weight_decay=WD, slowdown=SLOW,
       time_per_example=TPE, latency=0.0, bandwidth=2000.0, algorithm="halos", **{
           "num_steps": 10 ** 5, "eval_every": 10 ** 5,
-          "halos.regions": REGIONS, "halos.inner_steps": H, "halos.accumulation": K,
+          "halos.regions": REGIONS, "halos.local_steps": H, "halos.accumulation": K,
           "halos.merge_weight": ALPHA, "halos.lps_lr": LPS["lr"],
           "halos.lps_momentum": LPS["beta"], "halos.lps_buffer": LPS["buffer_size"],
           "halos.gps_lr": GPS["lr"], "halos.gps_momentum": GPS["beta"],

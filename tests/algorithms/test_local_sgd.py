@@ -173,7 +173,7 @@ def test_linear_num_comm_matches_the_released_code(train_steps, num_comm, sync_s
 def test_linear_config_num_comm():
   cfg = config_lib.default_config()
   config_lib.override(cfg, {"algorithm": "local_sgd", "num_steps": 500,
-                            "local_sgd.schedule": "linear", "local_sgd.tau": 5,
+                            "local_sgd.schedule": "linear", "local_sgd.local_steps": 5,
                             "local_sgd.num_comm": 4})
   config_lib.validate(cfg)
   p = local_sgd.make_planner(cfg)
@@ -203,8 +203,8 @@ def test_ada_lupa_needs_observations():
 
 @pytest.mark.parametrize("kwargs,needle", [
     ({"schedule": "cyclic"}, "local_sgd.schedule='cyclic' is not allowed"),
-    ({"tau": 0}, "local_sgd.tau=0 is not allowed"),
-    ({"tau": 2.5}, "local_sgd.tau=2.5 is not allowed"),
+    ({"tau": 0}, "local_sgd.local_steps=0 is not allowed"),
+    ({"tau": 2.5}, "local_sgd.local_steps=2.5 is not allowed"),
     ({"alpha": -1.0}, "local_sgd.alpha=-1.0 is not allowed"),
     ({"switch_step": -2}, "local_sgd.switch_step=-2 is not allowed"),
 ])
@@ -214,13 +214,13 @@ def test_planner_bad_input(kwargs, needle):
 
 
 @pytest.mark.parametrize("override,needle", [
-    ({"algorithm": "local_sgd", "local_sgd.tau": 0}, "config.local_sgd.tau=0 is not allowed"),
+    ({"algorithm": "local_sgd", "local_sgd.local_steps": 0}, "config.local_sgd.local_steps=0 is not allowed"),
     ({"algorithm": "local_sgd", "local_sgd.schedule": "cyclic"},
      "config.local_sgd.schedule='cyclic' is not allowed"),
     ({"algorithm": "local_sgd", "local_sgd.opt_state": "sum"},
      "config.local_sgd.opt_state='sum' is not allowed"),
-    ({"algorithm": "diloco", "diloco.inner_steps": 0},
-     "config.diloco.inner_steps=0 is not allowed"),
+    ({"algorithm": "diloco", "diloco.local_steps": 0},
+     "config.diloco.local_steps=0 is not allowed"),
     ({"algorithm": "diloco", "diloco.outer_lr": 0.0}, "config.diloco.outer_lr=0.0 is not allowed"),
 ])
 def test_bad_config(override, needle):
@@ -233,7 +233,7 @@ def test_bad_config(override, needle):
 def test_diloco_with_nonblocking_trains():
   """DiLoCo with Non-blocking SGD (once refused as "not combined yet") now trains."""
   s = train.train(small_cfg(algorithm="diloco", num_steps=4, eval_every=4,
-                            **{"nonblocking.enabled": True, "diloco.inner_steps": 2}))
+                            **{"nonblocking.enabled": True, "diloco.local_steps": 2}))
   assert np.isfinite(s["train_loss"]), s["train_loss"]
 
 
@@ -323,16 +323,16 @@ def test_local_sgd_tau_1_equals_allreduce():
   common = dict(momentum=0.9, weight_decay=1e-3, learning_rate=0.05, num_workers=N)
   _, ref, _ = run_steps(small_cfg(algorithm="allreduce", **common), 6)
   _, out, _ = run_steps(small_cfg(algorithm="local_sgd", **common,
-                                **{"local_sgd.tau": 1, "local_sgd.opt_state": "average"}), 6)
+                                **{"local_sgd.local_steps": 1, "local_sgd.opt_state": "average"}), 6)
   chex.assert_trees_all_close(out.params, ref.params, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
 def test_diloco_outer_lr_1_equals_local_sgd_tau_h():
   common = dict(momentum=0.9, learning_rate=0.05, num_workers=N)
-  _, ref, _ = run_steps(small_cfg(algorithm="local_sgd", **common, **{"local_sgd.tau": 3}), 9)
+  _, ref, _ = run_steps(small_cfg(algorithm="local_sgd", **common, **{"local_sgd.local_steps": 3}), 9)
   _, out, _ = run_steps(small_cfg(algorithm="diloco", **common,
-                                **{"diloco.inner_steps": 3, "diloco.outer_lr": 1.0,
+                                **{"diloco.local_steps": 3, "diloco.outer_lr": 1.0,
                                    "diloco.outer_momentum": 0.0}), 9)
   chex.assert_trees_all_close(out.params, ref.params, rtol=1e-5, atol=1e-6)
   # the inner (local) optimizer states agree too
@@ -342,7 +342,7 @@ def test_diloco_outer_lr_1_equals_local_sgd_tau_h():
 @pytest.mark.slow
 def test_train_counts_rounds_bytes_and_time_only_at_syncs():
   cfg = small_cfg(algorithm="local_sgd", num_steps=12, eval_every=4,
-                  **{"local_sgd.tau": 4})
+                  **{"local_sgd.local_steps": 4})
   s = train.train(cfg)
   ref = train.train(small_cfg(algorithm="allreduce", num_steps=12, eval_every=4))
   assert s["rounds"] == 3 and ref["rounds"] == 12
@@ -353,14 +353,14 @@ def test_train_counts_rounds_bytes_and_time_only_at_syncs():
   assert [h["rounds"] for h in s["history"]] == [0, 1, 2, 3]
   assert all(h["consensus_distance"] < 1e-6 for h in s["history"])
   mid = train.train(small_cfg(algorithm="local_sgd", num_steps=6, eval_every=6,
-                              **{"local_sgd.tau": 4}))
+                              **{"local_sgd.local_steps": 4}))
   assert mid["consensus_distance"] > 1e-6
 
 
 @pytest.mark.slow  # test_tau_1_local_sgd_equals_allreduce_and_ada_lupa_grows is fast
 def test_train_ada_lupa_grows_the_period():
   cfg = small_cfg(algorithm="local_sgd", num_steps=60, eval_every=60, learning_rate=0.1,
-                  **{"local_sgd.tau": 2, "local_sgd.schedule": "ada_lupa"})
+                  **{"local_sgd.local_steps": 2, "local_sgd.schedule": "ada_lupa"})
   s = train.train(cfg)
   assert s["periods"][0] == 2 and max(s["periods"]) > 2
   assert sum(s["periods"][:-1]) < 60 <= sum(s["periods"])
@@ -401,7 +401,7 @@ def test_tau_1_local_sgd_equals_allreduce_and_ada_lupa_grows():
   kw = {"problem.heterogeneity": 1.0, "num_workers": 4, "batch_size": 2, "num_steps": 40,
         "eval_every": 20}
   ref = train.train(_ls_cfg(algorithm="allreduce", **kw))
-  out = train.train(_ls_cfg(algorithm="local_sgd", **{"local_sgd.tau": 1}, **kw))
+  out = train.train(_ls_cfg(algorithm="local_sgd", **{"local_sgd.local_steps": 1}, **kw))
   assert [h["step"] for h in out["history"]] == [0, 20, 40]
   np.testing.assert_allclose([h["gap"] for h in out["history"]],
                              [h["gap"] for h in ref["history"]], rtol=1e-5)
@@ -410,7 +410,7 @@ def test_tau_1_local_sgd_equals_allreduce_and_ada_lupa_grows():
   assert ref["f_star"] == _ls(heterogeneity=1.0).f_star
   ada = train.train(_ls_cfg(algorithm="local_sgd", **{
       **kw, "num_steps": 200, "eval_every": 200, "local_sgd.schedule": "ada_lupa",
-      "local_sgd.tau": 2}))
+      "local_sgd.local_steps": 2}))
   assert ada["periods"][0] == 2 and max(ada["periods"]) > 2
   assert ada["rounds"] == len(ada["periods"]) - (sum(ada["periods"]) > 200)
   with pytest.raises(config_lib.ConfigError, match="batch_size=999 is not allowed"):
@@ -432,6 +432,6 @@ def test_linear_speed_up_on_least_squares():
     gap[p] = np.mean([train.train(_ls_cfg(
         algorithm="local_sgd", num_workers=p, batch_size=1, num_steps=T, eval_every=T,
         seed=s, lr_schedule="inverse_time", learning_rate=2.0 / (mu * a), lr_time_scale=a,
-        **{"problem.examples_per_worker": 256, "problem.dim": 10, "local_sgd.tau": tau}))["gap"]
+        **{"problem.examples_per_worker": 256, "problem.dim": 10, "local_sgd.local_steps": tau}))["gap"]
         for s in range(3)])
   assert gap[16] <= gap[1] / 8, gap

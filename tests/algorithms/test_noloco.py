@@ -24,7 +24,7 @@ SHAPES = {"b": (5,), "w": (4, 3)}
 
 
 def _framework(params, grads, g, alpha, beta):
-  opt = optax.chain(optax.sgd(LR), tx.noloco(H, axis_name="w", local_group_size=g,
+  opt = optax.chain(optax.sgd(LR), tx.noloco(H, axis_name="w", group_size=g,
                                               outer_lr=alpha, outer_momentum=beta, seed=SEED))
   return [(p, state_of(st, NoLoCoState).slow, state_of(st, NoLoCoState).momentum,
            np.asarray(tx.bytes_sent(st)))
@@ -76,23 +76,23 @@ def _run(algorithm, **over):
 
 
 def test_one_group_of_all_workers_is_diloco_with_heavy_ball_momentum():
-  noloco = _run("noloco", **{"noloco.local_group_size": 4, "noloco.number_of_local_steps": 2,
+  noloco = _run("noloco", **{"noloco.group_size": 4, "noloco.local_steps": 2,
                              "noloco.outer_lr": 0.7, "noloco.outer_momentum": 0.5})
-  diloco = _run("diloco", **{"diloco.inner_steps": 2, "diloco.outer_lr": 0.7,
+  diloco = _run("diloco", **{"diloco.local_steps": 2, "diloco.outer_lr": 0.7,
                              "diloco.outer_momentum": 0.5, "diloco.outer_nesterov": False})
   for a, b in zip(noloco, diloco):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  smaller = _run("noloco", **{"noloco.local_group_size": 2, "noloco.number_of_local_steps": 2,
+  smaller = _run("noloco", **{"noloco.group_size": 2, "noloco.local_steps": 2,
                               "noloco.outer_lr": 0.7, "noloco.outer_momentum": 0.5})
   assert np.abs(smaller[-1] - diloco[-1]).max() > 1e-3  # groups of 2 are not DiLoCo
 
 
 def test_a_bad_noloco_key_and_a_group_size_not_dividing_the_workers_are_refused():
   c = config_lib.override(config_lib.default_config(), {"algorithm": "noloco", "num_workers": 6,
-                                                         "noloco.local_group_size": 4})
-  with pytest.raises(config_lib.ConfigError, match=r"config\.noloco\.local_group_size=4 is "
+                                                         "noloco.group_size": 4})
+  with pytest.raises(config_lib.ConfigError, match=r"config\.noloco\.group_size=4 is "
                                                    r"not allowed with config\.num_workers=6"):
     config_lib.validate(c)
   with pytest.raises(config_lib.ConfigError, match=r"config\.noloco\.outer_momentum=1\.0"):
-    config_lib.validate(config_lib.override(c, {"noloco.local_group_size": 2,
+    config_lib.validate(config_lib.override(c, {"noloco.group_size": 2,
                                                 "noloco.outer_momentum": 1.0}))

@@ -65,12 +65,12 @@ def _cfg(overlap, **over):
   c.update(dict(algorithm="diloco", num_workers=4, dataset="least_squares", num_steps=8,
                 eval_every=8, learning_rate=0.05, progress=False, batch_size=16))
   c.problem.update(dict(examples_per_worker=16, dim=2000, full_batch=True))
-  return config_lib.override(c, {"diloco.inner_steps": 4, "diloco.overlap": overlap,
+  return config_lib.override(c, {"diloco.local_steps": 4, "diloco.overlap": overlap,
                                  "cluster.bandwidth": 1e6, "cluster.latency": 0.0, **over})
 
 
 @pytest.mark.slow  # a clock check (the reference test is fast)
-def test_the_overlap_hides_the_all_reduce_behind_the_next_inner_steps():
+def test_the_overlap_hides_the_all_reduce_behind_the_next_local_steps():
   """Same bytes; the blocking run pays both all-reduces, the overlapped one none (eager's clock is the same): each runs
   behind the next H = 4 inner steps (4 x 0.016 s against 0.012 s), and the run's last one is
   still in flight when it ends (its mean would land at the next outer step)."""

@@ -27,7 +27,7 @@ KW = dict(top_k=16, chunk_size=8, quantization_bins=4, quantization_range=6.0)
 
 def _framework(params, grads, outer_lr, error_decay, bins):
   opt = optax.chain(optax.sgd(LR), tx.sparseloco(
-      H, axis_name="w", outer_learning_rate=outer_lr, error_decay=error_decay,
+      H, axis_name="w", outer_lr=outer_lr, error_decay=error_decay,
       **{**KW, "quantization_bins": bins}))
   return [(p, state_of(st, DecoupledMomentumState).delta, np.asarray(tx.bytes_sent(st)))
           for t, p, st in vmapped_steps(opt, params, grads) if (t + 1) % H == 0]

@@ -24,7 +24,7 @@ def _cfg(**over):
                 eval_every=6, learning_rate=LR, momentum=0.0, weight_decay=0.0,
                 progress=False, batch_size=16, seed=SEED))
   c.problem.update(dict(examples_per_worker=16, dim=6, full_batch=True))
-  c.sparta.p = P
+  c.sparta.density = P
   return config_lib.override(c, over)
 
 
@@ -83,7 +83,7 @@ def test_every_step_equals_the_reference_and_the_seeded_mask_sends_none(mask):
 
 
 def test_a_bad_sparta_key_is_refused_by_name():
-  with pytest.raises(config_lib.ConfigError, match=r"config\.sparta\.p=0\.0 is not allowed"):
-    config_lib.validate(_cfg(**{"sparta.p": 0.0}))
+  with pytest.raises(config_lib.ConfigError, match=r"config\.sparta\.density=0\.0 is not allowed"):
+    config_lib.validate(_cfg(**{"sparta.density": 0.0}))
   with pytest.raises(config_lib.ConfigError, match=r"config\.sparta\.mask='all' is not allowed"):
     config_lib.validate(_cfg(**{"sparta.mask": "all"}))

@@ -121,10 +121,12 @@ def test_dpsgd_atc_on_complete_graph_equals_allreduce():
     fast=("dpsgd",), slow=("sgp", "allreduce_ring", "choco_sgd", "async_diloco")))
 def test_simulate_and_mesh_backends_agree(algorithm):
   cfg = dict(algorithm=algorithm, num_workers=8, num_steps=6)
-  cfg["diloco.inner_steps"] = 3  # local SGD: tau = 4; both see local steps and a sync
+  cfg["diloco.local_steps"] = 3  # local SGD: tau = 4; both see local steps and a sync
   if algorithm == "streaming_diloco":  # fragments in turn every H / P steps, tau = 1 late
-    cfg["diloco.inner_steps"], cfg["streaming_diloco.fragments"] = 4, 2
+    cfg["diloco.local_steps"], cfg["streaming_diloco.fragments"] = 4, 2
     cfg["streaming_diloco.delay"], cfg["streaming_diloco.alpha"] = 1, 0.5
+  if algorithm == "halos":  # its global model can step within the 6 steps (from step 4)
+    cfg["halos.local_steps"], cfg["halos.accumulation"] = 2, 2
   _, sim, ls = run_steps(small_cfg(backend="simulate", **cfg), 6)
   _, mesh, lm = run_steps(small_cfg(backend="mesh", **cfg), 6)
   assert len(jax.tree.leaves(mesh.params)[0].sharding.device_set) == 8
@@ -188,9 +190,9 @@ def test_every_algorithm_learns_mnist10k(algorithm):
   cfg = small_cfg(**{"model": "logreg", "algorithm": algorithm, "num_workers": 8,
                      "batch_size": 32, "learning_rate": 0.5, "momentum": 0.9,
                      "lr_schedule": "cosine", "num_steps": steps, "eval_every": steps,
-                     "eval_worker_accuracy": False, "diloco.inner_steps": 10,
-                     "diloco.outer_momentum": 0.5, "sparseloco.inner_steps": 10,
-                     "noloco.number_of_local_steps": 10, "epidemic.rounds": 5,
+                     "eval_worker_accuracy": False, "diloco.local_steps": 10,
+                     "diloco.outer_momentum": 0.5, "sparseloco.local_steps": 10,
+                     "noloco.local_steps": 10, "epidemic.rounds": 5,
                      "epidemic.graph_degree": 3, **OWN_SETTINGS.get(algorithm, {})})
   summary = train.train(cfg)
   assert summary["test_accuracy"] >= 0.88, summary

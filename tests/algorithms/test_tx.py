@@ -81,7 +81,7 @@ CASES = {
                       TOP, gamma=0.6, topology="ring", axis_name="w"))),
     "ef_allreduce": ({"compression.name": "top_k", "compression.density": 0.5},
                      lambda: optax.chain(tx.error_feedback(TOP, axis_name="w"), optax.sgd(0.05))),
-    "diloco": ({"diloco.inner_steps": 2, "diloco.outer_lr": 0.7, "diloco.outer_momentum": 0.9},
+    "diloco": ({"diloco.local_steps": 2, "diloco.outer_lr": 0.7, "diloco.outer_momentum": 0.9},
                lambda: optax.chain(optax.sgd(0.05), tx.diloco(
                    optax.sgd(0.7, momentum=0.9, nesterov=True), 2, axis_name="w"))),
 }
@@ -89,27 +89,27 @@ MORE = {  # the other recipes that fit, on vmap only
     "gradient_tracking": ({}, lambda: optax.chain(tx.gradient_tracking("ring", axis_name="w"),
                                                   optax.sgd(0.05), tx.gossip("ring", axis_name="w"))),
     "d2": ({}, lambda: optax.chain(optax.sgd(0.05), tx.d2("ring", axis_name="w"))),
-    "local_sgd": ({"local_sgd.tau": 3},
+    "local_sgd": ({"local_sgd.local_steps": 3},
                   lambda: optax.chain(optax.sgd(0.05), tx.local_sgd(3, axis_name="w"))),
     "allreduce_ring": ({}, lambda: optax.chain(tx.allreduce_mean(axis_name="w", ring=True),
                                                optax.sgd(0.05))),
     "gossip_pga": ({"gossip_pga.period": 3},
                    lambda: optax.chain(optax.sgd(0.05), tx.gossip_pga(3, "ring", axis_name="w"))),
     "sgp": ({}, lambda: optax.chain(optax.sgd(0.05), tx.sgp("ring", axis_name="w"))),
-    "sparta": ({"sparta.p": 0.3}, lambda: optax.chain(optax.sgd(0.05), tx.sparta(
+    "sparta": ({"sparta.density": 0.3}, lambda: optax.chain(optax.sgd(0.05), tx.sparta(
         0.3, axis_name="w", seed=0))),
-    "demo": ({"demo.compression_topk": 2, "demo.compression_chunk": 3},
-             lambda: optax.chain(tx.demo(0.05, axis_name="w", compression_topk=2,
-                                         compression_chunk=3), optax.sgd(0.05))),
-    "sparseloco": ({"sparseloco.inner_steps": 2, "sparseloco.top_k": 4,
-                    "sparseloco.chunk_size": 3, "sparseloco.outer_learning_rate": 0.7},
+    "demo": ({"demo.top_k": 2, "demo.chunk_size": 3},
+             lambda: optax.chain(tx.demo(0.05, axis_name="w", top_k=2,
+                                         chunk_size=3), optax.sgd(0.05))),
+    "sparseloco": ({"sparseloco.local_steps": 2, "sparseloco.top_k": 4,
+                    "sparseloco.chunk_size": 3, "sparseloco.outer_lr": 0.7},
                    lambda: optax.chain(optax.sgd(0.05), tx.sparseloco(
-                       2, axis_name="w", outer_learning_rate=0.7, top_k=4, chunk_size=3))),
-    "noloco": ({"noloco.number_of_local_steps": 2, "noloco.local_group_size": 2, "seed": 5,
+                       2, axis_name="w", outer_lr=0.7, top_k=4, chunk_size=3))),
+    "noloco": ({"noloco.local_steps": 2, "noloco.group_size": 2, "seed": 5,
                 "num_steps": 6},
                lambda: optax.chain(optax.sgd(0.05), tx.noloco(2, axis_name="w", seed=5))),
     "streaming_diloco": (  # one parameter array, so one fragment; launch and land apart
-        {"diloco.inner_steps": 4, "diloco.outer_lr": 0.7, "diloco.outer_momentum": 0.9,
+        {"diloco.local_steps": 4, "diloco.outer_lr": 0.7, "diloco.outer_momentum": 0.9,
          "streaming_diloco.fragments": 1, "streaming_diloco.delay": 1,
          "streaming_diloco.alpha": 0.5, "num_steps": 9},
         lambda: optax.chain(optax.sgd(0.05), tx.streaming_diloco(
@@ -196,7 +196,7 @@ def test_gossip_after_sgd_is_dpsgd_closed_form():
 def test_sgp_after_sgd_is_dpsgd_on_the_one_peer_exponential_graph():
   """tx.sgp without overlap equals tx.gossip over the same doubly stochastic W_t (the push-sum
   weights stay 1) step for step; with overlap it differs (the round carries the model from
-  before the step), and synch_freq without overlap is refused by name."""
+  before the step), and a delay without overlap is refused by name."""
   x0 = np.random.default_rng(0).normal(size=(N, 5)).astype(np.float32)
   target = np.random.default_rng(1).normal(size=(N, 5)).astype(np.float32)
   runs = {}
@@ -216,8 +216,8 @@ def test_sgp_after_sgd_is_dpsgd_on_the_one_peer_exponential_graph():
     runs[name] = np.asarray(p)
   np.testing.assert_allclose(runs["sgp"], runs["gossip"], rtol=1e-5, atol=1e-6)
   assert not np.allclose(runs["overlap"], runs["gossip"], atol=1e-3)
-  with pytest.raises(ValueError, match="sgp.synch_freq=2 is not allowed"):
-    tx.sgp(axis_name="w", synch_freq=2)
+  with pytest.raises(ValueError, match="sgp.delay=2 is not allowed"):
+    tx.sgp(axis_name="w", delay=2)
 
 
 def test_error_feedback_is_a_plain_optax_transformation():

@@ -10,7 +10,7 @@ import pytest
 
 from nbsgd_jax import config as config_lib
 from nbsgd_jax.host.failures import FailureProcess
-from tests.algorithms.test_composition import cell_cfg, run_cell
+from tests.helpers import cell_cfg, run_cell
 
 N, T = 1000, 20000  # workers, steps of 1 s
 

@@ -191,7 +191,7 @@ def test_elastic_diloco_without_failures_or_stragglers_is_diloco():
   mini-batch, a quorum of 3 of 4 with a 10 ms grace, failures elastic with the joiner's fetch)
   on a cluster with no failures and no stragglers: every worker arrives together, so its
   records (losses, bytes, simulated time) are plain DiLoCo's."""
-  base = {"algorithm": "diloco", "diloco.inner_steps": 3, "eval_every": 3}
+  base = {"algorithm": "diloco", "diloco.local_steps": 3, "eval_every": 3}
   plain = _run(**base)
   elastic = _run(**base, **{"nonblocking.enabled": True, "nonblocking.num_minibatches": 1,
                             "nonblocking.deadline": "kth:3:0.01", "cluster.rejoin_fetch": True,

@@ -75,7 +75,7 @@ def test_the_hierarchical_all_reduce_pays_the_wide_area_link_once_for_a_quarter(
   """Groups of 4 (the nodes): a reduce-scatter and an all-gather inside the node, 3 messages
   and 3/4 of the message each at the node's link, and across the 4 nodes an all-reduce of
   a quarter of it, 6 messages at the regions' link (each worker's rank group spans them)."""
-  out = train.train(_cfg("allreduce", **{"cluster.allreduce_group": 4}), None)
+  out = train.train(_cfg("allreduce", **{"cluster.allreduce_group_size": 4}), None)
   s = 1000.0
   inside = 3 * LAT[0] + 0.75 * s / BW[0]
   across = 6 * LAT[2] + 2 * 3 / 4 * s / 4 / BW[2]
@@ -97,7 +97,7 @@ def test_the_tree_all_reduce_pays_log_n_latencies_and_two_messages_of_bytes():
   flat = train.train(_cfg("allreduce", **tree), None)
   assert flat["sim_time"] == pytest.approx(3 * (16e-3 + 8 * LAT[2] + 2 * s / BW[2]), rel=1e-9)
   assert flat["bytes_sent"] == pytest.approx(3 * 2 * 15 / 16 * s, rel=1e-9)
-  hier = train.train(_cfg("allreduce", **tree, **{"cluster.allreduce_group": 4}), None)
+  hier = train.train(_cfg("allreduce", **tree, **{"cluster.allreduce_group_size": 4}), None)
   inside = 3 * LAT[0] + 0.75 * s / BW[0]
   across = 4 * LAT[2] + 2 * s / 4 / BW[2]
   assert hier["sim_time"] == pytest.approx(3 * (16e-3 + 2 * inside + across), rel=1e-9)
@@ -146,7 +146,7 @@ def test_the_tree_across_two_groups_sends_a_group_share_each_way():
   its share, 16 / 4 = 4 bytes, to the other (root of one tree, leaf of the other): 2
   messages, 6 ms, not 2 x 4 = 8 bytes (10 ms). The step: 16 + 30 + 6 = 52 ms; bytes: 12 +
   12 + 4 = 28 per worker, the flat ring's 2 (8 - 1) / 8 16."""
-  out = _flat(8, **{"cluster.allreduce_group": 4})
+  out = _flat(8, **{"cluster.allreduce_group_size": 4})
   assert out["sim_time"] == pytest.approx((16 + 2 * (3 + 12) + (2 + 4)) * 1e-3, rel=1e-6)
   assert out["bytes_sent"] == pytest.approx(28.0, rel=1e-6)
 
@@ -203,14 +203,14 @@ def test_the_hierarchical_all_reduce_composes_device_bytes_equal_clock_bytes():
   """Under Non-blocking SGD and failures (run_cell: the device's bytes = the clock's three
   rounds' at every step, a failed worker charged nothing), and DiLoCo's deferred outer
   all-reduce; a group size that does not divide the workers is refused by name."""
-  from tests.algorithms.test_composition import cell_cfg, run_cell
+  from tests.helpers import cell_cfg, run_cell
   for algorithm, over in (("allreduce", {}), ("diloco", {"diloco.overlap": "delayed"})):
     cfg = cell_cfg(algorithm, True, False, True, False,
-                   **{"cluster.allreduce_group": 2, **over})
+                   **{"cluster.allreduce_group_size": 2, **over})
     run_cell(cfg)
-  with pytest.raises(config_lib.ConfigError, match=r"config\.cluster\.allreduce_group=3 is "
+  with pytest.raises(config_lib.ConfigError, match=r"config\.cluster\.allreduce_group_size=3 is "
                                                    r"not allowed with config\.num_workers=16"):
-    config_lib.validate(_cfg("allreduce", **{"cluster.allreduce_group": 3}))
+    config_lib.validate(_cfg("allreduce", **{"cluster.allreduce_group_size": 3}))
 
 
 @pytest.mark.parametrize("algorithm", ["ad_psgd", "async_diloco"])
@@ -218,7 +218,7 @@ def test_the_event_clock_charges_a_message_at_the_link_between_its_ends(algorith
   """AD-PSGD's exchange with a peer, asynchronous DiLoCo's push to the server (which sits
   with worker 0): one model's bytes at the link the pair crosses."""
   from tests.helpers import make_stepper
-  stepper = make_stepper(_cfg(algorithm, **{"diloco.inner_steps": 2}))
+  stepper = make_stepper(_cfg(algorithm, **{"diloco.local_steps": 2}))
   clock = stepper.hosts[0].part("clock")
   model = clock.message_bytes
   cost = lambda lv: LAT[lv] + model / BW[lv]  # noqa: E731

@@ -110,7 +110,7 @@ def test_every_period_end_of_streaming_diloco_has_its_program_on_the_wall_clock(
   """Streaming DiLoCo's period ends are FragmentSync values (fragment, launch, land), one
   compiled update each on the wall clock too (one process, 8 workers)."""
   cfg = small_cfg(algorithm="streaming_diloco", num_workers=8, num_steps=8, eval_every=8,
-                  backend="multihost", **{"cluster.clock": "wall", "diloco.inner_steps": 4,
+                  backend="multihost", **{"cluster.clock": "wall", "diloco.local_steps": 4,
                                           "streaming_diloco.fragments": 2,
                                           "streaming_diloco.delay": 1})
   out = train.train(cfg)

@@ -212,13 +212,13 @@ def test_language_model_learns(algorithm, tmp_path):
   user's LM run that only runs is no run): 16 steps at lr 1e-2 on mock tiny_shakespeare, the training loss at
   the last evaluation below 0.8 of the first's (diloco measured 2.85 -> 1.90, vocabulary 12,
   ln 12 = 2.48) and the test loss below ln(vocabulary), the loss of a uniform guess."""
-  extra = ({"diloco.inner_steps": 2} if "diloco" in algorithm else {"sparta.p": 0.05}
+  extra = ({"diloco.local_steps": 2} if "diloco" in algorithm else {"sparta.density": 0.05}
            if algorithm == "sparta" else {"momentum": 0.0, "learning_rate": 3e-3}
-           if algorithm == "demo" else {"sparseloco.inner_steps": 2}
-           if algorithm == "sparseloco" else {"noloco.number_of_local_steps": 2}
-           if algorithm == "noloco" else {"local_sgd.tau": 2})
+           if algorithm == "demo" else {"sparseloco.local_steps": 2}
+           if algorithm == "sparseloco" else {"noloco.local_steps": 2}
+           if algorithm == "noloco" else {"local_sgd.local_steps": 2})
   if algorithm == "muloco":  # DiLoCo with Muon as the inner optimizer
-    algorithm, extra = "diloco", {"diloco.inner_steps": 2, "optimizer": "muon"}
+    algorithm, extra = "diloco", {"diloco.local_steps": 2, "optimizer": "muon"}
   with tfds.testing.mock_data(num_examples=3):
     summary = train.train(lm_cfg(algorithm=algorithm, num_steps=16, eval_every=8,
                                  **{"learning_rate": 1e-2, **extra}), str(tmp_path))
@@ -294,7 +294,7 @@ def test_lm_config_trains_through_the_cli(tmp_path):
       tmp_path, LM, 3, "--config.num_workers=2", "--config.batch_size=2",
       "--config.num_steps=4", "--config.eval_every=2", "--config.warmup_steps=1",
       "--config.lm.context=8", "--config.lm.num_layers=1", "--config.lm.d_model=16",
-      "--config.diloco.inner_steps=2", "--config.eval_train_examples=8")
+      "--config.diloco.local_steps=2", "--config.eval_train_examples=8")
   assert r.returncode == 0, r.stderr[-3000:]
   with open(tmp_path / "run" / "summary.json") as f:
     summary = json.load(f)

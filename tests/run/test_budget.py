@@ -45,7 +45,7 @@ def _cfg(**over):
     ("dpsgd", {"lr_schedule": "cosine", "warmup_steps": 2}),
     # the period plan reads the run's length too (linear periods: alpha from num_comm)
     ("local_sgd", {"local_sgd.schedule": "linear", "local_sgd.num_comm": 2,
-                   "local_sgd.tau": 2, "lr_schedule": "step"})])
+                   "local_sgd.local_steps": 2, "lr_schedule": "step"})])
 def test_a_lockstep_budget_is_num_steps_record_for_record(tmp_path, algorithm, over):
   base = {"algorithm": algorithm, "eval_every": 4, **over}
   steps = train.train(_cfg(num_steps=10, **base), str(tmp_path / "steps"))
@@ -67,7 +67,7 @@ def _replay(cfg, steps):
   part = train.make_host(s).part("clock")
   pulls = None
   if cfg.algorithm == "async_diloco":
-    pulls = recipes.inner_steps(cfg, part.cluster) + 1
+    pulls = recipes.local_steps_per_worker(cfg, part.cluster) + 1
   per_worker, means = np.zeros(cfg.num_workers, np.int64), [0.0]
   for _ in range(steps):
     for e in part.clock.next_batch():
@@ -105,7 +105,7 @@ def _check_budget(cfg, summary, final=None):
 
 def test_an_event_clock_budget_ends_within_one_batch():
   cfg = _cfg(algorithm="async_diloco", num_steps=8, **GRADS, eval_every=3, lr_schedule="cosine",
-             **{"diloco.inner_steps": 3})
+             **{"diloco.local_steps": 3})
   _check_budget(cfg, train.train(cfg))
 
 
@@ -149,11 +149,11 @@ def test_budget_points_and_their_steps():
 
 @pytest.mark.parametrize("over, named", [
     ({"budget_unit": "grads"}, "config.budget_unit='grads' is not allowed"),
-    ({**GRADS, "num_steps": 3, "algorithm": "local_sgd", "local_sgd.tau": 4},
-     "config.local_sgd.tau=4 is not allowed with config.num_steps=3: the run would "
+    ({**GRADS, "num_steps": 3, "algorithm": "local_sgd", "local_sgd.local_steps": 4},
+     "config.local_sgd.local_steps=4 is not allowed with config.num_steps=3: the run would "
      "end before its first communication"),
-    ({**GRADS, "num_steps": 3, "algorithm": "diloco", "diloco.inner_steps": 5},
-     "config.diloco.inner_steps=5 is not allowed with config.num_steps=3")])
+    ({**GRADS, "num_steps": 3, "algorithm": "diloco", "diloco.local_steps": 5},
+     "config.diloco.local_steps=5 is not allowed with config.num_steps=3")])
 def test_a_bad_budget_is_one_line_naming_the_key(over, named):
   with pytest.raises(config_lib.ConfigError, match=named.replace("(", r"\(")):
     config_lib.validate(_cfg(**over))

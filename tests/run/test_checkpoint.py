@@ -27,7 +27,7 @@ CASES = {
                          "compression.density": 0.1},
     # the adaptive period planner (host state) and the sync/local programs
     "ada_lupa": {"algorithm": "local_sgd", "local_sgd.schedule": "ada_lupa",
-                 "local_sgd.tau": 2},
+                 "local_sgd.local_steps": 2},
     # simulated clocks with random straggler delays, non-blocking counts, consensus control
     # with the critical target (estimator state)
     "nonblocking_control": {
@@ -41,7 +41,7 @@ CASES = {
                        "cluster.delay_mean": 0.01},
     # the server's replica, its delayed Nesterov buffer and each worker's pull (host)
     "async_diloco_events": {"algorithm": "async_diloco", "cluster.scenario": "lognormal",
-                            "diloco.inner_steps": 2, "async_diloco.buffer": 2,
+                            "diloco.local_steps": 2, "async_diloco.buffer": 2,
                             "async_diloco.staleness_weight": "polynomial"},
 }
 
@@ -229,7 +229,7 @@ def test_divergence_stops_with_step_and_workers_and_keeps_last_good_checkpoint(t
       layer["kernel"] = layer["kernel"].at[2, 0, 0].set(jnp.nan)  # the host's dict: mutable
 
   cfg = small_cfg(algorithm="local_sgd", num_steps=16, eval_every=2, checkpoint_every=4,
-                  **{"local_sgd.tau": 4})
+                  **{"local_sgd.local_steps": 4})
   with pytest.raises(train.TrainingDiverged) as e:
     train.train(cfg, str(tmp_path), hooks=(poison,))
   assert (e.value.step, e.value.workers) in ((10, [2]),), str(e.value)

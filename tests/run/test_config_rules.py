@@ -37,8 +37,8 @@ def errors_of(cfg):
      "config.compression.gaussian_correction='newton' is not allowed: use 'bracket' or 'paper'"),
     ({"algorithm": "dpsgd", "diloco__outer_lr": -1.0},
      "config.diloco.outer_lr=-1.0 is not allowed: it must be a number > 0"),
-    ({"algorithm": "allreduce", "local_sgd__tau": 0},
-     "config.local_sgd.tau=0 is not allowed: it must be an integer >= 1"),
+    ({"algorithm": "allreduce", "local_sgd__local_steps": 0},
+     "config.local_sgd.local_steps=0 is not allowed: it must be an integer >= 1"),
     ({"algorithm": "allreduce", "matcha__budget": 0.0},
      "config.matcha.budget=0.0 is not allowed: it must be a number > 0 and <= 1"),
     ({"consensus__max_gossip_steps": 0},
@@ -66,8 +66,8 @@ def test_every_section_has_a_check():
 @pytest.mark.parametrize("overrides,line", [
     ({"compression__density": 0.05},
      "config.compression.density=0.05 has no effect: config.compression.name='none'"),
-    ({"algorithm": "dpsgd", "local_sgd__tau": 8},
-     "config.local_sgd.tau=8 has no effect: config.algorithm='dpsgd'"),
+    ({"algorithm": "dpsgd", "local_sgd__local_steps": 8},
+     "config.local_sgd.local_steps=8 has no effect: config.algorithm='dpsgd'"),
     ({"algorithm": "allreduce", "matcha__budget": 0.25},
      "config.matcha.budget=0.25 has no effect: config.algorithm='allreduce'"),
     ({"lr_milestones": (0.3, 0.6)},
@@ -105,7 +105,7 @@ def test_changed_key_of_a_section_that_is_off_warns_once(overrides, line):
 @pytest.mark.parametrize("overrides", [
     {},  # every key at its default
     {"algorithm": "allreduce", "compression__name": "top_k", "compression__density": 0.05},
-    {"algorithm": "local_sgd", "local_sgd__tau": 8},
+    {"algorithm": "local_sgd", "local_sgd__local_steps": 8},
     {"algorithm": "matcha", "matcha__budget": 0.25},
     {"algorithm": "matcha", "dpsgd__order": "parallel"},
     {"nonblocking__enabled": True, "nonblocking__deadline": "kth:2"},
@@ -122,7 +122,7 @@ def test_no_warning_when_the_section_is_on_or_the_key_at_its_default(overrides):
 
 def test_warn_inactive_prints_warning_lines():
   stream = io.StringIO()
-  cfg = cfg_with(algorithm="dpsgd", compression__density=0.05, local_sgd__tau=8)
+  cfg = cfg_with(algorithm="dpsgd", compression__density=0.05, local_sgd__local_steps=8)
   lines = config_lib.warn_inactive(cfg, stream=stream)
   assert stream.getvalue().splitlines() == [f"warning: {line}" for line in lines]
   assert len(lines) == 2
@@ -200,9 +200,9 @@ def test_registry_refuses_undefined_combinations(overrides, line):
      "config.cluster.levels=(): a place matters only on a hierarchical network (set "
      "cluster.levels, or placement=())"),
     ({"algorithm": "allreduce", "cluster__rebuild_collectives": True,
-      "cluster__allreduce_group": 4},
+      "cluster__allreduce_group_size": 4},
      "config.cluster.rebuild_collectives=True is not allowed with "
-     "config.cluster.allreduce_group=4: the rebuilt all-reduce is the flat one (ring or tree) "
+     "config.cluster.allreduce_group_size=4: the rebuilt all-reduce is the flat one (ring or tree) "
      "over the live workers"),
     ({"cluster__quorum_policy": "wait"},
      "config.cluster.quorum_policy='wait' is not allowed with config.nonblocking.deadline="

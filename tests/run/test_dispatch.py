@@ -15,14 +15,14 @@ pytestmark = pytest.mark.slow  # the slow tier: see tests/conftest.py
 CASES = {
     "dpsgd": {"algorithm": "dpsgd"},
     # two programs (local steps, synchronising steps) inside one block
-    "local_sgd": {"algorithm": "local_sgd", "local_sgd.tau": 3},
+    "local_sgd": {"algorithm": "local_sgd", "local_sgd.local_steps": 3},
     # counted mini-batches of a simulated heterogeneous cluster, mesh backend
     "nonblocking_mesh": {"algorithm": "allreduce", "nonblocking.enabled": True,
                          "nonblocking.num_minibatches": 2, "cluster.scenario": "one_slow",
                          "backend": "mesh"},
     # ADA-LUPA needs F at every synchronisation: a block ends there
     "ada_lupa": {"algorithm": "local_sgd", "local_sgd.schedule": "ada_lupa",
-                 "local_sgd.tau": 2},
+                 "local_sgd.local_steps": 2},
 }
 
 
@@ -75,7 +75,7 @@ def test_auto_dispatch_size_is_the_largest_divisor_of_eval_every_up_to_the_cap()
   assert size([_setup(eval_every=6), _setup(eval_every=4)]) == 2
   # 1 where blocks would change what runs or compiles
   assert size([_setup(algorithm="dpsgd")], hooked=True) == 1
-  assert size([_setup(algorithm="local_sgd", **{"local_sgd.tau": 3})]) == 1
+  assert size([_setup(algorithm="local_sgd", **{"local_sgd.local_steps": 3})]) == 1
   # a k that is set is kept, hooks or not
   assert size([_setup(steps_per_dispatch=4)], hooked=True) == 4
 

@@ -18,8 +18,8 @@ CASES = {
     "ad_psgd_released": {"algorithm": "ad_psgd", "ad_psgd.order": "released"},
     "swarm_sgd": {"swarm_sgd.local_steps": 2},
     "swarm_one_sided": {"algorithm": "swarm_sgd", "swarm_sgd.averaging": "one_sided"},
-    "async_diloco": {"diloco.inner_steps": 3},
-    "halos": {"halos.regions": 2, "halos.inner_steps": 2, "halos.accumulation": 2},
+    "async_diloco": {"diloco.local_steps": 3},
+    "halos": {"halos.regions": 2, "halos.local_steps": 2, "halos.accumulation": 2},
 }
 
 

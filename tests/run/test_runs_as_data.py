@@ -126,7 +126,7 @@ def test_structure_key_ignores_hyperparameters_and_host_keys():
                {"topology": "torus"}, {"batch_size": 2}, {"nesterov": True},
                {"nonblocking.enabled": True}):
     assert key(_with(a, over)) != key(a), over
-  d = _cfg(algorithm="diloco", **{"diloco.inner_steps": 4})
+  d = _cfg(algorithm="diloco", **{"diloco.local_steps": 4})
   assert key(_with(d, {"diloco.outer_lr": 0.3})) == key(d)
   assert key(_with(d, {"diloco.outer_momentum": 0.0})) != key(d)
 
@@ -153,7 +153,7 @@ CHANGES = [
                                                              "momentum": 0.5}),
     ("allreduce", {"optimizer": "adamw", "learning_rate": 0.01},
      {"adam_b2": 0.9, "momentum": 0.8}),
-    ("diloco", {"diloco.inner_steps": 4}, {"diloco.outer_lr": 0.3,
+    ("diloco", {"diloco.local_steps": 4}, {"diloco.outer_lr": 0.3,
                                            "diloco.outer_momentum": 0.5}),
     ("choco_sgd", {"compression.name": "top_k", "compression.density": 0.5},
      {"choco.gamma": 0.2, "seed": 2}),
@@ -262,7 +262,7 @@ def test_compilation_cache_config_is_checked():
 
 @pytest.mark.parametrize("over", [
     {"algorithm": "dpsgd", "steps_per_dispatch": 3},
-    {"algorithm": "local_sgd", "local_sgd.schedule": "ada_lupa", "local_sgd.tau": 2,
+    {"algorithm": "local_sgd", "local_sgd.schedule": "ada_lupa", "local_sgd.local_steps": 2,
      "steps_per_dispatch": 4},  # needs F at each synchronisation: read inside the dispatch
 ], ids=["blocks", "reports-at-once"])
 def test_steps_read_at_the_end_equal_steps_read_each_dispatch(over):

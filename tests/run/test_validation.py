@@ -84,7 +84,7 @@ CASES = [
     bad("cluster.failure_mtbf", -1.0), bad("cluster.failure_repair", 0.0),
     bad("cluster.failure_shape", 0.0), bad("cluster.failure_policy", "retry"),
     bad("cluster.restart_every", 0), bad("cluster.restart_seconds", -1.0),
-    bad("cluster.levels", ("8:fast:1",)), bad("cluster.allreduce_group", -1),
+    bad("cluster.levels", ("8:fast:1",)), bad("cluster.allreduce_group_size", -1),
     bad("cluster.placement", (0, 0)),
     # ---- out of range
     bad("num_workers", 0),
@@ -118,17 +118,17 @@ CASES = [
     bad("streaming_diloco.fragments", 0, algorithm="streaming_diloco"),
     bad("streaming_diloco.delay", -1, algorithm="streaming_diloco"),
     bad("streaming_diloco.delay", 25, algorithm="streaming_diloco"),  # H / P = 25
-    bad("sparta.p", 0.0, algorithm="sparta"), bad("sparta.p", 1.5, algorithm="sparta"),
+    bad("sparta.density", 0.0, algorithm="sparta"), bad("sparta.density", 1.5, algorithm="sparta"),
     bad("sparta.mask", "all", algorithm="sparta"),
-    bad("demo.compression_decay", 1.0, algorithm="demo", momentum=0.0),
-    bad("demo.compression_topk", 0, algorithm="demo", momentum=0.0),
-    bad("demo.compression_chunk", 2.5, algorithm="demo", momentum=0.0),
+    bad("demo.error_decay", 1.0, algorithm="demo", momentum=0.0),
+    bad("demo.top_k", 0, algorithm="demo", momentum=0.0),
+    bad("demo.chunk_size", 2.5, algorithm="demo", momentum=0.0),
     *[bad(f"sparseloco.{k}", v, algorithm="sparseloco") for k, v in (
-        ("inner_steps", 0), ("outer_learning_rate", 0.0), ("outer_momentum", 1.0),
+        ("local_steps", 0), ("outer_lr", 0.0), ("outer_momentum", 1.0),
         ("error_decay", -0.1), ("top_k", 0), ("chunk_size", 0), ("use_quantization", "yes"),
         ("quantization_bins", 1), ("quantization_range", 0.0))],
     *[bad(f"noloco.{k}", v, algorithm="noloco") for k, v in (
-        ("number_of_local_steps", 0), ("local_group_size", 0), ("outer_lr", 0.0),
+        ("local_steps", 0), ("group_size", 0), ("outer_lr", 0.0),
         ("outer_momentum", 1.0))],
     bad("epidemic.variant", "global", algorithm="epidemic"),
     bad("epidemic.graph_degree", 0, algorithm="epidemic"),
@@ -149,20 +149,20 @@ CASES = [
     bad("swarm_sgd.local_steps", 0, algorithm="swarm_sgd"),
     bad("swarm_sgd.seed", -1, algorithm="swarm_sgd"),
     bad("swarm_sgd.averaging", "one-sided", algorithm="swarm_sgd"),
-    bad("sgp.synch_freq", -1, algorithm="sgp"),
+    bad("sgp.delay", -1, algorithm="sgp"),
     bad("sgp.overlap", "yes", algorithm="sgp"),
     bad("async_diloco.buffer", -1, algorithm="async_diloco"),
     bad("async_diloco.activation", 2.0, algorithm="async_diloco"),
     bad("async_diloco.staleness_weight", "linear", algorithm="async_diloco"),
     bad("async_diloco.dynamic_local_updates", "yes", algorithm="async_diloco"),
-    bad("async_diloco.min_inner_steps", 0, algorithm="async_diloco"),
+    bad("async_diloco.min_local_steps", 0, algorithm="async_diloco"),
     bad("async_diloco.reset_inner", 1, algorithm="async_diloco"),
     bad("async_diloco.pull", "eager", algorithm="async_diloco"),
     bad("cluster.rejoin_fetch", "yes"),
     bad("cluster.allreduce_algorithm", "butterfly"),
     bad("cluster.rebuild_collectives", "yes"), bad("cluster.quorum_policy", "always"),
     bad("halos.regions", 0, algorithm="halos"),
-    bad("halos.inner_steps", 0, algorithm="halos"),
+    bad("halos.local_steps", 0, algorithm="halos"),
     bad("halos.accumulation", 1.5, algorithm="halos"),
     bad("halos.merge_weight", 1.5, algorithm="halos"),
     bad("halos.lps_lr", -1.0, algorithm="halos"),
@@ -171,10 +171,10 @@ CASES = [
     bad("halos.gps_lr", "fast", algorithm="halos"),
     bad("halos.gps_momentum", -0.5, algorithm="halos"),
     bad("halos.gps_buffer", 0, algorithm="halos"),
-    bad("local_sgd.tau", 0),
+    bad("local_sgd.local_steps", 0),
     bad("local_sgd.alpha", -0.5),
-    bad("local_sgd.max_tau", -1),
-    bad("diloco.inner_steps", 0),
+    bad("local_sgd.max_local_steps", -1),
+    bad("diloco.local_steps", 0),
     bad("compression.levels", 2 ** 31),  # once an OverflowError inside the jitted codec
     bad("problem.dim", 0),
     bad("problem.condition", 0.5),
@@ -290,12 +290,26 @@ CASES = [
     bad("problem.shards", -1), bad("steps_per_dispatch", -1), bad("stop_sim_time", -1.0),
     bad("stop_train_loss", -1.0), bad("topology_cols", -1), bad("topology_seed", -1),
     bad("weight_decay_on", "biases"),
-    cross({"algorithm": "diloco", "num_steps": 20}, "config.diloco.inner_steps=50 is not "
+    cross({"algorithm": "diloco", "num_steps": 20}, "config.diloco.local_steps=50 is not "
           "allowed with config.num_steps=20: the run would end before its first communication",
           "DiLoCo period longer than the run"),
-    cross({"algorithm": "local_sgd", "local_sgd.tau": 30, "num_steps": 20},
-          "config.local_sgd.tau=30 is not allowed with config.num_steps=20",
+    cross({"algorithm": "local_sgd", "local_sgd.local_steps": 30, "num_steps": 20},
+          "config.local_sgd.local_steps=30 is not allowed with config.num_steps=20",
           "local SGD period longer than the run"),
+    # ---- accepted in silence once (issue 70, item 4; tests/run/test_silent_inputs.py)
+    bad("cluster.levels", ("3:0:1e9",)),  # groups of 3 in 8 workers
+    bad("cluster.levels", ("16:0:1e9",)),  # a group bigger than the cluster
+    bad("cluster.levels", ("2:0:1e9", "3:0:1e9")),  # groups of 6 in 8
+    bad("halos.regions", 4, algorithm="halos", cluster__levels=("4:0:1e9",)),  # 2 groups of 4
+    cross({"algorithm": "halos", "num_steps": 20}, "config.halos.accumulation=32 is not "
+          "allowed with config.num_steps=20: the run would end before its evaluated model "
+          "first changes, at step 145 at the earliest", "HALoS's global model never steps"),
+    cross({"algorithm": "async_diloco", "num_steps": 50}, "config.diloco.local_steps=50 is "
+          "not allowed with config.num_steps=50: the run would end before its evaluated model "
+          "first changes, at step 51 at the earliest", "async DiLoCo's server never steps"),
+    cross({"algorithm": "diloco", "diloco.overlap": "delayed", "num_steps": 60},
+          "config.diloco.local_steps=50 is not allowed with config.diloco.overlap='delayed' "
+          "and config.num_steps=60", "delayed DiLoCo's outer model never steps"),
 ]
 
 LINE = re.compile(r"^config\.[a-z_][a-z_0-9]*(\.[a-z_0-9]+)?[= ]")
@@ -354,7 +368,7 @@ def test_all_errors_listed_at_once(no_compilation):
   overrides = {"algorithm": "sgdx", "num_workers": 0, "learning_rate": -1.0, "progress": 1,
                "checkpoint_every": 7, "matcha.budget": 2.0, "cluster.delay_prob": 1.5,
                "cluster.scenario": "two_slow", "nonblocking.deadline": "soon",
-               "local_sgd.tau": 0, "consensus.measure": "guess", "compression.name": "top-k"}
+               "local_sgd.local_steps": 0, "consensus.measure": "guess", "compression.name": "top-k"}
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(malformed(overrides))
   errors = e.value.errors
@@ -394,7 +408,7 @@ def test_cli_lists_every_bad_key(tmp_path):
                "checkpoint_every": "-1", "compression.density": "0.0",
                "compression.name": "rand", "matcha.budget": "2.0", "cluster.delay_prob": "1.5",
                "cluster.scenario": "two_slow", "nonblocking.deadline": "soon",
-               "local_sgd.tau": "0", "diloco.outer_momentum": "1.0",
+               "local_sgd.local_steps": "0", "diloco.outer_momentum": "1.0",
                "consensus.max_gossip_steps": "0", "dpsgd.order": "first", "mlp_hidden": "(0,)"}
   del overrides["compression.density"]  # unchecked while compression.name is not valid
   r = run_main(tmp_path, *(f"--config.{k}={v}" for k, v in overrides.items()))
@@ -467,7 +481,7 @@ def test_cli_names_an_unusable_workdir_and_an_unreadable_config_file(tmp_path):
 def test_odd_values_are_warned_not_refused():
   cfg = config_lib.override(config_lib.default_config(), {
       "warmup_steps": 2000, "steps_per_dispatch": 3, "algorithm": "local_sgd",
-      "local_sgd.schedule": "post_local", "local_sgd.tau": 5000})  # post-local: tau after
+      "local_sgd.schedule": "post_local", "local_sgd.local_steps": 5000})  # post-local: tau after
   config_lib.validate(cfg)
   assert config_lib.odd_warnings(cfg) == [
       "config.warmup_steps=2000 is longer than the run (config.num_steps=1000): the learning "
@@ -477,7 +491,7 @@ def test_odd_values_are_warned_not_refused():
 
 
 @pytest.mark.parametrize("overrides,expected", [
-    ({"algorithm": "streaming_diloco", "streaming_diloco.fragments": 5, "diloco.inner_steps": 5},
+    ({"algorithm": "streaming_diloco", "streaming_diloco.fragments": 5, "diloco.local_steps": 5},
      "config.streaming_diloco.fragments=5 is not allowed: the model has 4 parameter arrays"),
 ])
 def test_values_that_do_not_fit_the_model_are_refused_before_anything_is_written(

@@ -352,7 +352,7 @@ def _pointers(tree):
 @pytest.mark.parametrize("algorithm", [
     dict(algorithm="dpsgd", topology="ring"),
     pytest.param(dict(algorithm="allreduce"), marks=pytest.mark.long),
-    pytest.param(dict(algorithm="local_sgd", **{"local_sgd.tau": 2}), marks=pytest.mark.long)])
+    pytest.param(dict(algorithm="local_sgd", **{"local_sgd.local_steps": 2}), marks=pytest.mark.long)])
 def test_double_buffer_reuses_two_sets_of_buffers(backend, algorithm):
   """With ``double_buffer`` the parameters alternate between two sets of buffers (the program
   allocates none for them: no fresh ``[n, d]`` buffer and no copy into the donated one), and

@@ -18,7 +18,8 @@ from tests.helpers import run_python, small_cfg
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ["loss_accuracy_vs_sim_time.png", "loss_accuracy_vs_wall_time.png",
-           "loss_accuracy_vs_bytes_sent.png", "loss_accuracy_vs_step.png"]
+           "loss_accuracy_vs_bytes_sent.png", "loss_accuracy_vs_step.png",
+           "time_by_cause.png"]  # every lockstep run has its time by cause
 NUM_STEPS, EVAL_EVERY, BATCH, WORKERS = 30, 10, 8, 4
 
 
@@ -38,11 +39,11 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ad_psgd_run(tmp_path_factory):
   """A short real ``ad_psgd`` run as ``runs``' (event clock), with keys it does not read
-  changed: ``diloco.inner_steps`` and ``nonblocking.num_minibatches``."""
+  changed: ``diloco.local_steps`` and ``nonblocking.num_minibatches``."""
   d = str(tmp_path_factory.mktemp("async") / "ad_psgd")
   train.train(small_cfg(algorithm="ad_psgd", num_steps=NUM_STEPS, eval_every=EVAL_EVERY,
                         batch_size=BATCH, num_workers=WORKERS, learning_rate=0.1,
-                        **{"diloco.inner_steps": 7, "nonblocking.num_minibatches": 2}), d)
+                        **{"diloco.local_steps": 7, "nonblocking.num_minibatches": 2}), d)
   return d
 
 
@@ -206,17 +207,17 @@ def config_dir(tmp_path, name, **over):
 
 def test_settings_differ_only_among_the_runs_that_read_them(tmp_path):
   ad = config_dir(tmp_path, "ad", algorithm="ad_psgd", **{
-      "diloco.inner_steps": 7, "nonblocking.num_minibatches": 2, "compression.density": 0.1})
+      "diloco.local_steps": 7, "nonblocking.num_minibatches": 2, "compression.density": 0.1})
   dp = config_dir(tmp_path, "dp", algorithm="dpsgd")
   assert report.differing_keys([report.load_run(d) for d in (ad, dp)]) == ["algorithm"]
-  lo = config_dir(tmp_path, "lo", algorithm="diloco", **{"diloco.inner_steps": 7})
+  lo = config_dir(tmp_path, "lo", algorithm="diloco", **{"diloco.local_steps": 7})
   hi = config_dir(tmp_path, "hi", algorithm="diloco")
   rows = by_run(report.build_report([ad, dp, lo, hi], str(tmp_path / "o")))
-  assert rows["lo"]["settings"] == {"algorithm": "diloco", "diloco.inner_steps": 7}
-  assert rows["hi"]["settings"] == {"algorithm": "diloco", "diloco.inner_steps": 50}
+  assert rows["lo"]["settings"] == {"algorithm": "diloco", "diloco.local_steps": 7}
+  assert rows["hi"]["settings"] == {"algorithm": "diloco", "diloco.local_steps": 50}
   assert rows["ad"]["settings"] == {"algorithm": "ad_psgd"}  # 7 there, but not read
   assert rows["ad"]["label"] == "ad_psgd (event clock)"
-  assert rows["lo"]["label"] == "diloco, diloco.inner_steps=7"
+  assert rows["lo"]["label"] == "diloco, diloco.local_steps=7"
   # compression.density counts only among the runs whose codec reads it
   top = [config_dir(tmp_path, f"top{d}", algorithm="allreduce", **{
       "compression.name": "top_k", "compression.density": d}) for d in (0.01, 0.05)]
@@ -260,7 +261,7 @@ def test_the_event_clock_s_facts_are_columns_and_a_note(runs, ad_psgd_run, tmp_p
   per = events / NUM_STEPS
   assert (f"- ad_psgd: its {NUM_STEPS} steps applied {events} events ({per:.3g} a step: "
           f"{per / WORKERS:.2g} of a gradient step per worker a step)") in md
-  assert "inner_steps" not in md and "num_minibatches" not in md
+  assert "local_steps" not in md and "num_minibatches" not in md
 
 
 # ------------------------------------------------------------------ figures
@@ -291,7 +292,7 @@ def test_no_consensus_plot_without_decentralized_runs(runs, tmp_path):
   (out / "consensus_distance.png").write_bytes(PNG_MAGIC)  # stale, from an earlier report
   result = report.build_report([runs["allreduce"]], str(out))
   assert not (out / "consensus_distance.png").exists()
-  assert len(result["figures"]) == 4
+  assert len(result["figures"]) == len(FIGURES)
   md = (out / "report.md").read_text()
   assert "no run has consensus distance data: no consensus plot" in md
   assert "consensus_distance.png)" not in md
