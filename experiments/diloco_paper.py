@@ -36,6 +36,7 @@ import numpy as np
 import common  # noqa: E402  (experiments/common.py)
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax.core import checkpoint as checkpoint_lib
 
 KEEP = ("step", "sim_time", "wall_time", "bytes_sent", "rounds", "test_loss", "train_loss")
 
@@ -68,10 +69,12 @@ def prefix(a, base, seed: int) -> str:
   wd = os.path.join(a.out, "prefix", f"seed{seed}")
   if seed in a.prefixes_done:
     return wd
+  # the committed records hold no checkpoint (too large): a clone trains the prefix again
+  again = not os.path.isdir(os.path.join(wd, checkpoint_lib.CHECKPOINT_DIR))
   cfg = config_lib.override(base(a, seed), {
       "algorithm": "allreduce", "num_steps": a.prefix_steps, "lr_schedule": "constant",
       "learning_rate": a.lr, "lr_min": 0.0, "checkpoint_every": a.prefix_steps,
-      "eval_every": a.prefix_steps})
+      "eval_every": a.prefix_steps, "overwrite": again})
   t = time.time()
   s = train.train(cfg, workdir=wd)
   print(f"  prefix seed {seed}: val loss {s['test_loss']:.4f} after {a.prefix_steps} steps "

@@ -91,6 +91,8 @@ LONG = (
     (r"experiments/validate_clock\.py", "the clock validation: 4 processes, 8 runs (about 3 min)"),
     (r"experiments/compare_algorithms\.py", "14 algorithms on two tasks (minutes to an hour)"),
     (r"experiments/tune_seeds\.py", "each run's learning rate tuned, then 3 seeds (40-70 min)"),
+    (r"experiments/frontier_eager_check\.py",
+     "the language model's prefix (its checkpoint is not committed) and four runs (minutes)"),
 )
 SLOW_IN_TEST = (
     (r"examples/own_training_loop\.py", "a CNN on 8 devices for 200 steps (about 15 s)"),
