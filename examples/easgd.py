@@ -3,7 +3,7 @@ the package: one registration with its own config section, trained by the comman
 
     python -m nbsgd_jax.main --config=experiments/configs/quickstart.py \\
         --config.imports=examples.easgd --config.algorithm=easgd \\
-        --config.easgd.beta=0.9 --config.easgd.tau=4 --workdir=runs/easgd
+        --config.easgd.beta=0.9 --config.easgd.local_steps=4 --workdir=runs/easgd
 
 (``examples.easgd`` is a module name: found on ``sys.path`` when run from the repository root,
 which ``python -m`` puts there; from elsewhere give the file's path,
@@ -16,9 +16,10 @@ and the models' mean x_bar (one all-reduce),
 
     x_i <- x_i - alpha (x_i - c),    c <- c + beta (x_bar - c),    beta = n alpha,
 
-``easgd.beta`` the center's moving rate (the paper's 0.9) and ``easgd.tau`` the period.
+``easgd.beta`` the center's moving rate (the paper's 0.9) and ``easgd.local_steps`` the
+period (the paper's tau; docs/config.md, "One name per concept").
 Evaluations read the workers' average, as for local SGD. ``beta`` is a hyperparameter
-input of the compiled step (another value compiles nothing); ``tau`` is the host's.
+input of the compiled step (another value compiles nothing); ``local_steps`` is the host's.
 """
 from typing import Any, NamedTuple
 
@@ -34,14 +35,14 @@ def easgd_defaults() -> ml_collections.ConfigDict:
   """``config.easgd.*`` with their defaults."""
   s = ml_collections.ConfigDict()
   s.beta = 0.9                   # moving rate of the center variable, beta = n alpha
-  s.tau = 4                      # steps: communication period (one elastic step each)
+  s.local_steps = 4              # H, steps: communication period (one elastic step each)
   return s
 
 
 def check_easgd(cfg, errs: list) -> None:
   """easgd.*: a moving rate in (0, 1], a period of at least one step."""
   checks.number(cfg, errs, "easgd.beta", 0, lo_open=True, hi=1)
-  checks.integer(cfg, errs, "easgd.tau", 1, note="tau")
+  checks.integer(cfg, errs, "easgd.local_steps", 1, note="tau")
 
 
 class CenterState(NamedTuple):
@@ -69,7 +70,7 @@ def elastic_averaging(reducer: T.WorkerTransform, beta, n: int) -> T.Synchronisa
 
 
 EASGD = recipes.Section(easgd_defaults, check_easgd, "EASGD (Zhang et al. 2015)",
-                        hparams=("beta",), host=("tau",))
+                        hparams=("beta",), host=("local_steps",))
 
 
 @recipes.register("easgd", sections={"easgd": EASGD})
@@ -80,4 +81,4 @@ def easgd(b: recipes.Builder) -> recipes.Recipe:
   t = b.injected(lambda beta: T.periodic(opt, elastic_averaging(reducer, beta, b.n)),
                  "easgd.beta")
   return recipes.Recipe(t, decentralized=True, primary=comm,
-                        planner=b.fixed_periods(b.cfg.easgd.tau))
+                        planner=b.fixed_periods(b.cfg.easgd.local_steps))

@@ -160,8 +160,7 @@ def main():
 
 def _write(out: str, res: dict) -> None:
   os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(res, f, indent=1)
+  R.common.write_results_json(os.path.join(out, "results.json"), res, indent=1)
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write(markdown(res))
   print(markdown(res))

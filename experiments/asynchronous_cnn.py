@@ -152,7 +152,7 @@ def main():
              "summary": {name: {k: spread([f[k] for f in fs]) for k in fs[0] if k != "history"}
                          for name, fs in facts.items()}}
   tail = "" if a.time_factor == 1 else f"_t{a.time_factor:g}"
-  files.atomic_write(os.path.join(a.out, f"results{tail}.json"), json.dumps(results, indent=1))
+  common.write_results_json(os.path.join(a.out, f"results{tail}.json"), results, indent=1)
   files.atomic_write(os.path.join(a.out, f"table{tail}.md"), markdown(results))
   print(markdown(results))
 

@@ -1,11 +1,12 @@
-"""Helpers shared by the reproduction scripts: atomic result files and matplotlib output."""
+"""Helpers shared by the reproduction scripts: atomic result files (a study's
+``results.json`` with the provenance of what produced it: :func:`results_json`) and
+matplotlib output."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import re
 import sys
 import time
 
@@ -13,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nbsgd_jax.core import files  # noqa: E402  (the repository's package, installed or not)
+from nbsgd_jax.core import provenance as provenance_lib  # noqa: E402
 
 
 def pyplot():
@@ -32,24 +34,44 @@ def save_figure(fig, path: str, dpi: int = 120) -> None:
 
 write_atomic = files.atomic_write
 
-# an absolute POSIX path: "/" then a name, at the start of a string or after a space, "=" or
-# a quote (a command line's ``--out /abs``, ``--out=/abs``, ``'/abs'``), not "bytes/s" or "1/2"
-_ABSOLUTE = re.compile(r"""(?<![^\s='"])/[\w.~+-][^\s'"]*""")
-
 
 def repo_relative(value, root: str = ROOT):
   """``value`` (a record's command line, arguments or settings: a string, or a dict, list or
   tuple of them, nested) with each absolute path in its strings made relative to the
   repository ``root`` (``/x/repo/docs/frontier`` -> ``docs/frontier``, ``/x/shared/data`` ->
   ``../shared/data``), so a committed record names no machine's directories; other values
-  as they are."""
-  if isinstance(value, str):
-    return _ABSOLUTE.sub(lambda m: os.path.relpath(m.group(0), root), value)
-  if isinstance(value, dict):
-    return {k: repo_relative(v, root) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return type(value)(repo_relative(v, root) for v in value)
-  return value
+  as they are (:func:`nbsgd_jax.core.provenance.repo_relative`)."""
+  return provenance_lib.repo_relative(value, root)
+
+
+EARLIER = "provenance_earlier"  # results.json: what wrote the results before this process
+
+
+def results_json(results: dict, indent=None) -> str:
+  """The text of a study's ``results.json``: ``results`` with, under ``provenance``, what
+  produces it now (:func:`nbsgd_jax.core.provenance.provenance`: the package's version and
+  git commit, the JAX, jaxlib, flax and optax versions, the machine, the command). A
+  provenance ``results`` carried that differs in more than its command (read back from an
+  earlier ``results.json``: a resumed, merged or redrawn study) joins ``provenance_earlier``
+  (a list, oldest first). ``results`` is not changed."""
+  now = provenance_lib.provenance()
+  earlier = list(results.get(EARLIER) or [])
+  was = provenance_lib.of(results)
+
+  def same(a, b):
+    return {k: v for k, v in a.items() if k != "command"} == {
+        k: v for k, v in b.items() if k != "command"}
+  if was is not None and not same(was, now) and was not in earlier:
+    earlier.append(was)
+  out = {**results, provenance_lib.KEY: now}
+  if earlier:
+    out[EARLIER] = earlier
+  return json.dumps(out, indent=indent)
+
+
+def write_results_json(path: str, results: dict, indent=None) -> None:
+  """``path`` (a study's ``results.json``), atomically: :func:`results_json`."""
+  write_atomic(path, results_json(results, indent))
 
 
 def time_to(history: list, target: float, key: str = "train_loss"):
@@ -122,7 +144,8 @@ def cached_histories(cfgs: list, keep, runs_dir: str) -> list[dict]:
 
 
 def write_results(out: str, results: dict, markdown: str) -> None:
-  """``out/results.json`` and ``out/results.md``, each written atomically; prints the table."""
-  write_atomic(os.path.join(out, "results.json"), json.dumps(results))
+  """``out/results.json`` (with its provenance: :func:`results_json`) and ``out/results.md``,
+  each written atomically; prints the table."""
+  write_results_json(os.path.join(out, "results.json"), results)
   write_atomic(os.path.join(out, "results.md"), markdown)
   print(markdown)

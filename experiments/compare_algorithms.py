@@ -296,7 +296,7 @@ def merge(a, new: dict, seconds: float) -> None:
   if all("summary" in r for r in res["mnist"].values()):
     common.write_results(a.out, res, markdown(res, argparse.Namespace(**was)))
   else:
-    common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(res))
+    common.write_results_json(os.path.join(a.out, "results.json"), res)
 
 
 def main():

@@ -108,8 +108,8 @@ def _run_group(a, res: dict, where: dict, make: dict, keep=KEEP) -> None:
 
 def save(a, res: dict) -> None:
   res["seconds"] = res.get("seconds_before", 0.0) + time.time() - res["_start"]
-  common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(
-      {k: v for k, v in res.items() if not k.startswith("_")}))
+  common.write_results_json(os.path.join(a.out, "results.json"),
+                            {k: v for k, v in res.items() if not k.startswith("_")})
 
 
 def _final(r: dict, key: str) -> float:

@@ -225,7 +225,7 @@ def _scale(a, n: int, names: list) -> dict:
 
 
 def save(a, res: dict) -> None:
-  common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(res))
+  common.write_results_json(os.path.join(a.out, "results.json"), res)
   common.write_atomic(os.path.join(a.out, "results.md"), markdown(res))
 
 

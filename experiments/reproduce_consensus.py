@@ -115,6 +115,7 @@ def finished_run(workdir: str, cfg) -> dict | None:
     fill(old, defaults)
     for c in (old, new):
       c.pop("overwrite", None)  # how the run was started, not what it is
+      c.pop("provenance", None)  # what made the run (nbsgd_jax.core.provenance), not what it is
     same = old == new
     with open(os.path.join(workdir, "summary.json")) as f:
       summary = json.load(f)

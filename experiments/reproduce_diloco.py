@@ -42,7 +42,6 @@ seconds; rewritten after every run), ``results.md`` and ``loss_vs_bytes.png``,
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shlex
@@ -177,8 +176,8 @@ def study(a, res: dict) -> None:
             f"MB/worker {last['bytes_sent'] / 1e6:9.2f}  rounds {last['rounds']:>5}  "
             f"({r['seconds']:.0f} s)" + ("  DIVERGED" if "diverged" in r else ""), flush=True)
     res["seconds"] = time.time() - res["_start"]
-    common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(
-        {k: v for k, v in res.items() if not k.startswith("_")}))
+    common.write_results_json(os.path.join(a.out, "results.json"),
+                              {k: v for k, v in res.items() if not k.startswith("_")})
   for name in todo:
     res["methods"][name]["summary"] = aggregate(res["methods"][name]["seeds"])
 

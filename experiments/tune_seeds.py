@@ -191,7 +191,7 @@ def save(a, records: dict, runs: list) -> None:
                  {k: v for k, v in vars(a).items() if k not in ("report", "retrain")}),
              "table": rows,
              "records": records}
-  common.write_atomic(os.path.join(a.out, "results.json"), json.dumps(results))
+  common.write_results_json(os.path.join(a.out, "results.json"), results)
   common.write_atomic(os.path.join(a.out, "results.md"), markdown(rows, a))
 
 

@@ -105,6 +105,7 @@ SLOW_IN_TEST = (
     (r"experiments/topology_table\.py", "spectra and MATCHA budgets (about 8 s)"),
     (r"--config\.sweep=", "a sweep of 9 runs of 100 steps (about 20 s)"),
     (r"report runs/sweep/", "the report of the sweep's runs (after the sweep)"),
+    (r"nbsgd_jax\.study .*--quick", "a study of 17 runs of 100 steps (about 15 s)"),
 )
 CLASSES = (("hardware", HARDWARE), ("slow", SLOW_IN_TEST), ("long", LONG))
 SHELL_BUILTINS = (".", "source", "cd", "export")

@@ -1,6 +1,6 @@
 """The package's structure (``docs/design.md``, "Layers and folders"), read from the source
-with :mod:`ast`: one direction of imports between five layers and no import cycle (imports
-inside functions included), a reason for each import made inside a function, no algorithm or
+with :mod:`ast`: one direction of imports between the layers of docs/design.md and no import
+cycle (imports inside functions included), a reason for each import made inside a function, no algorithm or
 codec name compared outside its registry, functions and modules short enough to read."""
 
 import ast
@@ -20,6 +20,7 @@ LAYERS = {
     "host": ("host", "data"),
     "build": ("recipes", "config"),
     "run": ("run",),
+    "study": ("study",),
     "programs": ("train", "tx", "main", "launch", "report", "config_doc"),
 }
 # the package root holds the public faces only; everything else lives in a folder

@@ -3,5 +3,6 @@ axis`), the backends that run the worker program over the workers (:mod:`~nbsgd_
 backends`) and JAX's multi-process runtime (:mod:`~nbsgd_jax.core.multihost`), the checks of one
 config key (:mod:`~nbsgd_jax.core.checks`), crash-safe files and the workdir lock
 (:mod:`~nbsgd_jax.core.files`), checkpoints (:mod:`~nbsgd_jax.core.checkpoint`), the measures of a
-decentralized run (:mod:`~nbsgd_jax.core.metrics`) and TensorBoard files
-(:mod:`~nbsgd_jax.core.tensorboard`). A module here imports nothing else of the package."""
+decentralized run (:mod:`~nbsgd_jax.core.metrics`), TensorBoard files
+(:mod:`~nbsgd_jax.core.tensorboard`) and what produced a record (:mod:`~nbsgd_jax.core.
+provenance`). A module here imports nothing else of the package."""

@@ -19,11 +19,13 @@ progress) and, once the run has finished, ``summary.json``. The report reads onl
   (computing, communicating, waiting, down; seconds per worker) with a tick at its
   counterfactual ``sim_time_ideal`` (:mod:`nbsgd_jax.report.fleet`);
 * ``report.md``: the settings the runs share (the fleet's too: the network's levels and
-  placement, a trace, failures, episodes), then one row per run (the algorithm as run, final
-  accuracy and loss, steps, times, MB sent, time and MB to a target training loss, samples/s;
-  goodput and the time by cause; the ideal simulated time and sim / ideal; the failures,
-  episodes and restarts counted; for the asynchronous runs on the event clock their events or
-  pushes and staleness, with a note on what their steps applied) with the figures embedded.
+  placement, a trace, failures, episodes; the commit and JAX version that produced the runs,
+  :mod:`nbsgd_jax.core.provenance`, else a column each), then one row per run (the algorithm
+  as run, final accuracy and loss, steps, times, MB sent, time and MB to a target training
+  loss, samples/s; goodput and the time by cause; the ideal simulated time and sim / ideal;
+  the failures, episodes and restarts counted; for the asynchronous runs on the event clock
+  their events or pushes and staleness, with a note on what their steps applied) with the
+  figures embedded.
 
 Runs are labelled by the algorithm as run where it differs (:mod:`nbsgd_jax.run.naming`, e.g.
 ``dpsgd + non-blocking (M = 4)``), then by the other configuration keys that differ between
@@ -51,6 +53,7 @@ import sys
 from typing import Sequence
 
 from nbsgd_jax.core import files as files_lib
+from nbsgd_jax.core import provenance as provenance_lib
 from nbsgd_jax.report import sweep as sweep_report
 # The figures (nbsgd_jax.report.plots), the markdown (nbsgd_jax.report.table) and the run
 # directories as read (nbsgd_jax.report.runs), re-exported: the package names them from here.
@@ -83,6 +86,7 @@ from nbsgd_jax.report.table import (  # noqa: F401
     IDEAL_COLUMNS,
     KEY_SETTINGS,
     NO_EVAL,
+    PROVENANCE_COLUMNS,
     _f,
     _fmt_value,
     _markdown,
@@ -90,6 +94,7 @@ from nbsgd_jax.report.table import (  # noqa: F401
     _notes,
     _table,
     event_note,
+    provenance_split,
     shared_settings,
 )
 
@@ -145,7 +150,9 @@ def _row(run: Run, label: str, settings: dict, target: float | None) -> dict:
          "named": sorted(run.named), "num_workers": cfg.get("num_workers"),
          "num_steps": cfg.get("num_steps"), "budget_unit": cfg.get("budget_unit", "steps"),
          "finished": run.finished, "evaluations": len(run.records),
-         "skipped_lines": run.skipped_lines, "target_loss": target}
+         "skipped_lines": run.skipped_lines, "target_loss": target,
+         "provenance": run.provenance, "commit": provenance_lib.short(run.provenance),
+         "jax": (run.provenance or {}).get("jax") or "-"}
   if not run.records:
     row.update(status=NO_EVAL, step=None, grads_per_worker=None, final_test_accuracy=None,
                final_train_loss=None, sim_time=None, wall_time=None, bytes_sent=None, mb_sent=None,
@@ -289,9 +296,11 @@ def build_report(run_dirs: Sequence[str], out: str, target_loss: float | None = 
     ``time_compute``, ``time_comm``, ``time_wait``, ``time_down`` (fractions of n x
     ``sim_time``), ``sim_time_ideal`` (s) and ``ideal_ratio`` (``sim_time /
     sim_time_ideal``), ``failures``, ``episodes`` and ``restarts`` (counts: None for a run
-    that simulated no such process)), ``skipped`` (``(dir, reason)``
-    pairs), ``target_loss``, ``report`` (path of ``report.md``) and ``figures`` (paths of
-    the PNGs written).
+    that simulated no such process), ``provenance`` (:attr:`Run.provenance`, or None),
+    ``commit`` (its commit's first 10 hex digits, ``+dirty`` when its tracked files
+    differed, ``"-"`` without one) and ``jax`` (its JAX version, or ``"-"``)), ``skipped``
+    (``(dir, reason)`` pairs), ``target_loss``, ``report`` (path of ``report.md``) and
+    ``figures`` (paths of the PNGs written).
 
   Raises:
     ValueError: no directory of ``run_dirs`` is a run directory, or ``target_loss`` is not a

@@ -20,6 +20,7 @@ import ml_collections
 from nbsgd_jax import config as config_lib
 from nbsgd_jax.config import renamed as renamed_lib
 from nbsgd_jax.core import files as files_lib
+from nbsgd_jax.core import provenance as provenance_lib
 from nbsgd_jax.run import naming
 
 
@@ -34,7 +35,7 @@ class Run:
   Attributes:
     path: the directory, as given.
     name: its base name (the ``run`` column of the table).
-    config: ``config.json`` (nested dict).
+    config: ``config.json`` (nested dict) without its ``provenance``.
     flat_config: ``config`` flattened with dotted keys (``"nonblocking.enabled"``).
     records: the complete evaluations of ``metrics.jsonl`` in file order; ``step``,
       ``sim_time`` (s), ``wall_time`` (s), ``bytes_sent`` (bytes per worker, cumulative),
@@ -47,6 +48,9 @@ class Run:
     as_run: the algorithm as run (:func:`nbsgd_jax.run.naming.algorithm_as_run`), e.g.
       ``"dpsgd + non-blocking (M = 4)"``.
     named: the dotted config keys whose values ``as_run`` states.
+    provenance: what produced the run (:func:`nbsgd_jax.core.provenance.provenance`):
+      ``summary.json``'s (the process that finished it), else ``config.json``'s (the one that
+      started it); None for a run recorded before provenance existed.
   """
   path: str
   name: str
@@ -58,6 +62,7 @@ class Run:
   unused: frozenset = frozenset()
   as_run: str = ""
   named: frozenset = frozenset()
+  provenance: dict | None = None
 
   @property
   def finished(self) -> bool:
@@ -95,6 +100,8 @@ def load_run(path: str) -> Run:
     raise NotARunError(f"unreadable config.json ({e})") from None
   if not isinstance(config, dict):
     raise NotARunError("unreadable config.json (not a JSON object)")
+  started_by = provenance_lib.of(config)
+  config = provenance_lib.config_of(config)  # what made the run, not what it is
   config = renamed_lib.upgrade(config)  # a run made before a key's rename reads as today's
 
   records, skipped = files_lib.read_records(os.path.join(path, "metrics.jsonl"))
@@ -109,7 +116,8 @@ def load_run(path: str) -> Run:
   return Run(path=path, name=name, config=config, flat_config=flatten(config),
              records=records, skipped_lines=skipped, summary=summary,
              unused=frozenset(config_lib.inactive_keys(cfg)),
-             as_run=naming.algorithm_as_run(cfg), named=frozenset(naming.named_keys(cfg)))
+             as_run=naming.algorithm_as_run(cfg), named=frozenset(naming.named_keys(cfg)),
+             provenance=provenance_lib.of(summary) or started_by)
 
 
 def _num(x: Any) -> float | None:

@@ -4,9 +4,10 @@
 settings the runs share (:func:`shared_settings`, the fleet's included), the table with the
 fleet's columns (goodput and time by cause, :data:`FLEET_COLUMNS`; the counterfactual,
 :data:`IDEAL_COLUMNS`; the faults, :data:`FAULT_COLUMNS`) and the event clock's
-(:data:`ASYNC_COLUMNS`) that some run has, a note on what an event-clock run's steps applied
-(:func:`event_note`), and the figures with the notes under them. :mod:`nbsgd_jax.report`
-re-exports these names (the module to import).
+(:data:`ASYNC_COLUMNS`) that some run has, what produced each run (the commit and JAX version,
+:data:`PROVENANCE_COLUMNS`: a shared setting when the same in every run, else a column), a
+note on what an event-clock run's steps applied (:func:`event_note`), and the figures with
+the notes under them. :mod:`nbsgd_jax.report` re-exports these names (the module to import).
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ IDEAL_NOTE = ("ideal sim time: the same steps and communication rounds on a cloc
 FAULT_NOTE = ("failures, episodes, restarts: the failures (schedule and rate) and fail-slow "
               "episodes begun over every worker, and the restarts they caused; \"-\": the run "
               "simulated no such process, 0: it did and none began.")
+# What produced a run (nbsgd_jax.core.provenance, a row's "commit": 10 hex digits and
+# "+dirty", and "jax"): (row key, setting or column title); "-" for a run recorded before
+# provenance existed.
+PROVENANCE_COLUMNS = (("commit", "commit"), ("jax", "jax"))
 EVENT_CLOCK_DOC = "docs/algorithms.md, \"The event clock\""
 NO_EVAL = "no evaluation yet"
 
@@ -74,14 +79,29 @@ def _md_cell(s: str) -> str:
   return s.replace("|", "\\|")
 
 
+def provenance_split(rows: list) -> tuple[dict, list]:
+  """The :data:`PROVENANCE_COLUMNS` of ``rows``: ``({title: value} the same in every row,
+  [(row key, title)] that differ: columns of the table)``."""
+  shared, columns = {}, []
+  for key, title in PROVENANCE_COLUMNS:
+    values = {row.get(key, "-") for row in rows}
+    if len(values) == 1:
+      shared[title] = values.pop()
+    else:
+      columns.append((key, title))
+  return shared, columns
+
+
 def _table(rows: list, target: float | None) -> list[str]:
   """The lines of report.md's table: one row per run; the algorithm as run, the differing
-  settings it does not state, and the event clock's columns (:data:`ASYNC_COLUMNS`) that
-  some run has ("-" for the others)."""
+  settings it does not state, the event clock's columns (:data:`ASYNC_COLUMNS`) that
+  some run has ("-" for the others), and the commit or JAX version where runs differ."""
   extra = [c for c in EXTRA_COLUMNS if any(row[c[0]] is not None for row in rows)]
+  _, made_by = provenance_split(rows)
   head = ["run", "algorithm", "settings (differing)", "steps", "final test acc",
           "final train loss", "sim time (s)", "wall time (s)", "MB sent", "sim s to target",
-          "wall s to target", "MB to target", "samples/s"] + [title for _, title, _ in extra]
+          "wall s to target", "MB to target", "samples/s"] + [title for _, title, _ in extra] \
+      + [title for _, title in made_by]
   out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for row in rows:
     settings = ", ".join(f"{k}={_fmt_value(v)}" for k, v in row["settings"].items()
@@ -103,7 +123,8 @@ def _table(rows: list, target: float | None) -> list[str]:
              _f(row["target_sim_time"]) if reached else nr,
              _f(row["target_wall_time"]) if reached else nr,
              _f(row["target_mb_sent"]) if reached else nr,
-             _f(row["samples_per_second"], ".0f")] + [_f(row[k], spec) for k, _, spec in extra]
+             _f(row["samples_per_second"], ".0f")] + [_f(row[k], spec) for k, _, spec in extra] \
+        + [str(row.get(k, "-")) for k, _ in made_by]
     out.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
   return out
 
@@ -169,8 +190,8 @@ def shared_settings(runs: list, keys: list) -> dict:
   return out
 
 
-def _shared_lines(runs: list, keys: list) -> list[str]:
-  shared = shared_settings(runs, keys)
+def _shared_lines(runs: list, keys: list, rows: list) -> list[str]:
+  shared = {**shared_settings(runs, keys), **provenance_split(rows)[0]}
   if not shared:
     return []
   return (["", "Shared settings (the same in every run):", "", "| setting | value |", "|---|---|"]
@@ -189,7 +210,7 @@ def _markdown(rows: list, runs: list, skipped: list, keys: list, target: float |
     out.append(f"Target training loss: {target:.4g} (the highest final training loss among "
                "the runs, so every run reaches it).")
   out.append("Time and MB to target: at the first evaluation with train_loss <= target.")
-  out += _shared_lines(runs, keys)
+  out += _shared_lines(runs, keys, rows)
   out += [""] + _table(rows, target)
   notes = _notes(rows, skipped, consensus_note)
   if notes:

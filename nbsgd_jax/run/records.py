@@ -1,5 +1,7 @@
 """The run's records: ``config.json``, ``metrics.jsonl`` (one line per evaluation),
-``steps.jsonl`` (one line per step), TensorBoard event files and ``summary.json``.
+``steps.jsonl`` (one line per step), TensorBoard event files and ``summary.json``;
+``config.json`` and ``summary.json`` carry what produced them under ``provenance``
+(:mod:`nbsgd_jax.core.provenance`), which is not configuration (:func:`config_diff`).
 
 One process writes a workdir at a time (:func:`lock_workdir`). Every line is written whole in
 one call and fsynced, whole files are written atomically (:mod:`nbsgd_jax.core.files`); each
@@ -24,6 +26,7 @@ from nbsgd_jax.core import checkpoint as checkpoint_lib
 from nbsgd_jax import config as config_lib
 from nbsgd_jax.config import renamed as renamed_lib
 from nbsgd_jax.core import files as files_lib
+from nbsgd_jax.core import provenance as provenance_lib
 
 STALE = ("summary.json", "steps.jsonl")  # removed when a new run starts in a used workdir
 
@@ -54,9 +57,11 @@ RUN_FILES = ("config.json", "metrics.jsonl", "steps.jsonl", "summary.json", "ten
 
 def config_diff(old: dict, cfg: ml_collections.ConfigDict) -> list[tuple[str, Any, Any]]:
   """``(key, old value, new value)`` for every dotted key where the stored config ``old``
-  (``config.json``) and ``cfg`` differ, :data:`OUTPUT_KEYS` aside. A key the stored config
-  lacks (a run made before the key existed) is the same when ``cfg`` holds its default: that
-  run ran as the default does."""
+  (``config.json``) and ``cfg`` differ, :data:`OUTPUT_KEYS` and the stored provenance aside
+  (another commit or machine runs the same run). A key the stored config lacks (a run made
+  before the key existed) is the same when ``cfg`` holds its default: that run ran as the
+  default does."""
+  old = provenance_lib.config_of(old)  # what made the run, not what it is
   a = config_lib.flatten_dict(renamed_lib.upgrade(old))  # a run made before a key's rename
   b = config_lib.flatten_dict(json.loads(cfg.to_json_best_effort()))
   defaults = config_lib.flatten_dict(json.loads(config_lib.default_config().to_json_best_effort()))
@@ -197,6 +202,17 @@ def check_tensorboard() -> None:
     ]) from None
 
 
+def write_config(cfg: ml_collections.ConfigDict, workdir: str, resumed: bool) -> None:
+  """``workdir/config.json``, atomically: ``cfg`` and, under ``provenance``, what started the
+  run (:func:`nbsgd_jax.core.provenance.provenance` of this process; a resumed run keeps the
+  one its ``config.json`` holds, that of the process that started it)."""
+  path = os.path.join(workdir, "config.json")
+  prov = provenance_lib.of(_read_json(path)) if resumed else None
+  stored = {**json.loads(cfg.to_json_best_effort()),
+            provenance_lib.KEY: prov or provenance_lib.provenance()}
+  files_lib.atomic_write(path, json.dumps(stored, indent=2))
+
+
 class Records:
   """The run's record files (module docstring); ``workdir`` None writes nothing (another
   process of a multihost run, or ``train(cfg)`` without a workdir).
@@ -228,7 +244,7 @@ class Records:
     if not workdir:
       return
     make_workdir(workdir)
-    files_lib.atomic_write(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
+    write_config(cfg, workdir, resumed)
     path = os.path.join(workdir, "metrics.jsonl")
     if resumed and saved is not None:
       heal_records(path, self.history, resume_step)
@@ -270,7 +286,10 @@ class Records:
       self.steps.write(rec)
 
   def summary(self, summary: dict) -> None:
-    """``summary.json``, atomically."""
+    """``summary.json``, atomically: ``summary`` and the provenance of this process (the one
+    that finished the run: :func:`nbsgd_jax.core.provenance.provenance`) under
+    ``provenance``; ``summary`` is not changed."""
     if self.workdir:
-      files_lib.atomic_write(os.path.join(self.workdir, "summary.json"),
-                             json.dumps(summary, indent=2))
+      files_lib.atomic_write(
+          os.path.join(self.workdir, "summary.json"),
+          json.dumps({**summary, provenance_lib.KEY: provenance_lib.provenance()}, indent=2))

@@ -41,7 +41,7 @@ def test_easgd_from_outside_equals_the_paper_s_update(beta, tau):
         "problem.examples_per_worker": 16, "problem.dim": 5, "problem.full_batch": True,
         "problem.l2": 0.0, "problem.heterogeneity": 1.0, "num_workers": 4, "batch_size": 16,
         "learning_rate": 0.1, "momentum": 0.0, "weight_decay": 0.0,
-        "lr_schedule": "constant", "easgd.beta": beta, "easgd.tau": tau, "num_steps": 6,
+        "lr_schedule": "constant", "easgd.beta": beta, "easgd.local_steps": tau, "num_steps": 6,
         "eval_every": 6, "progress": False})
     stepper = make_stepper(cfg)
     x0 = np.asarray(jax.device_get(stepper.state.params)["w"])
@@ -58,14 +58,14 @@ def test_easgd_trains_from_the_command_line_with_its_own_keys(tmp_path):
   """``--config.imports`` is imported before the config file loads, so the section's keys
   exist on the command line; a bad value is one line naming the key, exit status 2."""
   args = ["--config.imports=examples.easgd", "--config.algorithm=easgd"]
-  r = run_main(tmp_path, *args, "--config.easgd.beta=0.8", "--config.easgd.tau=5",
+  r = run_main(tmp_path, *args, "--config.easgd.beta=0.8", "--config.easgd.local_steps=5",
                "--config.num_steps=20", "--config.eval_every=10",
                "--config.eval_train_examples=100", config=QUICKSTART)
   assert r.returncode == 0, r.stderr[-3000:]
   summary = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert summary["algorithm"] == "easgd" and summary["rounds"] == 4  # 20 steps / tau 5
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
-  assert saved["easgd"] == {"beta": 0.8, "tau": 5}
+  assert saved["easgd"] == {"beta": 0.8, "local_steps": 5}
   assert summary["test_accuracy"] > 0.5  # chance 0.1
   bad = run_main(tmp_path / "bad", *args, "--config.easgd.beta=2.0", config=QUICKSTART)
   assert bad.returncode == 2

@@ -163,7 +163,7 @@ def test_checker_finds_problems():
   assert any("--wrkdir" in p for p in checker.check(main.replace("--workdir", "--wrkdir")))
   # --config.imports first, as the program: an outside algorithm's own keys exist
   easgd = main + " --config.imports=examples.easgd --config.algorithm=easgd"
-  assert checker.check(easgd + " --config.easgd.tau=3") == []
+  assert checker.check(easgd + " --config.easgd.local_steps=3") == []
   assert checker.check(easgd + " --config.easgd.beta=2.0") == [
       "validate: config.easgd.beta=2.0 is not allowed: it must be a number > 0 and <= 1"]
   assert "easgd" not in config_lib.algorithm_names()  # the checker's process: built-ins only

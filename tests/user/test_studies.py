@@ -245,13 +245,15 @@ def test_the_headline_runs_were_recorded_with_todays_configs():
   ``records.config_diff``'s rule for resuming)."""
   from nbsgd_jax import config as config_lib
   from nbsgd_jax.config import renamed as renamed_lib
+  from nbsgd_jax.core import provenance as provenance_lib
   runs = {("main_job",): ("mnist", {})}
   guide = _guide_runs()
   assert set(guide) == {"dpsgd", "allreduce", "dpsgd_nonblocking"}, guide
   runs.update({("guide", "runs", name): ("quickstart", over) for name, over in guide.items()})
   for parts, (name, over) in runs.items():
     with open(os.path.join(ROOT, "docs", *parts, "config.json")) as f:
-      have = config_lib.flatten_dict(renamed_lib.upgrade(json.load(f)))  # before a rename
+      have = config_lib.flatten_dict(renamed_lib.upgrade(  # before a rename; not provenance
+          provenance_lib.config_of(json.load(f))))
     want = _config_file(name, over)
     off = config_lib.inactive_keys(config_lib.override(config_lib.default_config(), want))
     defaults = config_lib.flatten_dict(json.loads(

@@ -1,0 +1,53 @@
+"""``python -m nbsgd_jax.study FILE --out DIR [--quick] [--only M ...] [--redo M ...]``: run a
+study (:mod:`nbsgd_jax.study`). A bad study prints one ``error:`` line per problem and exits
+with status 2 before anything trains."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax.study import driver, output, schema
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(
+      prog="python -m nbsgd_jax.study",
+      description="Run a study: each method tuned on held-out seeds over its grid, reported "
+      "over seeds at the pick, compared at equal bytes and equal time (docs/guide.md, 'A "
+      "study in one file').")
+  p.add_argument("study", metavar="FILE", help="a Python file whose get_study() returns the "
+                 "study's fields")
+  p.add_argument("--out", required=True, help="the study's directory: runs/ (the run cache: "
+                 "a second command resumes), results.json, results.md, curves_<variant>.png")
+  p.add_argument("--quick", action="store_true", help="apply the study's quick replacements "
+                 "(a smoke run)")
+  p.add_argument("--only", nargs="+", metavar="METHOD", default=None,
+                 help="train these methods only; the others are read from the cache")
+  p.add_argument("--redo", nargs="+", metavar="METHOD", default=[],
+                 help="retrain these methods' runs, replacing their cached runs")
+  p.add_argument("--no_progress", dest="progress", action="store_false",
+                 help="no progress bar")
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  """The command line (module docstring); returns the exit status (0, or 2: a bad study)."""
+  a = parse_args(argv)
+  try:
+    study = schema.check(schema.load_file(a.study), a.study, a.quick)
+    results = driver.run(study, a.out, a.only, a.redo, a.progress)
+  except config_lib.ConfigError as e:
+    for line in e.errors:
+      print(f"error: {line}", file=sys.stderr)
+    return 2
+  paths = output.write(results, a.out)
+  with open(paths[1]) as f:
+    print(f.read())
+  print("wrote " + ", ".join(paths))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,180 @@
+"""The study's protocol: tune each method on the tuning seed(s) over its grid (one step beyond
+an edge pick when asked), pick by the score, run the reported seeds of every variant at the
+pick, then the columns over seeds (:mod:`nbsgd_jax.study.stats`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from nbsgd_jax import config as config_lib
+from nbsgd_jax.study import runs as runs_lib
+from nbsgd_jax.study import schema
+from nbsgd_jax.study import stats
+
+
+def _mode(name: str, only: Optional[list], redo: list) -> str:
+  if name in redo:
+    return "redo"
+  return "train" if only is None or name in only else "cached"
+
+
+def _tried(study, base, store, name: str, pts: list, mode: str) -> list[dict]:
+  """The tuning runs of ``pts`` on the tuning seeds: ``[{"point", "score", "runs"}]``, the
+  score the mean over the tuning seeds of each run's :func:`stats.score` (inf: a seed
+  diverged or has not run)."""
+  jobs = [(schema.compose(study, base, name, study.tune_variant, p, s),
+           f"{name} tune {_label(p)} seed {s}", mode) for p in pts for s in study.tune_seeds]
+  got = store.get(jobs)
+  out, n = [], len(study.tune_seeds)
+  for i, p in enumerate(pts):
+    recs = got[i * n:(i + 1) * n]
+    scores = [stats.score(None if r is None or r["diverged"] else
+                          stats.final(r["history"], study.metric), study.mode) for r in recs]
+    out.append({"point": p, "score": sum(scores) / n,
+                "runs": [r["key"] if r else None for r in recs],
+                "diverged": [s for s, r in zip(study.tune_seeds, recs) if r and r["diverged"]],
+                "unfinished": [s for s, r in zip(study.tune_seeds, recs) if r is None]})
+  return out
+
+
+def _label(point: dict) -> str:
+  return ", ".join(f"{k}={v}" for k, v in point.items())
+
+
+def tune(study, base, store, name: str, mode: str) -> dict:
+  """Method ``name`` tuned (module docstring): ``{"pick": point or None, "edge": the pick is
+  at an edge of the (extended) grid, "grid": the tried points with their scores,
+  "extended": the points added beyond an edge}``."""
+  method = study.methods[name]
+  tried = _tried(study, base, store, name, schema.points(method.grid), mode)
+  best = stats.pick([t["score"] for t in tried])
+  grid, extended = method.grid, []
+  if best >= 0 and study.extend:
+    extended = [p for p in stats.extensions(grid, tried[best]["point"]) if _valid(
+        study, base, name, p)]
+    if extended:
+      tried += _tried(study, base, store, name, extended, mode)
+      grid = [(k, sorted(set(v) | {p[k] for p in extended})) for k, v in grid]
+      best = stats.pick([t["score"] for t in tried])
+  pick = tried[best]["point"] if best >= 0 else None
+  for t in tried:
+    t["score"] = t["score"] if t["score"] != float("inf") else None
+  return {"pick": pick, "edge": bool(pick) and stats.at_edge(grid, pick), "grid": tried,
+          "extended": extended}
+
+
+def _valid(study, base, name: str, point: dict) -> bool:
+  """Whether the config at ``point`` is accepted (an extension past a key's range is
+  dropped: ``easgd.beta`` beyond 1)."""
+  try:
+    config_lib.validate(schema.compose(study, base, name, study.tune_variant, point,
+                                       study.tune_seeds[0]))
+    return True
+  except config_lib.ConfigError:
+    return False
+
+
+def report(study, base, store, name: str, pick: Optional[dict], mode: str) -> dict:
+  """The reported runs of method ``name`` at ``pick``: ``{variant: {seed: record or None}}``
+  (None: not run; every seed None without a pick)."""
+  cells = [(v, s) for v in study.variants for s in study.seeds]
+  if pick is None:
+    return {v: {s: None for s in study.seeds} for v in study.variants}
+  got = store.get([(schema.compose(study, base, name, v, pick, s),
+                    f"{name} {v} seed {s}", mode) for v, s in cells])
+  out: dict = {v: {} for v in study.variants}
+  for (v, s), r in zip(cells, got):
+    out[v][s] = r
+  return out
+
+
+def columns(study, reported: dict) -> dict:
+  """``{variant: {"equal": {x: the common x}, "cells": {method: {column: summary}}}}``
+  (:func:`stats.summarize`), ``reported``: ``{method: {variant: {seed: record}}}``."""
+  out = {}
+  for v in study.variants:
+    fine = {m: {s: r for s, r in reported[m][v].items() if r and not r["diverged"]}
+            for m in reported}
+    hists = [r["history"] for m in fine for r in fine[m].values()]
+    equal = {c.x: stats.common_x(hists, c.x) for c in study.columns if c.kind == "equal"}
+    cells = {}
+    for m, runs in reported.items():
+      div = [s for s, r in runs[v].items() if r and r["diverged"]]
+      unf = [s for s, r in runs[v].items() if r is None]
+      cells[m] = {c.text: stats.summarize({s: _value(c, r["history"], equal)
+                                           for s, r in fine[m].items()}, div, unf)
+                  for c in study.columns}
+    out[v] = {"equal": equal, "cells": cells}
+  return out
+
+
+def _value(c, history: list, equal: dict) -> Optional[float]:
+  if c.kind == "final":
+    return stats.final(history, c.metric)
+  if c.kind == "equal":
+    return None if equal[c.x] is None else stats.at_equal(history, c.x, c.metric, equal[c.x])
+  return stats.time_to(history, c.x, c.metric, c.op, c.target)
+
+
+def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
+        progress: bool = True) -> dict:
+  """The whole study (module docstring), its runs cached under ``out/runs``.
+
+  Args:
+    study: a checked study (:func:`nbsgd_jax.study.schema.check`).
+    out: the study's directory.
+    only: train these methods only (the others: read from the cache, their missing runs
+      named unfinished); None: all.
+    redo: retrain these methods' runs (their cached runs replaced).
+    progress: show the progress bar.
+
+  Returns:
+    the results (:func:`nbsgd_jax.study.output.write` writes them): ``{"study", "quick",
+    "methods": {name: {"pick", "edge", "grid", "extended", "runs": {variant: {seed: {"key",
+    "status", "final"}}}}}, "variants": :func:`columns`' value}``.
+
+  Raises:
+    ConfigError: ``only`` or ``redo`` names an unknown method, or a composed config is
+      refused (:func:`nbsgd_jax.study.schema.validate`).
+  """
+  bad = [m for m in list(only or ()) + list(redo) if m not in study.methods]
+  if bad:
+    raise config_lib.ConfigError([f"--only/--redo {m!r} is not allowed: the study's methods "
+                                  f"are {', '.join(study.methods)}" for m in bad])
+  base = schema.base_config(study)
+  schema.validate(study, base)
+  store = runs_lib.Store(os.path.join(out, "runs"), progress)
+  try:
+    methods, reported = {}, {}
+    for name in study.methods:
+      mode = _mode(name, only, list(redo))
+      methods[name] = tune(study, base, store, name, mode)
+      reported[name] = report(study, base, store, name, methods[name]["pick"], mode)
+  finally:
+    store.close()
+  for name, entry in methods.items():
+    entry["runs"] = {v: {s: _status(r, study.metric) for s, r in seeds.items()}
+                     for v, seeds in reported[name].items()}
+  return {"study": study.path, "quick": study.quick, "metric": study.metric,
+          "mode": study.mode, "tune_seeds": list(study.tune_seeds), "seeds": list(study.seeds),
+          "tune_variant": study.tune_variant, "budget": dict([study.budget]),
+          "columns": [c.text for c in study.columns], "methods": methods,
+          "variants": columns(study, reported), "histories": _histories(reported, study)}
+
+
+def _status(r: Optional[dict], metric: str) -> dict:
+  if r is None:
+    return {"key": None, "status": "unfinished", "final": None}
+  return {"key": r["key"], "status": "diverged" if r["diverged"] else "finished",
+          "error": r["diverged"], "final": stats.final(r["history"], metric),
+          "seconds": r["seconds"]}
+
+
+def _histories(reported: dict, study) -> dict:
+  """``{variant: {method: [[sim_time, bytes_sent, metric] per evaluation] per seed}}``: the
+  curves the plot draws."""
+  keys = ("sim_time", "bytes_sent", study.metric)
+  return {v: {m: [[[h.get(k) for k in keys] for h in r["history"]]
+                  for r in reported[m][v].values() if r]
+              for m in reported} for v in study.variants}

@@ -1,0 +1,111 @@
+"""A study's outputs: ``OUT/results.json`` (everything :func:`nbsgd_jax.study.driver.run`
+returns), ``OUT/results.md`` (per variant, a table of the columns over the reported seeds,
+then each method's tuning grid) and ``OUT/curves_<variant>.png`` (the tuning metric against
+simulated time and against bytes per worker, one line per method and seed)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from nbsgd_jax.core import files as files_lib
+from nbsgd_jax.study import stats
+
+
+def write(results: dict, out: str) -> list[str]:
+  """Write the outputs (module docstring) atomically; returns their paths."""
+  os.makedirs(out, exist_ok=True)
+  paths = [os.path.join(out, "results.json"), os.path.join(out, "results.md")]
+  files_lib.atomic_write(paths[0], json.dumps(results, indent=1, default=str))
+  files_lib.atomic_write(paths[1], markdown(results))
+  for variant, curves in results["histories"].items():
+    if any(curves.values()):
+      paths.append(os.path.join(out, f"curves_{variant}.png"))
+      plot(curves, results["metric"], f"{os.path.basename(out)}: {variant}", paths[-1])
+  return paths
+
+
+def _point(point) -> str:
+  return ", ".join(f"{k}={v}" for k, v in point.items()) if point else "none (all diverged)"
+
+
+def markdown(results: dict) -> str:
+  """``results.md``: the protocol in a sentence, one table per variant, the tuning grids."""
+  seeds = ", ".join(map(str, results["seeds"]))
+  tune = ", ".join(map(str, results["tune_seeds"]))
+  better = "lowest" if results["mode"] == "min" else "highest"
+  lines = [f"# {os.path.basename(str(results['study']))}" + (" (--quick)" if results["quick"]
+                                                            else ""), "",
+           f"Each method tuned on seed {tune} (not reported), variant "
+           f"{results['tune_variant']!r}, by the {better} final {results['metric']}; "
+           f"reported over seeds {seeds} at the pick: mean ± sample standard deviation "
+           f"(ddof 1); budget {results['budget']}. *: the pick is at the edge of its grid.", ""]
+  for variant, table in results["variants"].items():
+    lines += [f"## {variant}", ""]
+    equal = {x: v for x, v in table["equal"].items() if v is not None}
+    if equal:
+      lines += ["At equal " + ", ".join(f"{x} = {v:.4g}" for x, v in equal.items())
+                + " (the least any reported run ends with).", ""]
+    cols = results["columns"]
+    lines += ["| method | pick | " + " | ".join(cols) + " |",
+              "| --- | --- | " + " | ".join("---" for _ in cols) + " |"]
+    for name, cells in table["cells"].items():
+      m = results["methods"][name]
+      lines.append(f"| {name} | {_point(m['pick'])}{'*' if m['edge'] else ''} | "
+                   + " | ".join(stats.show(cells[c]) for c in cols) + " |")
+    lines.append("")
+  lines += ["## Tuning", ""]
+  for name, m in results["methods"].items():
+    tried = "; ".join(f"{_point(t['point'])}: {_score(t, results['mode'])}" for t in m["grid"])
+    ext = f" (extended by {', '.join(_point(p) for p in m['extended'])})" if m["extended"] else ""
+    lines.append(f"- {name}: {tried}{ext}; pick {_point(m['pick'])}")
+  return "\n".join(lines) + "\n"
+
+
+def _score(t: dict, mode: str) -> str:
+  """A tuning point's score as the metric's value (its seeds' mean), or why it has none."""
+  if t["diverged"] or t["unfinished"]:
+    return "; ".join(f"{w} (seed {', '.join(map(str, t[w]))})"
+                     for w in ("diverged", "unfinished") if t[w])
+  if t["score"] is None:
+    return "no value"
+  return f"{t['score'] if mode == 'min' else -t['score']:.4g}"
+
+
+def _log(values, decades: float) -> bool:
+  """Log scale where the positive values span more than ``decades`` decades."""
+  v = np.asarray([x for x in values if x is not None and np.isfinite(x) and x > 0])
+  return v.size > 1 and v.max() / v.min() > 10 ** decades
+
+
+def plot(curves: dict, metric: str, title: str, path: str) -> None:
+  """``metric`` against simulated time (left) and bytes per worker (right), one colour per
+  method, one line per seed (``curves``: ``{method: [[[sim_time, bytes, metric], ...] per
+  seed]}``); a log axis where a quantity spans decades (y: more than one, x: more than two,
+  as its first point, 0, is left out)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for col, (ax, xlabel) in enumerate(zip(axes, ("simulated time (s)", "bytes sent per worker"))):
+    xs = [p[col] for runs in curves.values() for r in runs for p in r]
+    ys = [p[2] for runs in curves.values() for r in runs for p in r]
+    logx, logy = _log(xs, 2), _log(ys, 1)  # x starts at 0: log only past two decades
+    for i, (name, runs) in enumerate(curves.items()):
+      for j, r in enumerate(runs):
+        pts = [(p[col], p[2]) for p in r if p[col] is not None and p[2] is not None
+               and (p[col] > 0 or not logx) and (p[2] > 0 or not logy)]
+        if pts:
+          ax.plot(*zip(*pts), color=f"C{i}", alpha=0.8, lw=1.2, label=name if j == 0 else None)
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout()
+  files_lib.atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+  plt.close(fig)

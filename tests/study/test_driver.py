@@ -1,0 +1,84 @@
+"""A study trained end to end: the run cache (a second command trains nothing), ``--only``
+and ``--redo``, the outputs; and the 40-line study of ``docs/guide.md`` in ``--quick`` mode."""
+
+import json
+import os
+
+import pytest
+
+from tests.helpers import ROOT
+
+from nbsgd_jax.run import sweep as sweep_lib
+from nbsgd_jax.study import __main__ as cli
+from nbsgd_jax.study import driver, output, schema
+
+TINY = {"base": {"dataset": "least_squares", "num_workers": 2, "eval_every": 5, "batch_size": 4,
+                 "problem": {"examples_per_worker": 8, "dim": 3}},
+        "methods": {"dpsgd": {"overrides": {"algorithm": "dpsgd"},
+                              "grid": {"learning_rate": [0.05, 0.1]}},
+                    "allreduce": {"overrides": {"algorithm": "allreduce"},
+                                  "grid": {"learning_rate": [0.1]}}},
+        "tune": {"seeds": 7, "metric": "gap", "extend": False}, "seeds": [0, 1],
+        "budget": {"num_steps": 10},
+        "columns": ["final gap", "gap at equal bytes_sent", "sim_time to gap <= 1e-9"]}
+
+
+def _counting(monkeypatch):
+  trained = []
+  real = sweep_lib.train_runs
+
+  def train_runs(cfgs, *a, **k):
+    trained.extend((c.algorithm, c.learning_rate, c.seed) for c in cfgs)
+    return real(cfgs, *a, **k)
+  monkeypatch.setattr(sweep_lib, "train_runs", train_runs)
+  return trained
+
+
+def test_a_second_run_trains_nothing_and_redo_retrains_one_method(tmp_path, monkeypatch):
+  trained = _counting(monkeypatch)
+  study = schema.check(TINY)
+  first = driver.run(study, str(tmp_path), progress=False)
+  # dpsgd: 2 tuning runs + 2 seeds; allreduce: 1 + 2
+  assert sorted(trained) == sorted([("dpsgd", lr, 7) for lr in (0.05, 0.1)] + [
+      ("dpsgd", first["methods"]["dpsgd"]["pick"]["learning_rate"], s) for s in (0, 1)] + [
+      ("allreduce", 0.1, s) for s in (7, 0, 1)])
+  assert len(os.listdir(tmp_path / "runs")) == 7
+  trained.clear()
+  again = driver.run(study, str(tmp_path), progress=False)
+  assert trained == [] and again["variants"] == first["variants"]
+  driver.run(study, str(tmp_path), redo=("allreduce",), progress=False)
+  assert sorted(trained) == [("allreduce", 0.1, s) for s in (0, 1, 7)]
+  cells = first["variants"]["default"]["cells"]["dpsgd"]
+  assert cells["sim_time to gap <= 1e-9"]["not_reached"] == [0, 1]
+  assert cells["final gap"]["n"] == 2 and cells["final gap"]["std"] is not None
+  paths = output.write(first, str(tmp_path))
+  table = open(paths[1]).read()
+  assert "| dpsgd |" in table and "not reached (2 of 2 seeds)" in table
+  assert os.path.exists(tmp_path / "curves_default.png")
+
+
+def test_only_trains_the_methods_it_names_and_names_the_others_unfinished(tmp_path, monkeypatch):
+  trained = _counting(monkeypatch)
+  study = schema.check({**TINY, "seeds": [0]})
+  res = driver.run(study, str(tmp_path), only=["allreduce"], progress=False)
+  assert {t[0] for t in trained} == {"allreduce"}
+  assert res["methods"]["dpsgd"]["pick"] is None
+  assert res["methods"]["dpsgd"]["runs"]["default"][0]["status"] == "unfinished"
+  cell = res["variants"]["default"]["cells"]["allreduce"]["final gap"]
+  assert cell["std"] is None and cell["n"] == 1  # one seed: no standard deviation
+
+
+@pytest.mark.slow
+def test_the_guide_s_study_in_one_file_runs_quick(tmp_path, monkeypatch):
+  path = os.path.join(ROOT, "experiments", "studies", "easgd_vs_dpsgd.py")
+  assert len(open(path).read().splitlines()) <= 40
+  monkeypatch.chdir(ROOT)  # examples.easgd is found from the repository's root, as in the guide
+  assert cli.main([path, "--out", str(tmp_path), "--quick", "--no_progress"]) == 0
+  res = json.loads((tmp_path / "results.json").read_text())
+  assert set(res["methods"]) == {"easgd", "dpsgd", "local_sgd"} and res["seeds"] == [0, 1]
+  for name, m in res["methods"].items():
+    assert m["pick"]["learning_rate"] > 0
+    assert all(r["status"] == "finished" for r in m["runs"]["default"].values()), name
+  cells = res["variants"]["default"]["cells"]
+  assert all(cells[m]["gap at equal sim_time"]["n"] == 2 for m in cells)
+  assert "| easgd |" in (tmp_path / "results.md").read_text()
