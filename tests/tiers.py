@@ -1,10 +1,10 @@
 """The suite's three tiers, as a pytest plugin (tests/conftest.py loads it).
 
 ``--tier fast`` (the default, the README's command) runs the tests not marked; ``--tier slow``
-those marked ``@pytest.mark.slow`` (``.ci/run`` runs both); ``--tier long`` those marked
-``@pytest.mark.long``, the checks that do not fit CI's 15 minutes on a 2-core machine (more
-parametrised cases of a slow test, longer end-to-end runs; docs/tests.md says when to run
-them); ``--tier all`` everything. A passing test in the fast tier whose
+those marked ``@pytest.mark.slow``; ``--tier long`` those marked ``@pytest.mark.long``, the
+longest checks (more parametrised cases of a slow test, longer end-to-end runs, the docs'
+commands run as written); ``.ci/run`` runs the three, one after the other (docs/tests.md);
+``--tier all`` everything. A passing test in the fast tier whose
 body took over ``--time-limit`` seconds (default ``$NBSGD_JAX_TEST_LIMIT``, else 10; 0: no
 limit) is reported failed, so the fast tier stays fast. A test marked
 ``@pytest.mark.optimized`` runs with XLA's optimisation passes on (it and its subprocesses),
