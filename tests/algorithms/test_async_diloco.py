@@ -411,9 +411,10 @@ def test_a_worker_s_kth_gradient_reads_draw_k(algorithm):
   (AD-PSGD: it starts a computation; asynchronous DiLoCo: an inner step fires), worker i
   reads draws 0, 1, 2, ... in turn, whatever the other workers' speeds (the device step
   reads draw k as the lockstep clock reads step k: ``run.step.data_index``)."""
-  cfg = small_cfg(algorithm=algorithm, num_steps=40, **{
-      "cluster.slowdown": (1.0, 1.7, 2.9, 4.3), "cluster.time_per_example": 1e-3,
-      "diloco.local_steps": 2})
+  cfg = least_squares_cfg(  # the host's draws: a linear model compiles in a blink
+      n=4, m=8, dim=5, lr=0.05, momentum=0.0, weight_decay=0.0, slowdown=(1.0, 1.7, 2.9, 4.3),
+      time_per_example=1e-3, latency=1e-4, bandwidth=1e9, num_steps=40, eval_every=40,
+      algorithm=algorithm, **{"diloco.local_steps": 2, "problem.full_batch": False})
   seen = {i: [] for i in range(4)}
   for _, inputs, _, _ in make_stepper(cfg).steps(40):
     ev = inputs.events
