@@ -22,7 +22,8 @@ section (``{"easgd": {"local_steps": 4}}``: a ConfigDict refuses dots in names) 
   ``{name: overrides}`` (default: one variant, ``"default"``, with none): each method is
   reported on each variant at the pick made on ``tune.variant``.
 ``tune``
-  ``seeds`` (an int or a list; never among ``seeds``), ``variant`` (default the first),
+  ``seeds`` (an int or a list; never among ``seeds``), ``variant`` (default the first;
+  ``"each"``: every variant tuned on its own and reported at its own pick, model sizes),
   ``metric`` (default ``"train_loss"``: its final value is the score, a diverged run never
   wins; with several tuning seeds, their mean), ``mode`` (``"min"`` or ``"max"``) and
   ``extend`` (default True: a pick at the smallest or largest value of a numeric axis adds

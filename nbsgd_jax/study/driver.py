@@ -19,12 +19,13 @@ def _mode(name: str, only: Optional[list], redo: list) -> str:
   return "train" if only is None or name in only else "cached"
 
 
-def _tried(study, base, store, name: str, pts: list, mode: str) -> list[dict]:
-  """The tuning runs of ``pts`` on the tuning seeds: ``[{"point", "score", "runs"}]``, the
-  score the mean over the tuning seeds of each run's :func:`stats.score` (inf: a seed
-  diverged or has not run)."""
-  jobs = [(schema.compose(study, base, name, study.tune_variant, p, s),
-           f"{name} tune {_label(p)} seed {s}", mode) for p in pts for s in study.tune_seeds]
+def _tried(study, base, store, name: str, pts: list, mode: str, variant: str) -> list[dict]:
+  """The tuning runs of ``pts`` on the tuning seeds and ``variant``: ``[{"point", "score",
+  "runs"}]``, the score the mean over the tuning seeds of each run's :func:`stats.score` (inf:
+  a seed diverged or has not run)."""
+  where = "" if variant == study.tune_variant else f" {variant}"
+  jobs = [(schema.compose(study, base, name, variant, p, s),
+           f"{name}{where} tune {_label(p)} seed {s}", mode) for p in pts for s in study.tune_seeds]
   got = store.get(jobs)
   out, n = [], len(study.tune_seeds)
   for i, p in enumerate(pts):
@@ -42,19 +43,19 @@ def _label(point: dict) -> str:
   return ", ".join(f"{k}={v}" for k, v in point.items())
 
 
-def tune(study, base, store, name: str, mode: str) -> dict:
-  """Method ``name`` tuned (module docstring): ``{"pick": point or None, "edge": the pick is
-  at an edge of the (extended) grid, "grid": the tried points with their scores,
-  "extended": the points added beyond an edge}``."""
+def tune(study, base, store, name: str, mode: str, variant: str) -> dict:
+  """Method ``name`` tuned on ``variant`` (module docstring): ``{"pick": point or None,
+  "edge": the pick is at an edge of the (extended) grid, "grid": the tried points with their
+  scores, "extended": the points added beyond an edge}``."""
   method = study.methods[name]
-  tried = _tried(study, base, store, name, schema.points(method.grid), mode)
+  tried = _tried(study, base, store, name, schema.points(method.grid), mode, variant)
   best = stats.pick([t["score"] for t in tried])
   grid, extended = method.grid, []
   if best >= 0 and study.extend:
     extended = [p for p in stats.extensions(grid, tried[best]["point"]) if _valid(
-        study, base, name, p)]
+        study, base, name, p, variant)]
     if extended:
-      tried += _tried(study, base, store, name, extended, mode)
+      tried += _tried(study, base, store, name, extended, mode, variant)
       grid = [(k, sorted(set(v) | {p[k] for p in extended})) for k, v in grid]
       best = stats.pick([t["score"] for t in tried])
   pick = tried[best]["point"] if best >= 0 else None
@@ -64,29 +65,39 @@ def tune(study, base, store, name: str, mode: str) -> dict:
           "extended": extended}
 
 
-def _valid(study, base, name: str, point: dict) -> bool:
+def _valid(study, base, name: str, point: dict, variant: str) -> bool:
   """Whether the config at ``point`` is accepted (an extension past a key's range is
   dropped: ``easgd.beta`` beyond 1)."""
   try:
-    config_lib.validate(schema.compose(study, base, name, study.tune_variant, point,
+    config_lib.validate(schema.compose(study, base, name, variant, point,
                                        study.tune_seeds[0]))
     return True
   except config_lib.ConfigError:
     return False
 
 
-def report(study, base, store, name: str, pick: Optional[dict], mode: str) -> dict:
-  """The reported runs of method ``name`` at ``pick``: ``{variant: {seed: record or None}}``
-  (None: not run; every seed None without a pick)."""
-  cells = [(v, s) for v in study.variants for s in study.seeds]
-  if pick is None:
-    return {v: {s: None for s in study.seeds} for v in study.variants}
-  got = store.get([(schema.compose(study, base, name, v, pick, s),
+def report(study, base, store, name: str, picks: dict, mode: str) -> dict:
+  """The reported runs of method ``name``, each variant ``v`` at ``picks[v]``: ``{variant:
+  {seed: record or None}}`` (None: not run; every seed None without a pick)."""
+  cells = [(v, s) for v in picks for s in study.seeds if picks[v] is not None]
+  got = store.get([(schema.compose(study, base, name, v, picks[v], s),
                     f"{name} {v} seed {s}", mode) for v, s in cells])
-  out: dict = {v: {} for v in study.variants}
+  out: dict = {v: {s: None for s in study.seeds} for v in picks}
   for (v, s), r in zip(cells, got):
     out[v][s] = r
   return out
+
+
+def tune_and_report(study, base, store, name: str, mode: str) -> tuple[dict, dict]:
+  """Method ``name`` tuned (on ``tune.variant``, or on each variant) and reported: its entry
+  (:func:`tune`'s, or ``{"variants": {v: tune's}}``) and :func:`report`'s runs."""
+  if study.tune_variant != schema.EACH:
+    entry = tune(study, base, store, name, mode, study.tune_variant)
+    return entry, report(study, base, store, name, {v: entry["pick"] for v in study.variants},
+                         mode)
+  entry = {"variants": {v: tune(study, base, store, name, mode, v) for v in study.variants}}
+  picks = {v: e["pick"] for v, e in entry["variants"].items()}
+  return entry, report(study, base, store, name, picks, mode)
 
 
 def columns(study, reported: dict) -> dict:
@@ -149,8 +160,7 @@ def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
     methods, reported = {}, {}
     for name in study.methods:
       mode = _mode(name, only, list(redo))
-      methods[name] = tune(study, base, store, name, mode)
-      reported[name] = report(study, base, store, name, methods[name]["pick"], mode)
+      methods[name], reported[name] = tune_and_report(study, base, store, name, mode)
   finally:
     store.close()
   for name, entry in methods.items():

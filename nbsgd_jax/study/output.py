@@ -27,6 +27,13 @@ def write(results: dict, out: str) -> list[str]:
   return paths
 
 
+def tuned(entry: dict, variant: str) -> dict:
+  """A method's tuning (``{"pick", "edge", "grid", "extended"}``) for ``variant``: its own
+  under ``entry["variants"]`` when each variant is tuned (``tune.variant = "each"``), else
+  the one tuning."""
+  return entry["variants"][variant] if "variants" in entry else entry
+
+
 def _point(point) -> str:
   return ", ".join(f"{k}={v}" for k, v in point.items()) if point else "none (all diverged)"
 
@@ -38,8 +45,10 @@ def markdown(results: dict) -> str:
   better = "lowest" if results["mode"] == "min" else "highest"
   lines = [f"# {os.path.basename(str(results['study']))}" + (" (--quick)" if results["quick"]
                                                             else ""), "",
-           f"Each method tuned on seed {tune} (not reported), variant "
-           f"{results['tune_variant']!r}, by the {better} final {results['metric']}; "
+           f"Each method tuned on seed {tune} (not reported), "
+           + ("each variant on its own" if results["tune_variant"] == "each" else
+              f"variant {results['tune_variant']!r}") + f", by the {better} final "
+           f"{results['metric']}; "
            f"reported over seeds {seeds} at the pick: mean ± sample standard deviation "
            f"(ddof 1); budget {results['budget']}. *: the pick is at the edge of its grid.", ""]
   for variant, table in results["variants"].items():
@@ -52,15 +61,19 @@ def markdown(results: dict) -> str:
     lines += ["| method | pick | " + " | ".join(cols) + " |",
               "| --- | --- | " + " | ".join("---" for _ in cols) + " |"]
     for name, cells in table["cells"].items():
-      m = results["methods"][name]
+      m = tuned(results["methods"][name], variant)
       lines.append(f"| {name} | {_point(m['pick'])}{'*' if m['edge'] else ''} | "
                    + " | ".join(stats.show(cells[c]) for c in cols) + " |")
     lines.append("")
   lines += ["## Tuning", ""]
-  for name, m in results["methods"].items():
-    tried = "; ".join(f"{_point(t['point'])}: {_score(t, results['mode'])}" for t in m["grid"])
-    ext = f" (extended by {', '.join(_point(p) for p in m['extended'])})" if m["extended"] else ""
-    lines.append(f"- {name}: {tried}{ext}; pick {_point(m['pick'])}")
+  for name, entry in results["methods"].items():
+    for where, m in (entry["variants"].items() if "variants" in entry else [("", entry)]):
+      tried = "; ".join(f"{_point(t['point'])}: {_score(t, results['mode'])}"
+                        for t in m["grid"])
+      ext = (f" (extended by {', '.join(_point(p) for p in m['extended'])})" if m["extended"]
+             else "")
+      lines.append(f"- {name}{' ' + where if where else ''}: {tried}{ext}; pick "
+                   f"{_point(m['pick'])}")
   return "\n".join(lines) + "\n"
 
 

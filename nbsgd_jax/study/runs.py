@@ -15,6 +15,7 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from nbsgd_jax.core import files as files_lib
+from nbsgd_jax.core import provenance as provenance_lib
 from nbsgd_jax.run import grid as grid_lib
 from nbsgd_jax.run import sweep as sweep_lib
 
@@ -58,7 +59,8 @@ class Store:
 
     Returns:
       per job its record: ``{"key", "label", "config", "summary" (without the history),
-      "history", "diverged" (the error, or None), "seconds"}``, or None.
+      "history", "diverged" (the error, or None), "seconds", "provenance" (the code that
+      trained it: :func:`nbsgd_jax.core.provenance.provenance`)}``, or None.
     """
     keys = [run_key(cfg) for cfg, _, _ in jobs]
     todo: dict = {}
@@ -96,7 +98,7 @@ class Store:
     diverged = summary.get("error", "diverged") if summary.get("stopped") == "diverged" else None
     record = {"key": key, "label": label, "config": json.loads(cfg.to_json_best_effort()),
               "summary": summary, "history": history, "diverged": diverged,
-              "seconds": seconds}
+              "seconds": seconds, provenance_lib.KEY: provenance_lib.provenance()}
     os.makedirs(os.path.dirname(self.path(key)), exist_ok=True)
     files_lib.atomic_write(self.path(key), json.dumps(record, default=str))
     self.trained.add(key)

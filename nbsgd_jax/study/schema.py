@@ -32,6 +32,7 @@ _COLUMN = [("final", re.compile(r"^final (\w+)$")),
            ("equal", re.compile(r"^(\w+) at equal (\w+)$")),
            ("to", re.compile(r"^(\w+) to (\w+) (<=|>=) ([-+0-9.eE]+)$"))]
 DEFAULT_VARIANT = "default"
+EACH = "each"  # tune.variant: every variant tuned on its own (model sizes)
 
 
 class Column(NamedTuple):
@@ -185,9 +186,10 @@ def _tune(raw: dict, variants: dict, errs: list) -> dict:
          "tune_variant": tune.get("variant", next(iter(variants))),
          "metric": tune.get("metric", "train_loss"), "mode": tune.get("mode", "min"),
          "extend": tune.get("extend", True)}
-  if out["tune_variant"] not in variants:
+  if out["tune_variant"] not in variants and out["tune_variant"] != EACH:
     errs.append(f"study.tune.variant={out['tune_variant']!r} is not allowed: it must be one of "
-                f"the variants {', '.join(map(repr, variants))}")
+                f"the variants {', '.join(map(repr, variants))}, or {EACH!r} (each variant "
+                "tuned on its own)")
   if out["mode"] not in ("min", "max"):
     errs.append(f"study.tune.mode={out['mode']!r} is not allowed: it must be 'min' or 'max'")
   if not isinstance(out["metric"], str) or not out["metric"]:
@@ -312,9 +314,10 @@ def validate(study: Study, base: ml_collections.ConfigDict) -> None:
     ConfigError: each refused config's lines (once each), prefixed ``method M, variant V: ``.
   """
   errs: list = []
+  tuned = list(study.variants) if study.tune_variant == EACH else [study.tune_variant]
   for name, method in study.methods.items():
-    cases = [(study.tune_variant, p) for p in points(method.grid)]
-    cases += [(v, points(method.grid)[0]) for v in study.variants if v != study.tune_variant]
+    cases = [(v, p) for v in tuned for p in points(method.grid)]
+    cases += [(v, points(method.grid)[0]) for v in study.variants if v not in tuned]
     for variant, point in cases:
       where = f"method {name}, variant {variant}"  # a bad grid value: config's line names it
       try:

@@ -83,3 +83,21 @@ def test_the_guide_s_study_in_one_file_runs_quick(tmp_path, monkeypatch):
   cells = res["variants"]["default"]["cells"]
   assert all(cells[m]["gap at equal sim_time"]["n"] == 2 for m in cells)
   assert "| easgd |" in (tmp_path / "results.md").read_text()
+
+
+def test_each_variant_is_tuned_on_its_own_and_reported_at_its_own_pick(tmp_path, monkeypatch):
+  """``tune.variant = "each"``: with heavy momentum (0.95: a step 20 times the rate) the large
+  rate overshoots and the small one wins; without momentum, in 10 steps, the large one wins."""
+  trained = _counting(monkeypatch)
+  raw = {**TINY, "methods": {"allreduce": {"overrides": {"algorithm": "allreduce"},
+                                           "grid": {"learning_rate": [0.05, 0.8]}}},
+         "variants": {"easy": {"momentum": 0.0}, "steep": {"momentum": 0.95}},
+         "tune": {**TINY["tune"], "variant": "each"}, "seeds": [0]}
+  res = driver.run(schema.check(raw), str(tmp_path), progress=False)
+  entry = res["methods"]["allreduce"]["variants"]
+  assert entry["easy"]["pick"] == {"learning_rate": 0.8}
+  assert entry["steep"]["pick"] == {"learning_rate": 0.05}
+  assert sorted(t[1:] for t in trained) == sorted([(0.05, 7), (0.8, 7)] * 2
+                                                  + [(0.8, 0), (0.05, 0)])
+  md = output.markdown(res)
+  assert "each variant on its own" in md and "- allreduce steep:" in md

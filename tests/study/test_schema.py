@@ -37,7 +37,7 @@ def _errors(**fields):
      "TARGET', 'X to METRIC >= TARGET', with X one of sim_time, bytes_sent, grads_per_worker, "
      "step"),
     ({"tune": {"seeds": 9, "variant": "slow"}}, "study.tune.variant='slow' is not allowed: it "
-     "must be one of the variants 'default'"),
+     "must be one of the variants 'default', or 'each' (each variant tuned on its own)"),
     ({"variants": {"top_k": {"compression": {"name": "top_k"}}}},
      "method dpsgd, variant top_k: config.compression.name='top_k' is not allowed with "
      "config.algorithm='dpsgd': gossip exchanges models, not gradients; compressed gossip "

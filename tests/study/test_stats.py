@@ -77,7 +77,7 @@ def _study(grid, extend=True):
 def test_the_pick_and_the_extension_at_an_edge(extend, pick):
   study = _study([0.0625, 0.125, 0.25], extend)
   store = _Scores()
-  got = driver.tune(study, schema.base_config(study), store, "sgd", "train")
+  got = driver.tune(study, schema.base_config(study), store, "sgd", "train", "default")
   # at the edge either way: 0.5 is the extended grid's largest value (one step only)
   assert got["pick"] == {"learning_rate": pick} and got["edge"]
   assert store.trained == [0.0625, 0.125, 0.25] + ([0.5] if extend else [])
@@ -86,7 +86,7 @@ def test_the_pick_and_the_extension_at_an_edge(extend, pick):
 
 def test_a_diverged_run_is_never_picked_and_a_pick_inside_the_extended_grid_is_not_at_its_edge():
   study = _study([0.25, 4.0])
-  got = driver.tune(study, schema.base_config(study), _Scores(), "sgd", "train")
+  got = driver.tune(study, schema.base_config(study), _Scores(), "sgd", "train", "default")
   # 4.0 diverges (its score is None); 0.25 is the grid's smallest: one step beyond it,
   # 0.25 * (0.25 / 4) = 0.0156, scores worse, so 0.25 stays, inside the extended grid
   assert [t["point"]["learning_rate"] for t in got["grid"]] == [0.25, 4.0, 0.0156]
