@@ -6,7 +6,8 @@ pick, and compares the methods at equal bytes and equal simulated time::
     python -m nbsgd_jax.study experiments/studies/easgd_vs_dpsgd.py --out runs/easgd --quick
 
 A study is a Python file whose ``get_study()`` returns an ``ml_collections.ConfigDict`` (or a
-dict) with the fields below. Config overrides are dicts of config keys, either nested by
+dict: it keeps the order of methods and variants, which a ConfigDict sorts) with the fields
+below. Config overrides are dicts of config keys, either nested by
 section (``{"easgd": {"local_steps": 4}}``: a ConfigDict refuses dots in names) or dotted
 (``{"easgd.local_steps": 4}``, in a plain dict); tuple values (``cluster.levels``) are allowed.
 

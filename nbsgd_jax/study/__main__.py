@@ -1,4 +1,5 @@
-"""``python -m nbsgd_jax.study FILE --out DIR [--quick] [--only M ...] [--redo M ...]``: run a
+"""``python -m nbsgd_jax.study FILE --out DIR [--quick] [--only M ...] [--redo M ...]
+[--variants V ...]``: run a
 study (:mod:`nbsgd_jax.study`). A bad study prints one ``error:`` line per problem and exits
 with status 2 before anything trains."""
 
@@ -27,6 +28,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="train these methods only; the others are read from the cache")
   p.add_argument("--redo", nargs="+", metavar="METHOD", default=[],
                  help="retrain these methods' runs, replacing their cached runs")
+  p.add_argument("--variants", nargs="+", metavar="VARIANT", default=None,
+                 help="these variants only (a study larger than a session, a size at a time; "
+                 "the cache is shared, so the full study later trains only what is missing)")
   p.add_argument("--no_progress", dest="progress", action="store_false",
                  help="no progress bar")
   return p.parse_args(argv)
@@ -36,7 +40,8 @@ def main(argv=None) -> int:
   """The command line (module docstring); returns the exit status (0, or 2: a bad study)."""
   a = parse_args(argv)
   try:
-    study = schema.check(schema.load_file(a.study), a.study, a.quick)
+    study = schema.only_variants(schema.check(schema.load_file(a.study), a.study, a.quick),
+                                 a.variants)
     results = driver.run(study, a.out, a.only, a.redo, a.progress)
   except config_lib.ConfigError as e:
     for line in e.errors:

@@ -262,6 +262,24 @@ def check(raw, path: str = "<study>", quick: bool = False) -> Study:
                late=late, quick=quick, **tune)
 
 
+def only_variants(study: Study, names: Optional[list]) -> Study:
+  """``study`` restricted to the variants ``names`` (None: all), in the study's order.
+
+  Raises:
+    ConfigError: a name that is not a variant, or a list without the tuning variant.
+  """
+  if names is None:
+    return study
+  errs = [f"--variants {n!r} is not allowed: the study's variants are "
+          f"{', '.join(study.variants)}" for n in names if n not in study.variants]
+  if study.tune_variant not in (EACH, *names):
+    errs.append(f"--variants {' '.join(names)} is not allowed: the methods are tuned on "
+                f"{study.tune_variant!r}, which must be among them")
+  if errs:
+    raise config_lib.ConfigError(errs)
+  return study._replace(variants={n: v for n, v in study.variants.items() if n in names})
+
+
 def points(grid: list) -> list[dict]:
   """The grid's points, ``{key: value}`` each (the product of its axes, the last fastest)."""
   return [dict(zip((k for k, _ in grid), vs)) for vs in itertools.product(*(v for _, v in grid))]

@@ -77,3 +77,17 @@ def test_a_base_config_file_is_read_relative_to_the_current_directory(monkeypatc
   cfg = schema.compose(study, schema.base_config(study), "dpsgd", "default",
                        {"learning_rate": 0.1}, 0)
   assert (cfg.model, cfg.dataset, cfg.num_steps, cfg.cluster.spread) == ("mlp", "mnist10k", 10, 0.3)
+
+
+def test_variants_restricts_the_study_and_names_a_bad_variant():
+  raw = {**GOOD, "variants": {"a": {}, "b": {"momentum": 0.5}}}
+  study = schema.check(raw)
+  assert list(schema.only_variants(study, ["b", "a"]).variants) == ["a", "b"]
+  assert schema.only_variants(study, None) is study
+  with pytest.raises(config_lib.ConfigError) as e:
+    schema.only_variants(study, ["b", "c"])
+  assert e.value.errors == [
+      "--variants 'c' is not allowed: the study's variants are a, b",
+      "--variants b c is not allowed: the methods are tuned on 'a', which must be among them"]
+  each = schema.check({**raw, "tune": {**raw["tune"], "variant": "each"}})
+  assert list(schema.only_variants(each, ["b"]).variants) == ["b"]
