@@ -59,7 +59,7 @@ SWITCHES = (
     Switch(("data_cache",), "dataset", lambda v: v == "image_folder"),
     Switch(("lr_min",), "lr_schedule", lambda v: v == "cosine"),
     Switch(("lm.*",), "model", lambda v: v == "transformer"),
-    Switch(("adam_b2",), "optimizer", lambda v: v == "adamw"),
+    Switch(("adam_b2",), "optimizer", lambda v: v in ("adamw", "muon")),  # muon: its Adam part
     Switch(("nesterov",), "optimizer", lambda v: v == "sgd"),
     Switch(("norm", "norm_groups", "resnet_depth"), "model", lambda v: v == "resnet"),
     Switch(("norm_groups",), "norm", lambda v: v == "group"),

@@ -97,6 +97,7 @@ def test_every_section_has_a_check():
      "config.model='mlp' has no effect: config.dataset='least_squares'"),
     ({"lr_time_scale": 10.0},
      "config.lr_time_scale=10.0 has no effect: config.lr_schedule='constant'"),
+    ({"adam_b2": 0.95}, "config.adam_b2=0.95 has no effect: config.optimizer='sgd'"),
 ])
 def test_changed_key_of_a_section_that_is_off_warns_once(overrides, line):
   assert config_lib.inactive_warnings(cfg_with(**overrides)) == [line]
@@ -108,6 +109,7 @@ def test_changed_key_of_a_section_that_is_off_warns_once(overrides, line):
     {"algorithm": "local_sgd", "local_sgd__local_steps": 8},
     {"algorithm": "matcha", "matcha__budget": 0.25},
     {"algorithm": "matcha", "dpsgd__order": "parallel"},
+    {"optimizer": "muon", "adam_b2": 0.95},  # Muon's Adam (the non-matrix parameters) reads it
     {"nonblocking__enabled": True, "nonblocking__deadline": "kth:2"},
     {"consensus__control": True, "consensus__critical": True, "consensus__critical_scale": 0.5},
     {"consensus__log_every_step": True, "consensus__per_layer": True},  # not control's keys
