@@ -39,10 +39,31 @@ section (``{"easgd": {"local_steps": 4}}``: a ConfigDict refuses dots in names) 
   largest X every finished reported run of the variant reaches, ``np.interp`` between
   evaluations), ``"X to METRIC <= TARGET"`` (or ``>=``: X when the metric first reaches the
   target; a seed that never does is "not reached", never a number); X is ``sim_time``,
-  ``bytes_sent``, ``grads_per_worker`` or ``step``. Default: ``["final METRIC"]``.
+  ``bytes_sent``, ``grads_per_worker`` or ``step``. Default: ``["final METRIC"]``. Relative
+  to a reference METHOD (one of the study's methods, else refused): ``"METRIC gap to
+  METHOD"`` (per seed ``100 * (m_seed / ref_seed - 1)``, percent: the final METRIC against
+  the reference's final METRIC on the same variant and seed, then mean and std over the seeds
+  both finished, a seed without a reference value named; the reference's own cell is 0;
+  Charles et al. 2025's "percentage difference in evaluation loss relative to
+  data-parallel"), and ``"X to METRIC <= METHOD"`` (or ``>=``; the target is the reference's
+  mean final METRIC on the variant, recorded per variant in ``results.json``'s
+  ``variants.V.targets``; a reference with no finished run gives "no target", never a
+  number). A TARGET written as a number (digits, sign, ".", "e") is a number.
 ``quick``
   what ``--quick`` changes: ``overrides`` (config overrides after the variant's), and
   replacements of ``seeds``, ``budget``, ``tune`` (its fields named).
+``claims``
+  (optional) ``[{"source": the paper (authors, year, arXiv id, table or equation), "quote":
+  its words, "column": one of the columns, "methods": [the study's methods], "supports":
+  what our set-up can and cannot support}]``: ``results.md``'s "Claims" section gives per
+  claim the source and the quote, the column's values for those methods on each variant
+  (mean ± std, seeds) and the supports text (:mod:`~nbsgd_jax.study.claims`).
+``trend``
+  (optional) ``{"column": one of the columns, "x": a numeric field of each run's summary
+  (``model_params``), "log_x": a log x axis (default: when x spans more than a decade)}``:
+  ``OUT/trend.png``, per method the column's mean with the std as error bars against the mean
+  x over the variant's runs, and ``results.json``'s ``"trend": {method: [[x, mean, std, n]
+  per variant]}`` (:mod:`~nbsgd_jax.study.trend`).
 
 Each cell is the mean and the sample standard deviation (ddof 1) over the finished seeds; one
 seed gives its value and says "1 seed"; diverged and unfinished seeds are named, never
@@ -51,10 +72,21 @@ whole config as JSON), so the same command resumes and skips what has run; the r
 structure (those differing in hyperparameters and seeds only) share a compiled program
 (:func:`nbsgd_jax.run.sweep.train_runs`).
 
+Provenance: each cached run carries the provenance of the code that trained it
+(:mod:`nbsgd_jax.core.provenance`); ``results.json`` gets ``"provenance"`` (this process's)
+and ``"run_commits"`` (``{commit: number of runs}`` over the runs used, None for a run without
+provenance), ``results.md`` a line with both. Training new runs into a cache whose runs were
+made by another commit is refused (one line naming the cache, the commits found and the flag)
+unless ``--allow_mixed`` (``run(..., allow_mixed=True)``); then, or when the runs used come
+from several commits, ``results.json`` says ``"mixed": true`` and ``results.md`` says so.
+Reading and rendering a complete cache never needs the flag.
+
 Modules: :mod:`~nbsgd_jax.study.schema` (the fields checked, configs composed),
-:mod:`~nbsgd_jax.study.stats` (statistics, pick, extension, equal-x, time to target),
-:mod:`~nbsgd_jax.study.runs` (the cache and training), :mod:`~nbsgd_jax.study.driver` (the
-protocol), :mod:`~nbsgd_jax.study.output` (``results.json``, ``results.md``, the plots).
+:mod:`~nbsgd_jax.study.stats` (statistics, pick, extension, equal-x, time to target, gap to a
+reference), :mod:`~nbsgd_jax.study.runs` (the cache, its commits and training),
+:mod:`~nbsgd_jax.study.driver` (the protocol), :mod:`~nbsgd_jax.study.claims` (claims checked
+and rendered), :mod:`~nbsgd_jax.study.trend` (the trend's points and plot),
+:mod:`~nbsgd_jax.study.output` (``results.json``, ``results.md``, the plots).
 """
 
 from nbsgd_jax.study.driver import run

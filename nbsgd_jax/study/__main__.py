@@ -1,7 +1,8 @@
 """``python -m nbsgd_jax.study FILE --out DIR [--quick] [--only M ...] [--redo M ...]
-[--variants V ...]``: run a
-study (:mod:`nbsgd_jax.study`). A bad study prints one ``error:`` line per problem and exits
-with status 2 before anything trains."""
+[--variants V ...] [--allow_mixed]``: run a study (:mod:`nbsgd_jax.study`). A bad study
+prints one ``error:`` line per problem and exits with status 2 before anything trains; so
+does a study that would train into a cache of another commit's runs without
+``--allow_mixed``."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--variants", nargs="+", metavar="VARIANT", default=None,
                  help="these variants only (a study larger than a session, a size at a time; "
                  "the cache is shared, so the full study later trains only what is missing)")
+  p.add_argument("--allow_mixed", action="store_true",
+                 help="train new runs into a cache whose runs were made by another commit "
+                 "(results.json then says mixed); reading a complete cache never needs it")
   p.add_argument("--no_progress", dest="progress", action="store_false",
                  help="no progress bar")
   return p.parse_args(argv)
@@ -42,7 +46,7 @@ def main(argv=None) -> int:
   try:
     study = schema.only_variants(schema.check(schema.load_file(a.study), a.study, a.quick),
                                  a.variants)
-    results = driver.run(study, a.out, a.only, a.redo, a.progress)
+    results = driver.run(study, a.out, a.only, a.redo, a.progress, a.allow_mixed)
   except config_lib.ConfigError as e:
     for line in e.errors:
       print(f"error: {line}", file=sys.stderr)

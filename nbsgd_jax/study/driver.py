@@ -1,6 +1,7 @@
 """The study's protocol: tune each method on the tuning seed(s) over its grid (one step beyond
 an edge pick when asked), pick by the score, run the reported seeds of every variant at the
-pick, then the columns over seeds (:mod:`nbsgd_jax.study.stats`)."""
+pick, then the columns over seeds (:mod:`nbsgd_jax.study.stats`), the trend
+(:mod:`nbsgd_jax.study.trend`) and the provenance of the runs used."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import os
 from typing import Optional
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax.core import provenance as provenance_lib
 from nbsgd_jax.study import runs as runs_lib
 from nbsgd_jax.study import schema
 from nbsgd_jax.study import stats
+from nbsgd_jax.study import trend as trend_lib
 
 
 def _mode(name: str, only: Optional[list], redo: list) -> str:
@@ -101,35 +104,56 @@ def tune_and_report(study, base, store, name: str, mode: str) -> tuple[dict, dic
 
 
 def columns(study, reported: dict) -> dict:
-  """``{variant: {"equal": {x: the common x}, "cells": {method: {column: summary}}}}``
-  (:func:`stats.summarize`), ``reported``: ``{method: {variant: {seed: record}}}``."""
+  """``{variant: {"equal": {x: the common x}, "targets": {column: the target from its
+  reference method, or None: no target}, "cells": {method: {column: summary}}}}``
+  (:func:`stats.summarize`), ``reported``: ``{method: {variant: {seed: record}}}``. A "gap"
+  column pairs each seed with the reference method's run of the same seed
+  (:func:`stats.relative`); a "to" column with a reference method reads to that method's mean
+  final metric over its finished seeds (:func:`stats.mean_of`)."""
   out = {}
   for v in study.variants:
     fine = {m: {s: r for s, r in reported[m][v].items() if r and not r["diverged"]}
             for m in reported}
     hists = [r["history"] for m in fine for r in fine[m].values()]
     equal = {c.x: stats.common_x(hists, c.x) for c in study.columns if c.kind == "equal"}
+    targets = {c.text: stats.mean_of(_finals(fine[c.ref], c.metric).values())
+               for c in study.columns if c.kind == "to" and c.ref}
     cells = {}
     for m, runs in reported.items():
       div = [s for s, r in runs[v].items() if r and r["diverged"]]
       unf = [s for s, r in runs[v].items() if r is None]
-      cells[m] = {c.text: stats.summarize({s: _value(c, r["history"], equal)
-                                           for s, r in fine[m].items()}, div, unf)
-                  for c in study.columns}
-    out[v] = {"equal": equal, "cells": cells}
+      cells[m] = {c.text: _cell(c, fine, m, equal, targets, div, unf) for c in study.columns}
+    out[v] = {"equal": equal, "targets": targets, "cells": cells}
   return out
 
 
-def _value(c, history: list, equal: dict) -> Optional[float]:
+def _finals(runs: dict, metric: str) -> dict:
+  return {s: stats.final(r["history"], metric) for s, r in runs.items()}
+
+
+def _cell(c, fine: dict, m: str, equal: dict, targets: dict, div: list, unf: list) -> dict:
+  """Method ``m``'s summary of column ``c`` on a variant (``fine``: ``{method: {seed: its
+  finished run}}``)."""
+  if c.kind == "gap":
+    values, unpaired = stats.relative(_finals(fine[m], c.metric), _finals(fine[c.ref], c.metric))
+    return stats.summarize(values, div, unf, unpaired)
+  if c.kind == "to" and c.ref and targets[c.text] is None:
+    return stats.no_target(div, unf)
+  target = targets[c.text] if c.ref else c.target
+  return stats.summarize({s: _value(c, r["history"], equal, target)
+                          for s, r in fine[m].items()}, div, unf)
+
+
+def _value(c, history: list, equal: dict, target: Optional[float]) -> Optional[float]:
   if c.kind == "final":
     return stats.final(history, c.metric)
   if c.kind == "equal":
     return None if equal[c.x] is None else stats.at_equal(history, c.x, c.metric, equal[c.x])
-  return stats.time_to(history, c.x, c.metric, c.op, c.target)
+  return stats.time_to(history, c.x, c.metric, c.op, target)
 
 
 def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
-        progress: bool = True) -> dict:
+        progress: bool = True, allow_mixed: bool = False) -> dict:
   """The whole study (module docstring), its runs cached under ``out/runs``.
 
   Args:
@@ -139,15 +163,24 @@ def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
       named unfinished); None: all.
     redo: retrain these methods' runs (their cached runs replaced).
     progress: show the progress bar.
+    allow_mixed: train new runs into a cache holding runs of another commit
+      (:meth:`nbsgd_jax.study.runs.Store.check_commits`); reading never needs it.
 
   Returns:
     the results (:func:`nbsgd_jax.study.output.write` writes them): ``{"study", "quick",
     "methods": {name: {"pick", "edge", "grid", "extended", "runs": {variant: {seed: {"key",
-    "status", "final"}}}}}, "variants": :func:`columns`' value}``.
+    "status", "final"}}}}}, "variants": :func:`columns`' value, "claims": the study's,
+    "provenance": this process's (:func:`nbsgd_jax.core.provenance.provenance`),
+    "run_commits": {commit or None: number of runs} over the runs used (tuning and reported),
+    "mixed": whether those runs come from more than one commit or this process trained into a
+    cache of another commit's runs}``, with a trend (:mod:`nbsgd_jax.study.trend`) ``"trend":
+    {method: [[x, mean, std, n] per variant]}`` and ``"trend_spec": {"column", "x", "log_x"
+    (decided)}``.
 
   Raises:
-    ConfigError: ``only`` or ``redo`` names an unknown method, or a composed config is
-      refused (:func:`nbsgd_jax.study.schema.validate`).
+    ConfigError: ``only`` or ``redo`` names an unknown method, a composed config is refused
+      (:func:`nbsgd_jax.study.schema.validate`), or a run would train into a cache of another
+      commit's runs without ``allow_mixed``.
   """
   bad = [m for m in list(only or ()) + list(redo) if m not in study.methods]
   if bad:
@@ -155,7 +188,7 @@ def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
                                   f"are {', '.join(study.methods)}" for m in bad])
   base = schema.base_config(study)
   schema.validate(study, base)
-  store = runs_lib.Store(os.path.join(out, "runs"), progress)
+  store = runs_lib.Store(os.path.join(out, "runs"), progress, allow_mixed)
   try:
     methods, reported = {}, {}
     for name in study.methods:
@@ -166,11 +199,29 @@ def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
   for name, entry in methods.items():
     entry["runs"] = {v: {s: _status(r, study.metric) for s, r in seeds.items()}
                      for v, seeds in reported[name].items()}
-  return {"study": study.path, "quick": study.quick, "metric": study.metric,
-          "mode": study.mode, "tune_seeds": list(study.tune_seeds), "seeds": list(study.seeds),
-          "tune_variant": study.tune_variant, "budget": dict([study.budget]),
-          "columns": [c.text for c in study.columns], "methods": methods,
-          "variants": columns(study, reported), "histories": _histories(reported, study)}
+  tables = columns(study, reported)
+  commits = _commits(store.used)
+  results = {"study": study.path, "quick": study.quick, "metric": study.metric,
+             "mode": study.mode, "tune_seeds": list(study.tune_seeds),
+             "seeds": list(study.seeds), "tune_variant": study.tune_variant,
+             "budget": dict([study.budget]), "columns": [c.text for c in study.columns],
+             "methods": methods, "variants": tables, "claims": list(study.claims),
+             provenance_lib.KEY: provenance_lib.provenance(), "run_commits": commits,
+             "mixed": store.mixed or len(commits) > 1,
+             "histories": _histories(reported, study)}
+  if study.trend:
+    results["trend"] = trend_lib.points(study.trend, reported, tables)
+    results["trend_spec"] = {**study.trend,
+                             "log_x": trend_lib.log_axis(study.trend, results["trend"])}
+  return results
+
+
+def _commits(used: dict) -> dict:
+  """``{commit: number of runs}``, the most runs first, from ``{key: commit}``."""
+  counts: dict = {}
+  for commit in used.values():
+    counts[commit] = counts.get(commit, 0) + 1
+  return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _status(r: Optional[dict], metric: str) -> dict:

@@ -1,7 +1,9 @@
 """A study's outputs: ``OUT/results.json`` (everything :func:`nbsgd_jax.study.driver.run`
-returns), ``OUT/results.md`` (per variant, a table of the columns over the reported seeds,
-then each method's tuning grid) and ``OUT/curves_<variant>.png`` (the tuning metric against
-simulated time and against bytes per worker, one line per method and seed)."""
+returns), ``OUT/results.md`` (the provenance in a line, per variant a table of the columns
+over the reported seeds, the claims beside our values (:mod:`nbsgd_jax.study.claims`), then
+each method's tuning grid), ``OUT/curves_<variant>.png`` (the tuning metric against simulated
+time and against bytes per worker, one line per method and seed) and, with a trend,
+``OUT/trend.png`` (:mod:`nbsgd_jax.study.trend`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import os
 import numpy as np
 
 from nbsgd_jax.core import files as files_lib
+from nbsgd_jax.core import provenance as provenance_lib
+from nbsgd_jax.study import claims as claims_lib
 from nbsgd_jax.study import stats
+from nbsgd_jax.study import trend as trend_lib
 
 
 def write(results: dict, out: str) -> list[str]:
@@ -24,6 +29,9 @@ def write(results: dict, out: str) -> list[str]:
     if any(curves.values()):
       paths.append(os.path.join(out, f"curves_{variant}.png"))
       plot(curves, results["metric"], f"{os.path.basename(out)}: {variant}", paths[-1])
+  if results.get("trend"):
+    paths.append(os.path.join(out, "trend.png"))
+    trend_lib.plot(results["trend"], results["trend_spec"], os.path.basename(out), paths[-1])
   return paths
 
 
@@ -35,7 +43,15 @@ def tuned(entry: dict, variant: str) -> dict:
 
 
 def _point(point) -> str:
-  return ", ".join(f"{k}={v}" for k, v in point.items()) if point else "none (all diverged)"
+  return ", ".join(f"{k}={v}" for k, v in point.items()) if point else "none"
+
+
+def _pick(m: dict) -> str:
+  """A tuning's pick, or why there is none: a tuning run not run yet (``--only``, a study
+  stopped), else every point diverged."""
+  if m["pick"]:
+    return _point(m["pick"]) + ("*" if m["edge"] else "")
+  return "none (not run)" if any(t["unfinished"] for t in m["grid"]) else "none (all diverged)"
 
 
 def markdown(results: dict) -> str:
@@ -51,21 +67,30 @@ def markdown(results: dict) -> str:
            f"{results['metric']}; "
            f"reported over seeds {seeds} at the pick: mean ± sample standard deviation "
            f"(ddof 1); budget {results['budget']}. *: the pick is at the edge of its grid.", ""]
+  if any(" gap to " in c for c in results["columns"]):
+    lines += ["A column 'METRIC gap to METHOD' is in percent, 100 (m / ref - 1) per seed, the "
+              "final METRIC against METHOD's on the same variant and seed, then over the seeds "
+              "both finished.", ""]
+  lines += provenance_lines(results) + trend_lines(results)
   for variant, table in results["variants"].items():
     lines += [f"## {variant}", ""]
     equal = {x: v for x, v in table["equal"].items() if v is not None}
     if equal:
       lines += ["At equal " + ", ".join(f"{x} = {v:.4g}" for x, v in equal.items())
                 + " (the least any reported run ends with).", ""]
+    if table.get("targets"):
+      lines += ["Targets from a reference method (its mean final value): " + "; ".join(
+          f"{c}: {'no target (no finished run)' if t is None else f'{t:.4g}'}"
+          for c, t in table["targets"].items()) + ".", ""]
     cols = results["columns"]
     lines += ["| method | pick | " + " | ".join(cols) + " |",
               "| --- | --- | " + " | ".join("---" for _ in cols) + " |"]
     for name, cells in table["cells"].items():
       m = tuned(results["methods"][name], variant)
-      lines.append(f"| {name} | {_point(m['pick'])}{'*' if m['edge'] else ''} | "
+      lines.append(f"| {name} | {_pick(m)} | "
                    + " | ".join(stats.show(cells[c]) for c in cols) + " |")
     lines.append("")
-  lines += ["## Tuning", ""]
+  lines += claims_lib.markdown(results) + ["## Tuning", ""]
   for name, entry in results["methods"].items():
     for where, m in (entry["variants"].items() if "variants" in entry else [("", entry)]):
       tried = "; ".join(f"{_point(t['point'])}: {_score(t, results['mode'])}"
@@ -73,8 +98,34 @@ def markdown(results: dict) -> str:
       ext = (f" (extended by {', '.join(_point(p) for p in m['extended'])})" if m["extended"]
              else "")
       lines.append(f"- {name}{' ' + where if where else ''}: {tried}{ext}; pick "
-                   f"{_point(m['pick'])}")
+                   f"{_pick(m)}")
   return "\n".join(lines) + "\n"
+
+
+def provenance_lines(results: dict) -> list[str]:
+  """The provenance in one line: this process's commit and jax, the commits of the runs
+  used (``run_commits``), and whether they are mixed; none for results without it."""
+  prov = results.get(provenance_lib.KEY)
+  if prov is None:
+    return []
+  runs = ", ".join(f"{c[:10] if c else 'none recorded'} ({n} run{'s' if n != 1 else ''})"
+                   for c, n in results.get("run_commits", {}).items())
+  line = (f"Provenance: written by commit {provenance_lib.short(prov)} (jax {prov.get('jax')});"
+          f" the runs used were made by commit {runs or '-'}.")
+  if results.get("mixed"):
+    line += (" **Mixed**: the runs come from more than one commit (trained with "
+             "--allow_mixed, or read from a mixed cache).")
+  return [line, ""]
+
+
+def trend_lines(results: dict) -> list[str]:
+  """A line naming ``trend.png`` and what it draws; none without a trend."""
+  spec = results.get("trend_spec")
+  if not spec:
+    return []
+  return [f"Trend (trend.png): {spec['column']} against the mean {spec['x']} of each variant's "
+          f"runs, one line per method, the sample std as error bars"
+          f"{', x on a log axis' if spec['log_x'] else ''}.", ""]
 
 
 def _score(t: dict, mode: str) -> str:

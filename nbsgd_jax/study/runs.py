@@ -1,7 +1,12 @@
 """A study's runs: each cached under ``OUT/runs/<key>/run.json`` (``key``: a hash of the run's
 whole config as JSON), the missing ones trained by the sweep's machinery
 (:func:`nbsgd_jax.run.sweep.train_runs`: runs of one structure, differing in hyperparameters
-and seeds only, share one program) with one progress bar over the study's runs."""
+and seeds only, share one program) with one progress bar over the study's runs.
+
+Each record carries the provenance of the code that trained it
+(:func:`nbsgd_jax.core.provenance.provenance`). The store refuses to train into a cache whose
+runs were made by another commit (:meth:`Store.check_commits`; a record without provenance
+counts as commit None) unless ``allow_mixed``; reading never needs it."""
 
 from __future__ import annotations
 
@@ -14,10 +19,17 @@ from typing import Optional
 import ml_collections
 from tqdm.auto import tqdm
 
+from nbsgd_jax import config as config_lib
 from nbsgd_jax.core import files as files_lib
 from nbsgd_jax.core import provenance as provenance_lib
 from nbsgd_jax.run import grid as grid_lib
 from nbsgd_jax.run import sweep as sweep_lib
+
+
+def commit_of(record: Optional[dict]) -> Optional[str]:
+  """The commit that trained a cached run (its provenance's ``"commit"``), or None: a record
+  made before provenance, or by code outside a git checkout."""
+  return (provenance_lib.of(record) or {}).get("commit")
 
 
 def run_key(cfg: ml_collections.ConfigDict) -> str:
@@ -33,13 +45,18 @@ class Store:
     root: the cache's directory.
     bar: the tqdm bar over the study's runs (its total grows as the study adds runs).
     trained: the keys trained by this process (``--redo`` retrains a run once).
+    allow_mixed: train into a cache of another commit's runs (``--allow_mixed``).
+    mixed: whether this process trained into a cache holding another commit's runs.
+    used: ``{key: commit}`` of every run read for the study (:func:`commit_of`).
   """
 
-  def __init__(self, root: str, progress: bool = True):
+  def __init__(self, root: str, progress: bool = True, allow_mixed: bool = False):
     self.root = root
     self.bar = tqdm(total=0, disable=not progress, desc="study", unit="run",
                     dynamic_ncols=True, mininterval=1.0)
     self.trained: set = set()
+    self.allow_mixed, self.mixed, self.used = allow_mixed, False, {}
+    self._checked = False
 
   def path(self, key: str) -> str:
     return os.path.join(self.root, key, "run.json")
@@ -61,6 +78,10 @@ class Store:
       per job its record: ``{"key", "label", "config", "summary" (without the history),
       "history", "diverged" (the error, or None), "seconds", "provenance" (the code that
       trained it: :func:`nbsgd_jax.core.provenance.provenance`)}``, or None.
+
+    Raises:
+      ConfigError: a run must train into a cache of another commit's runs and not
+        ``allow_mixed`` (:meth:`check_commits`), before anything trains.
     """
     keys = [run_key(cfg) for cfg, _, _ in jobs]
     todo: dict = {}
@@ -70,8 +91,45 @@ class Store:
         todo[key] = (cfg, label)
     self.bar.total += len(set(keys))
     self.bar.update(len(set(keys)) - len(todo))
+    if todo:
+      self.check_commits()
     self._train(todo)
-    return [self.read(key) for key in keys]
+    records = [self.read(key) for key in keys]
+    self.used.update((k, commit_of(r)) for k, r in zip(keys, records) if r)
+    return records
+
+  def cached_commits(self) -> dict:
+    """``{commit: number of runs}`` over every run in the cache (None: no provenance)."""
+    names = sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
+    out: dict = {}
+    for key in names:
+      if os.path.isfile(self.path(key)):
+        commit = commit_of(self.read(key))
+        out[commit] = out.get(commit, 0) + 1
+    return out
+
+  def check_commits(self) -> None:
+    """Before this process first trains: the cache's runs all made by this commit
+    (:func:`nbsgd_jax.core.provenance.git_commit`; a dirty tree at the same commit counts as
+    the same), or ``allow_mixed`` (then :attr:`mixed`).
+
+    Raises:
+      ConfigError: the cache holds runs of another commit and not ``allow_mixed`` (one line:
+        the cache, the commits found, ``--allow_mixed``).
+    """
+    if self._checked:
+      return
+    mine = provenance_lib.git_commit()
+    found = self.cached_commits()
+    others = [c for c in found if c != mine]
+    if others and not self.allow_mixed:
+      here = provenance_lib.short({"commit": mine, "dirty": provenance_lib.git_dirty()})
+      raise config_lib.ConfigError([
+          f"--allow_mixed=False is not allowed: the run cache {self.root} holds runs made by "
+          f"commit {', '.join(f'{_short(c)} ({_runs(found[c])})' for c in found)} and this code "
+          f"is commit {here if mine else None}; pass --allow_mixed to train new runs into it "
+          "anyway (results.json then says mixed), or use another --out"])
+    self.mixed, self._checked = bool(others), True
 
   def _train(self, todo: dict) -> None:
     """Train the runs ``todo`` (``{key: (cfg, label)}``), grouped by structure
@@ -105,3 +163,11 @@ class Store:
 
   def close(self) -> None:
     self.bar.close()
+
+
+def _short(commit: Optional[str]) -> str:
+  return commit[:10] if commit else "None"
+
+
+def _runs(n: int) -> str:
+  return f"{n} run{'s' if n != 1 else ''}"

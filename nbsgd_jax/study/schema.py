@@ -19,26 +19,34 @@ from typing import NamedTuple, Optional
 import ml_collections
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax.study import claims as claims_lib
+from nbsgd_jax.study import trend as trend_lib
 
-FIELDS = ("base", "methods", "variants", "tune", "seeds", "budget", "columns", "quick")
+FIELDS = ("base", "methods", "variants", "tune", "seeds", "budget", "columns", "quick",
+          "claims", "trend")
 METHOD_FIELDS = ("overrides", "grid")
 TUNE_FIELDS = ("seeds", "variant", "metric", "mode", "extend")
 QUICK_FIELDS = ("overrides", "seeds", "budget", "tune")
 BUDGETS = ("num_steps", "grads_per_worker")
 AXES = ("sim_time", "bytes_sent", "grads_per_worker", "step")  # x of "at equal" and "to"
-COLUMN_FORMS = ("'final METRIC'", "'METRIC at equal X'", "'X to METRIC <= TARGET'",
-                "'X to METRIC >= TARGET'")
+COLUMN_FORMS = ("'final METRIC'", "'METRIC at equal X'", "'METRIC gap to METHOD'",
+                "'X to METRIC <= TARGET'", "'X to METRIC >= TARGET'")
 _COLUMN = [("final", re.compile(r"^final (\w+)$")),
            ("equal", re.compile(r"^(\w+) at equal (\w+)$")),
-           ("to", re.compile(r"^(\w+) to (\w+) (<=|>=) ([-+0-9.eE]+)$"))]
+           ("gap", re.compile(r"^(\w+) gap to (\S+)$")),
+           ("to", re.compile(r"^(\w+) to (\w+) (<=|>=) (\S+)$"))]
+_NUMBER = re.compile(r"^[-+0-9.eE]+$")  # a target written as a number; otherwise a method
 DEFAULT_VARIANT = "default"
 EACH = "each"  # tune.variant: every variant tuned on its own (model sizes)
 
 
 class Column(NamedTuple):
   """One column of the results: ``kind`` "final" (``metric``'s final value), "equal"
-  (``metric`` at the largest ``x`` every reported run of the variant reaches) or "to" (``x``
-  when ``metric`` first reaches ``target``, ``op`` "<=" or ">=")."""
+  (``metric`` at the largest ``x`` every reported run of the variant reaches), "gap" (the
+  percentage gap of the final ``metric`` to the method ``ref``'s, paired by seed) or "to"
+  (``x`` when ``metric`` first reaches ``target``, ``op`` "<=" or ">="; with ``ref`` set and
+  ``target`` None, the target is the method ``ref``'s mean final ``metric`` on the
+  variant)."""
 
   text: str
   kind: str
@@ -46,6 +54,7 @@ class Column(NamedTuple):
   x: Optional[str] = None
   op: Optional[str] = None
   target: Optional[float] = None
+  ref: Optional[str] = None  # the reference method of "gap", or of a "to" target
 
 
 class Method(NamedTuple):
@@ -73,6 +82,8 @@ class Study(NamedTuple):
   columns: list
   late: dict  # --quick's config overrides, after the variant's
   quick: bool
+  claims: tuple = ()  # the papers' claims beside our values (nbsgd_jax.study.claims)
+  trend: Optional[dict] = None  # {"column", "x", "log_x"} (nbsgd_jax.study.trend)
 
 
 def load_file(path: str, function: str = "get_study"):
@@ -125,8 +136,10 @@ def _seeds(value, where: str, errs: list) -> tuple:
   return tuple(seeds)
 
 
-def parse_column(text, errs: list) -> Optional[Column]:
-  """A column's text (:data:`COLUMN_FORMS`) read, or None and a line in ``errs``."""
+def parse_column(text, errs: list, methods: Optional[list] = None) -> Optional[Column]:
+  """A column's text (:data:`COLUMN_FORMS`) read, or None and a line in ``errs``. A "to"
+  column's TARGET is a number (digits, sign, ".", "e") or a method's name (its mean final
+  METRIC); a METHOD not among ``methods`` (when given) is refused."""
   for kind, pattern in _COLUMN:
     m = pattern.match(str(text).strip()) if isinstance(text, str) else None
     if not m:
@@ -135,6 +148,14 @@ def parse_column(text, errs: list) -> Optional[Column]:
       return Column(text, kind, m.group(1))
     if kind == "equal" and m.group(2) in AXES:
       return Column(text, kind, m.group(1), m.group(2))
+    ref = m.group(2) if kind == "gap" else m.groups()[-1]  # the method, or a number
+    if kind == "gap" or (kind == "to" and m.group(1) in AXES and not _NUMBER.match(ref)):
+      if methods is not None and ref not in methods:
+        errs.append(f"study.columns entry {text!r} is not allowed: {ref!r} is not among the "
+                    f"study's methods ({', '.join(methods)})")
+        return None
+      return (Column(text, kind, m.group(1), ref=ref) if kind == "gap" else
+              Column(text, kind, m.group(2), m.group(1), m.group(3), ref=ref))
     if kind == "to" and m.group(1) in AXES:
       try:
         return Column(text, kind, m.group(2), m.group(1), m.group(3), float(m.group(4)))
@@ -255,11 +276,14 @@ def check(raw, path: str = "<study>", quick: bool = False) -> Study:
                 "tunes must not be reported")
   budget = _budget(raw.get("budget"), "study.budget", errs)
   columns = raw.get("columns") or [f"final {tune['metric']}"]
-  columns = [c for c in (parse_column(t, errs) for t in columns) if c]
+  columns = [c for c in (parse_column(t, errs, list(methods)) for t in columns) if c]
+  texts = [c.text for c in columns]
+  claims = claims_lib.check(raw.get("claims"), texts, list(methods), errs)
+  trend = trend_lib.check(raw.get("trend"), texts, errs)
   if errs:
     raise config_lib.ConfigError(errs)
   return Study(path, base, methods, variants, seeds=seeds, budget=budget, columns=columns,
-               late=late, quick=quick, **tune)
+               late=late, quick=quick, claims=claims, trend=trend, **tune)
 
 
 def only_variants(study: Study, names: Optional[list]) -> Study:

@@ -1,6 +1,7 @@
 """A study's numbers: the statistics over seeds, the tuning pick and the grid's extension at
-an edge, a value at equal bytes or time, and the time to a target (pure functions of numbers
-and evaluation histories; no training here)."""
+an edge, a value at equal bytes or time, the time to a target, and the percentage gap to a
+reference method paired by seed (pure functions of numbers and evaluation histories; no
+training here)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ from typing import Optional
 import numpy as np
 
 
-def summarize(values: dict, diverged=(), unfinished=()) -> dict:
+def summarize(values: dict, diverged=(), unfinished=(), unpaired=()) -> dict:
   """Mean and sample standard deviation (ddof 1) over seeds.
 
   Args:
     values: ``{seed: value}`` of the finished runs; a value None is a target not reached.
     diverged, unfinished: the seeds whose runs diverged or have not run (named, left out).
+    unpaired: the seeds of a gap to a reference (:func:`relative`) whose reference run has
+      no value on that seed (named, left out).
 
   Returns:
-    ``{"mean", "std", "n", "values", "not_reached", "diverged", "unfinished"}``: ``std`` None
-    with one seed (never 0), ``mean`` None with none; ``not_reached`` the seeds whose value is
-    None (then ``mean`` and ``std`` are None: a time to a target that a seed misses has no
-    mean).
+    ``{"mean", "std", "n", "values", "not_reached", "diverged", "unfinished", "unpaired"}``:
+    ``std`` None with one seed (never 0), ``mean`` None with none; ``not_reached`` the seeds
+    whose value is None (then ``mean`` and ``std`` are None: a time to a target that a seed
+    misses has no mean).
   """
   missed = [s for s, v in values.items() if v is None]
   got = np.array([v for v in values.values() if v is not None], np.float64)
@@ -29,14 +32,25 @@ def summarize(values: dict, diverged=(), unfinished=()) -> dict:
   return {"mean": float(got.mean()) if ok else None,
           "std": float(got.std(ddof=1)) if ok and got.size > 1 else None,
           "n": int(got.size), "values": dict(values), "not_reached": missed,
-          "diverged": list(diverged), "unfinished": list(unfinished)}
+          "diverged": list(diverged), "unfinished": list(unfinished),
+          "unpaired": list(unpaired)}
+
+
+def no_target(diverged=(), unfinished=()) -> dict:
+  """The summary of a time-to-target cell whose target (a reference method's mean final
+  value) does not exist, the reference having no finished run: :func:`summarize`'s fields
+  with no value and ``"no_target": True`` (shown "no target", never a number)."""
+  return {**summarize({}, diverged, unfinished), "no_target": True}
 
 
 def show(s: dict, fmt: str = "{:.4g}") -> str:
   """A summary as a table cell: ``0.1234 ± 0.0056 (3 seeds)``, ``0.1234 (1 seed)``, ``not
-  reached (2 of 3 seeds)``, ``—`` (no finished seed); diverged and unfinished seeds named."""
+  reached (2 of 3 seeds)``, ``no target`` (:func:`no_target`), ``—`` (no finished seed);
+  diverged, unfinished and unpaired seeds named."""
   finished = len(s["values"])
-  if s["not_reached"]:
+  if s.get("no_target"):
+    cell = "no target"
+  elif s["not_reached"]:
     cell = f"not reached ({len(s['not_reached'])} of {finished} seeds)"
   elif s["mean"] is None:
     cell = "—"
@@ -47,6 +61,8 @@ def show(s: dict, fmt: str = "{:.4g}") -> str:
   for word in ("diverged", "unfinished"):
     if s[word]:
       cell += f"; {word}: seed {', '.join(map(str, s[word]))}"
+  if s.get("unpaired"):
+    cell += f"; no reference: seed {', '.join(map(str, s['unpaired']))}"
   return cell
 
 
@@ -144,3 +160,33 @@ def common_x(histories: list, x: str) -> Optional[float]:
   time: compare each run there); None with no history."""
   ends = [h[-1][x] for h in histories if h and h[-1].get(x) is not None]
   return float(min(ends)) if ends else None
+
+
+def relative(values: dict, reference: dict) -> tuple[dict, list]:
+  """The percentage gap of a method to a reference method, paired by seed (Charles et al.
+  2025, arXiv 2503.09799: "percentage difference in evaluation loss relative to
+  data-parallel").
+
+  Args:
+    values: ``{seed: the method's final value}`` of its finished runs (None: no value).
+    reference: ``{seed: the reference's final value}`` of its finished runs.
+
+  Returns:
+    ``({seed: 100 * (value / reference - 1)}`` (percent) over the seeds where both have a
+    finite value and the reference's is not 0, ``[the method's other seeds]`` (unpaired)).
+  """
+  out, unpaired = {}, []
+  for seed, v in values.items():
+    r = reference.get(seed)
+    if v is None or r is None or r == 0 or not (math.isfinite(v) and math.isfinite(r)):
+      unpaired.append(seed)
+    else:
+      out[seed] = 100.0 * (v / r - 1.0)
+  return out, unpaired
+
+
+def mean_of(values) -> Optional[float]:
+  """The mean of the values that are not None, or None when there is none (a reference
+  target: the reference method's mean final value over its finished seeds)."""
+  got = [v for v in values if v is not None]
+  return float(np.mean(got)) if got else None

@@ -66,6 +66,7 @@ def test_only_trains_the_methods_it_names_and_names_the_others_unfinished(tmp_pa
   assert res["methods"]["dpsgd"]["runs"]["default"][0]["status"] == "unfinished"
   cell = res["variants"]["default"]["cells"]["allreduce"]["final gap"]
   assert cell["std"] is None and cell["n"] == 1  # one seed: no standard deviation
+  assert "| dpsgd | none (not run) |" in output.markdown(res)  # not "all diverged"
 
 
 @pytest.mark.slow

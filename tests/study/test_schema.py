@@ -24,7 +24,7 @@ def _errors(**fields):
 
 @pytest.mark.parametrize("fields,line", [
     ({"colour": "red"}, "study.colour='red' is not allowed: study has the fields base, methods, "
-     "variants, tune, seeds, budget, columns, quick"),
+     "variants, tune, seeds, budget, columns, quick, claims, trend"),
     ({"methods": {"dpsgd": {"overrides": {"algorithm": "dpsgd"}}}},
      "study.methods.dpsgd.grid=None is not allowed: a method needs a tuning grid {key: "
      "[values]} with at least one key"),
@@ -33,9 +33,9 @@ def _errors(**fields):
     ({"budget": {"num_steps": 0}}, "study.budget={'num_steps': 0} is not allowed: it must be "
      "one of {'num_steps': N}, {'grads_per_worker': N} with N a positive integer"),
     ({"columns": ["gap at equal wall_time"]}, "study.columns entry 'gap at equal wall_time' is "
-     "not allowed: a column is one of 'final METRIC', 'METRIC at equal X', 'X to METRIC <= "
-     "TARGET', 'X to METRIC >= TARGET', with X one of sim_time, bytes_sent, grads_per_worker, "
-     "step"),
+     "not allowed: a column is one of 'final METRIC', 'METRIC at equal X', 'METRIC gap to "
+     "METHOD', 'X to METRIC <= TARGET', 'X to METRIC >= TARGET', with X one of sim_time, "
+     "bytes_sent, grads_per_worker, step"),
     ({"tune": {"seeds": 9, "variant": "slow"}}, "study.tune.variant='slow' is not allowed: it "
      "must be one of the variants 'default', or 'each' (each variant tuned on its own)"),
     ({"variants": {"top_k": {"compression": {"name": "top_k"}}}},
