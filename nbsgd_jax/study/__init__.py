@@ -68,7 +68,9 @@ section (``{"easgd": {"local_steps": 4}}``: a ConfigDict refuses dots in names) 
 Each cell is the mean and the sample standard deviation (ddof 1) over the finished seeds; one
 seed gives its value and says "1 seed"; diverged and unfinished seeds are named, never
 averaged. Runs are cached under ``OUT/runs/<key>/run.json`` (``key``: a hash of the run's
-whole config as JSON), so the same command resumes and skips what has run; the runs of one
+whole config as JSON; a run cached before a key was added, or under a key's old name, is found
+by the resume rule, :func:`nbsgd_jax.run.records.config_diff`), so the same command resumes
+and skips what has run; the runs of one
 structure (those differing in hyperparameters and seeds only) share a compiled program
 (:func:`nbsgd_jax.run.sweep.train_runs`).
 

@@ -1,5 +1,7 @@
 """A study's runs: each cached under ``OUT/runs/<key>/run.json`` (``key``: a hash of the run's
-whole config as JSON), the missing ones trained by the sweep's machinery
+whole config as JSON; a run cached under another key whose stored config is this run's by the
+resume rule, :func:`nbsgd_jax.run.records.config_diff`, is this run: one made before a key
+existed, at its default, or under a key's old name), the missing ones trained by the sweep's machinery
 (:func:`nbsgd_jax.run.sweep.train_runs`: runs of one structure, differing in hyperparameters
 and seeds only, share one program) with one progress bar over the study's runs.
 
@@ -23,6 +25,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax.core import files as files_lib
 from nbsgd_jax.core import provenance as provenance_lib
 from nbsgd_jax.run import grid as grid_lib
+from nbsgd_jax.run import records as records_lib
 from nbsgd_jax.run import sweep as sweep_lib
 
 
@@ -57,9 +60,11 @@ class Store:
     self.trained: set = set()
     self.allow_mixed, self.mixed, self.used = allow_mixed, False, {}
     self._checked = False
+    self.aliases: dict = {}  # key -> the key its run is cached under (:meth:`find`)
+    self._stored: Optional[list] = None
 
   def path(self, key: str) -> str:
-    return os.path.join(self.root, key, "run.json")
+    return os.path.join(self.root, self.aliases.get(key, key), "run.json")
 
   def read(self, key: str) -> Optional[dict]:
     """The cached run ``key``, or None."""
@@ -68,6 +73,22 @@ class Store:
         return json.load(f)
     except FileNotFoundError:
       return None
+
+  def find(self, key: str, cfg: ml_collections.ConfigDict) -> None:
+    """Where run ``key`` is not cached under its key, look for a cached run whose stored
+    config is ``cfg`` by the resume rule (:func:`nbsgd_jax.run.records.config_diff`: a key
+    added since, at its default, or renamed, is the same) and read ``key`` from it."""
+    if key in self.aliases or os.path.isfile(self.path(key)):
+      return
+    if self._stored is None:
+      names = sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
+      self._stored = [(n, r["config"]) for n in names for r in [self.read(n)] if r]
+    cheap = ("algorithm", "seed", "learning_rate", "num_steps")  # most candidates fail here
+    for name, stored in self._stored:
+      if all(stored.get(k) == cfg.get(k) for k in cheap) and not records_lib.config_diff(
+          stored, cfg):
+        self.aliases[key] = name
+        return
 
   def get(self, jobs: list) -> list[Optional[dict]]:
     """The runs of ``jobs``, each ``(cfg, label, mode)``: ``mode`` "train" (read from the
@@ -86,6 +107,7 @@ class Store:
     keys = [run_key(cfg) for cfg, _, _ in jobs]
     todo: dict = {}
     for key, (cfg, label, mode) in zip(keys, jobs):
+      self.find(key, cfg)
       fresh = mode == "redo" and key not in self.trained
       if mode != "cached" and key not in todo and (fresh or self.read(key) is None):
         todo[key] = (cfg, label)

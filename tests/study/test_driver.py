@@ -102,3 +102,27 @@ def test_each_variant_is_tuned_on_its_own_and_reported_at_its_own_pick(tmp_path,
                                                   + [(0.8, 0), (0.05, 0)])
   md = output.markdown(res)
   assert "each variant on its own" in md and "- allreduce steep:" in md
+
+
+def test_a_run_cached_before_a_key_existed_is_found_and_a_changed_value_is_not(tmp_path,
+                                                                             monkeypatch):
+  """The cache key hashes the whole config, so a key added to the defaults changes every key;
+  a cached run whose stored config lacks that key (at its default) is still this run (the
+  resume rule, records.config_diff), while one whose stored value differs is trained again."""
+  trained = _counting(monkeypatch)
+  study = schema.check({**TINY, "seeds": [0]})
+  first = driver.run(study, str(tmp_path), progress=False)
+  for i, name in enumerate(sorted(os.listdir(tmp_path / "runs"))):
+    path = tmp_path / "runs" / name / "run.json"
+    rec = json.loads(path.read_text())
+    del rec["config"]["stop_sim_time"]  # as if written before the key existed
+    if i == 0:
+      rec["config"]["eval_every"] = 7  # as if the default had been another value
+      changed = (rec["config"]["algorithm"], rec["config"]["learning_rate"],
+                 rec["config"]["seed"])
+    path.write_text(json.dumps(rec))
+    os.rename(tmp_path / "runs" / name, tmp_path / "runs" / f"old{i}")
+  trained.clear()
+  again = driver.run(study, str(tmp_path), progress=False)
+  assert trained == [changed]
+  assert again["variants"] == first["variants"]
