@@ -49,6 +49,44 @@ def load_script(name):
   return load_module("experiments", f"{name}.py")
 
 
+class _Parsed(Exception):
+  pass
+
+
+def script_args(script, recorded: dict, **fixed):
+  """The ``argparse.Namespace`` an experiments script (``load_script``'s module) ran with:
+  its parser's defaults (read by running its ``main()`` up to ``parse_args``), then the
+  record's ``recorded`` arguments, then ``fixed``."""
+  import argparse
+  from unittest import mock
+
+  def grab(parser, *args, **kw):
+    raise _Parsed(parser)
+  with mock.patch.object(argparse.ArgumentParser, "parse_args", grab):
+    try:
+      script.main()
+    except _Parsed as e:
+      parser = e.args[0]
+  defaults = {a.dest: a.default for a in parser._actions if a.dest != "help"}
+  return argparse.Namespace(**{**defaults, **recorded, **fixed})
+
+
+def stored_config(stored: dict):
+  """A stored config (``config.json``, a study's ``run.json`` ``config``) as a ConfigDict:
+  today's defaults overridden by every stored key (an old name under its new one, lists as
+  the config's tuples; a key added since keeps its default). Raises ConfigError for a key
+  today's config lacks."""
+  from nbsgd_jax.config import renamed
+  from nbsgd_jax.core import provenance
+  flat = config_lib.flatten_dict(renamed.upgrade(provenance.config_of(stored)))
+  cfg = config_lib.default_config()
+  defaults = config_lib.flatten_dict(cfg.to_dict())
+  return config_lib.override(cfg, {
+      k: tuple(tuple(x) if isinstance(x, list) else x for x in v)
+      if isinstance(v, list) and isinstance(defaults.get(k), tuple) else v
+      for k, v in flat.items()})
+
+
 def experiment_config(name, module_name=None):
   """``experiments/configs/NAME.py``'s ``get_config()``: a fresh ConfigDict (the file loaded
   as a module named ``module_name``, default ``NAME``)."""

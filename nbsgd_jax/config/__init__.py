@@ -165,7 +165,8 @@ def check_top_level(cfg, errs: list) -> None:
   checks.choice(cfg, errs, "budget_unit", BUDGET_UNITS)
   for key, lo in (("num_steps", 0), ("eval_every", 1),
                   ("eval_train_examples", 1), ("eval_test_examples", 0),
-                  ("validation_examples", 0), ("eval_worker_examples", 0), ("seed", 0)):
+                  ("validation_examples", 0), ("eval_worker_examples", 0), ("seed", 0),
+                  ("stop_step", 0)):
     checks.integer(cfg, errs, key, lo)
   for key in ("weight_decay", "grad_clip", "stop_sim_time", "stop_train_loss"):
     checks.number(cfg, errs, key, 0)

@@ -119,6 +119,9 @@ def _training_defaults() -> ml_collections.ConfigDict:
                                  # num_steps (equal-time budgets; 0: off)
   c.stop_train_loss = 0.0        # stop at the first evaluation with train_loss <= this, before
                                  # num_steps (time to a target loss; 0: off)
+  c.stop_step = 0                # steps: stop at the first evaluation with step >= this, before
+                                 # num_steps (a prefix of the run: the schedule still sees
+                                 # num_steps; 0: off)
   c.steps_per_dispatch = 0       # k: training steps per compiled dispatch (lax.scan over the
                                  # steps between evaluations whose host inputs are known in
                                  # advance; hooks run before each dispatch; clock=wall: 1);

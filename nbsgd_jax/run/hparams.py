@@ -28,8 +28,8 @@ from nbsgd_jax import recipes
 TOP_LEVEL = optim.HPARAM_KEYS + ("seed",)
 # top-level keys the compiled step never reads (the loop's, the records', the host's)
 HOST_KEYS = ("progress", "eval_every", "checkpoint_every", "tensorboard", "stop_sim_time",
-             "stop_train_loss", "overwrite", "data_cache", "compilation_cache", "sweep",
-             "sweep_runs", "init_from", "budget_unit")
+             "stop_train_loss", "stop_step", "overwrite", "data_cache", "compilation_cache",
+             "sweep", "sweep_runs", "init_from", "budget_unit")
 
 
 def _sections() -> dict:

@@ -72,8 +72,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: Optional[str] = None,
   (communication rounds so far) and, for decentralized recipes, ``worker_test_accuracy``),
   ``workdir/steps.jsonl`` (per step, with consensus control or ``consensus.log_every_step``)
   and ``workdir/summary.json`` (with ``periods`` for periodic recipes, ``steps`` taken and
-  ``stopped``: ``"sim_time"`` / ``"train_loss"`` where ``cfg.stop_sim_time`` /
-  ``cfg.stop_train_loss`` ended training at an evaluation before ``num_steps``, else None).
+  ``stopped``: ``"sim_time"`` / ``"train_loss"`` / ``"step"`` where ``cfg.stop_sim_time`` /
+  ``cfg.stop_train_loss`` / ``cfg.stop_step`` ended training at an evaluation before
+  ``num_steps``, else None).
   ``wall_time`` counts the training steps (compilation included), not evaluation, hooks or
   host measurements; ``summary.json``'s ``run_seconds`` the whole ``train()`` of this process
   (set-up, compilation, steps, evaluations, checkpoints). A config that differs from an earlier run of this process only in its
@@ -340,11 +341,14 @@ def _evaluate(stepper: Stepper, evaluating: list, done: int) -> Optional[dict]:
 def stop_reason(cfg, rec: dict) -> Optional[str]:
   """Why training stops after the evaluation ``rec`` before ``num_steps``: ``"sim_time"``
   (``rec["sim_time"] >= cfg.stop_sim_time`` s), ``"train_loss"`` (``rec["train_loss"] <=
-  cfg.stop_train_loss``), or None (go on; a knob at 0 is off)."""
+  cfg.stop_train_loss``), ``"step"`` (``rec["step"] >= cfg.stop_step``: a prefix of the
+  run), or None (go on; a knob at 0 is off)."""
   if cfg.stop_sim_time > 0 and rec["sim_time"] >= cfg.stop_sim_time:
     return "sim_time"
   if cfg.stop_train_loss > 0 and rec["train_loss"] <= cfg.stop_train_loss:
     return "train_loss"
+  if cfg.stop_step > 0 and rec["step"] >= cfg.stop_step:
+    return "step"
   return None
 
 

@@ -37,7 +37,7 @@ class Run:
   Attributes:
     s, host, records: the run's set-up, :class:`~nbsgd_jax.host.Host` and records.
     stopped: why the run stopped before its last step (:attr:`num_steps`: ``"sim_time"``,
-      ``"train_loss"``, ``"diverged"``), None while it runs.
+      ``"train_loss"``, ``"step"``, ``"diverged"``), None while it runs.
     done: the steps it has taken (frozen when it stopped).
     rec: its last evaluation record.
   """

@@ -11,7 +11,8 @@ from nbsgd_jax import recipes, topology, train
 from nbsgd_jax.core import metrics
 from tests.helpers import slow_except
 
-from tests.helpers import assert_histories_close, logreg_grads_numpy, run_steps, small_cfg
+from tests.helpers import (assert_histories_close, least_squares_cfg, logreg_grads_numpy,
+                           run_steps, small_cfg)
 
 
 # ------------------------------------------------------------------ sampler
@@ -232,3 +233,20 @@ def test_stop_knobs_end_training_where_the_full_run_crosses_them():
     assert got["steps"] == want < 20 and got["stopped"] == field, (key, got["steps"], want)
     chex.assert_trees_all_close([h[field] for h in got["history"]],
                                 [h[field] for h in hist if h["step"] <= want], rtol=1e-6)
+
+
+def test_stop_step_is_a_prefix_of_the_full_run():
+  """``stop_step`` ends the run at its first evaluation with step >= it: the same run cut
+  short (the cosine schedule still decays over ``num_steps``), every evaluated value up to
+  there the full run's (least squares, AD-PSGD on a ring of 4 unequal workers)."""
+  kw = dict(n=4, m=4, dim=6, lr=0.05, momentum=0.9, weight_decay=1e-3,
+            slowdown=(1.0, 1.37, 2.13, 2.93), time_per_example=1e-3, latency=1e-4,
+            bandwidth=2000.0, num_steps=12, eval_every=3, lr_schedule="cosine")
+  full = train.train(least_squares_cfg(**kw))
+  cut = train.train(least_squares_cfg(**kw, stop_step=5))
+  assert full["stopped"] is None and (cut["steps"], cut["stopped"]) == (6, "step")
+  keys = ("step", "events", "sim_time", "train_loss", "gap", "bytes_sent", "consensus_distance")
+  prefix = [h for h in full["history"] if h["step"] <= 6]
+  assert [h["step"] for h in cut["history"]] == [0, 3, 6]
+  chex.assert_trees_all_close([[h[k] for k in keys] for h in cut["history"]],
+                              [[h[k] for k in keys] for h in prefix], rtol=1e-6)

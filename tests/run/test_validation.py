@@ -288,7 +288,7 @@ CASES = [
     bad("problem.full_batch", "yes"), bad("problem.heterogeneity", -1.0),
     bad("problem.l2", -1.0), bad("problem.noise", -1.0), bad("problem.seed", -1),
     bad("problem.shards", -1), bad("steps_per_dispatch", -1), bad("stop_sim_time", -1.0),
-    bad("stop_train_loss", -1.0), bad("topology_cols", -1), bad("topology_seed", -1),
+    bad("stop_train_loss", -1.0), bad("stop_step", -1), bad("stop_step", 2.5), bad("topology_cols", -1), bad("topology_seed", -1),
     bad("weight_decay_on", "biases"),
     cross({"algorithm": "diloco", "num_steps": 20}, "config.diloco.local_steps=50 is not "
           "allowed with config.num_steps=20: the run would end before its first communication",
