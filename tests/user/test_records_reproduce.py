@@ -345,11 +345,8 @@ _run_dir_case("accuracy_runs/mlp16_dpsgd", tier="long", moved=(
 _run_dir_case("accuracy_runs/mlp16_matcha", tier="long", moved=(
     "step 500: worker_test_accuracy 0.9569998383522034 -> 0.9599999785423279, the rest "
     "equal: the whole test split then, a sample since 3b98e57 (as accuracy_runs/mlp8_dpsgd)"))
-_run_dir_case("main_job", moved=(
-    "step 100: train_loss 0.0962127223610878 -> 0.09547515213489532, test_accuracy 0.9595 -> "
-    "0.9590, consensus_distance 0.34428 -> 0.34535: its own commit ab6d2f1 gives today's "
-    "values bit for bit on this machine: the float rounding of the machine or process that "
-    "recorded it (a CNN), not a code change"))
+_run_dir_case("main_job")  # re-recorded 2026-12-08 (ef1e1f7): the record before, made
+# at ab6d2f1, differed from that commit's own values here (train_loss 0.0962127 at step 100)
 _run_dir_case("accuracy_runs/mlp8_dpsgd", moved=(
     "step 300: worker_test_accuracy 0.9549999833106995 -> 0.9679999947547913, the rest "
     "equal: recorded (3b5dca8) before 3b98e57 made each worker's accuracy a sample of the "
