@@ -4,7 +4,8 @@
 
 ``trend = {"column": one of the study's columns, "x": a numeric field of each run's summary
 (``record["summary"]``, :mod:`nbsgd_jax.study.runs`: ``model_params``, ...), "log_x": a log x
-axis (default None: when the x values span more than a decade)}``. Per method and variant the
+axis (default None: when the x values span more than a decade), "reference": a paper's
+prediction drawn beside ours, ``{"label": its source, "points": [[x, y], ...]}`` (optional)}``. Per method and variant the
 point is ``[x, mean, std, n]``: x the mean of the field over the variant's reported runs (every
 method's, diverged ones included: the same x for every method), then the column's cell (mean,
 sample standard deviation or None for one seed, seeds); ``OUT/trend.png`` draws one line per
@@ -20,7 +21,7 @@ import numpy as np
 
 from nbsgd_jax.core import files as files_lib
 
-FIELDS = ("column", "x", "log_x")
+FIELDS = ("column", "x", "log_x", "reference")
 
 
 def check(raw, columns: list, errs: list) -> Optional[dict]:
@@ -53,8 +54,27 @@ def check(raw, columns: list, errs: list) -> Optional[dict]:
   if raw.get("log_x") not in (None, True, False):
     errs.append(f"study.trend.log_x={raw['log_x']!r} is not allowed: it must be True, False or "
                 "None (a log axis when x spans more than a decade)")
+  ref = _reference(raw.get("reference"), errs)
   return None if len(errs) > n else {"column": raw["column"], "x": raw["x"],
-                                     "log_x": raw.get("log_x")}
+                                     "log_x": raw.get("log_x"), "reference": ref}
+
+
+def _reference(ref, errs: list) -> Optional[dict]:
+  """``trend.reference`` checked: None, or ``{"label": a text, "points": [[x, y], ...]}``
+  (at least two finite pairs)."""
+  if ref is None:
+    return None
+  pts = ref.get("points") if isinstance(ref, dict) else None
+  good = (isinstance(ref, dict) and set(ref) == {"label", "points"}
+          and isinstance(ref["label"], str) and ref["label"].strip()
+          and isinstance(pts, (list, tuple)) and len(pts) >= 2
+          and all(isinstance(p, (list, tuple)) and len(p) == 2
+                  and all(_number(v) is not None for v in p) for p in pts))
+  if not good:
+    errs.append(f"study.trend.reference={ref!r} is not allowed: it must be {{'label': a text, "
+                "'points': [[x, y], ...]} with at least two pairs of finite numbers")
+    return None
+  return {"label": ref["label"], "points": [[float(x), float(y)] for x, y in pts]}
 
 
 def _number(value) -> Optional[float]:
@@ -93,10 +113,11 @@ def points(spec: dict, reported: dict, tables: dict) -> dict:
 
 def log_axis(spec: dict, pts: dict) -> bool:
   """Whether x is drawn on a log axis: ``spec["log_x"]`` when set, else whether the positive
-  x values span more than a decade."""
+  x values (ours and the reference's) span more than a decade."""
   if spec.get("log_x") is not None:
     return bool(spec["log_x"])
   xs = [p[0] for line in pts.values() for p in line if p[0] is not None and p[0] > 0]
+  xs += [p[0] for p in (spec.get("reference") or {}).get("points", []) if p[0] > 0]
   return bool(xs) and max(xs) / min(xs) > 10
 
 
@@ -118,6 +139,9 @@ def plot(pts: dict, spec: dict, title: str, path: str) -> None:
     if bars:
       ax.errorbar([p[0] for p in bars], [p[1] for p in bars], yerr=[p[2] for p in bars],
                   fmt="none", ecolor=f"C{i}", capsize=3)
+  ref = spec.get("reference")
+  if ref:
+    ax.plot(*zip(*ref["points"]), "k--", lw=1, label=ref["label"])
   ax.set_xscale("log" if log_axis(spec, pts) else "linear")
   ax.set_xlabel(spec["x"])
   ax.set_ylabel(spec["column"])

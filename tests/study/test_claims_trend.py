@@ -46,14 +46,17 @@ def test_bad_claims_are_one_line_each():
 
 
 def test_bad_trends_are_one_line_each():
-  assert _errors(trend={"column": "final loss", "x": 3, "log_x": "yes", "y": 1}) == [
-      "study.trend.y=1 is not allowed: trend has the fields column, x, log_x",
+  assert _errors(trend={"column": "final loss", "x": 3, "log_x": "yes", "y": 1,
+                        "reference": {"label": "paper", "points": [[1, 2]]}}) == [
+      "study.trend.y=1 is not allowed: trend has the fields column, x, log_x, reference",
       "study.trend.column='final loss' is not allowed: it must be one of the study's columns "
       "'final gap', 'gap gap to ref'",
       "study.trend.x=3 is not allowed: it must name a numeric field of each run's summary "
       "(model_params, ...)",
       "study.trend.log_x='yes' is not allowed: it must be True, False or None (a log axis when "
-      "x spans more than a decade)"]
+      "x spans more than a decade)",
+      "study.trend.reference={'label': 'paper', 'points': [[1, 2]]} is not allowed: it must be "
+      "{'label': a text, 'points': [[x, y], ...]} with at least two pairs of finite numbers"]
 
 
 def _run(final, params, diverged=None):
@@ -90,7 +93,8 @@ def test_a_trained_trend_reads_model_params_and_writes_trend_png(tmp_path):
   raw = {**STUDY, "methods": {"ref": STUDY["methods"]["ref"]}, "columns": ["final gap"],
          "variants": {"d3": {}, "d40": {"problem": {"dim": 40}}}, "seeds": [0],
          "claims": [{**CLAIM, "column": "final gap", "methods": ["ref"]}],
-         "trend": {"column": "final gap", "x": "model_params"}}
+         "trend": {"column": "final gap", "x": "model_params",
+                   "reference": {"label": "a paper", "points": [[10, 1.0], [1000, 0.5]]}}}
   res = driver.run(schema.check(raw), str(tmp_path), progress=False)
   xs = [p[0] for p in res["trend"]["ref"]]
   assert 0 < xs[0] < xs[1] and res["trend_spec"]["log_x"] == (xs[1] / xs[0] > 10)
