@@ -78,6 +78,21 @@ def string(cfg, errs: Errors, key: str) -> bool:
   return typed(cfg, errs, key, str, "it must be a string")
 
 
+def record_fields(value: Any, allowed: Sequence[str], where: str, name: str,
+                  errs: Errors) -> bool:
+  """A field of a file that is a dict of named fields (a study's claim, its trend): whether
+  ``value`` is a dict; lines in ``errs``: ``WHERE=VALUE is not allowed: NAME is a dict with
+  the fields A, B`` when it is not, ``WHERE.KEY=VALUE is not allowed: NAME has the fields A,
+  B`` for each key not in ``allowed``."""
+  if not isinstance(value, dict):
+    errs.append(f"{where}={value!r} is not allowed: {name} is a dict with the fields "
+                f"{', '.join(allowed)}")
+    return False
+  errs.extend(f"{where}.{k}={value[k]!r} is not allowed: {name} has the fields "
+              f"{', '.join(allowed)}" for k in value if k not in allowed)
+  return True
+
+
 def index_at_least(name: str, value: Any, low: int) -> int:
   """``value`` as a Python int (any integer type, not a bool) that is ``>= low``.
 

@@ -10,6 +10,7 @@ methods on each variant (mean ± sample standard deviation, seeds), then the sup
 
 from __future__ import annotations
 
+from nbsgd_jax.core import checks
 from nbsgd_jax.study import stats
 
 FIELDS = ("source", "quote", "column", "methods", "supports")
@@ -20,13 +21,9 @@ TEXTS = {"source": "the paper: authors, year, arXiv id, table or equation",
 def _claim(i: int, claim, columns: list, methods: list, errs: list):
   """One claim checked: the claim as a plain dict, or None and lines in ``errs``."""
   where = f"study.claims[{i}]"
-  if not isinstance(claim, dict):
-    errs.append(f"{where}={claim!r} is not allowed: a claim is a dict with the fields "
-                f"{', '.join(FIELDS)}")
-    return None
   n = len(errs)
-  errs.extend(f"{where}.{k}={claim[k]!r} is not allowed: a claim has the fields "
-              f"{', '.join(FIELDS)}" for k in claim if k not in FIELDS)
+  if not checks.record_fields(claim, FIELDS, where, "a claim", errs):
+    return None
   for key, what in TEXTS.items():
     if not isinstance(claim.get(key), str) or not claim[key].strip():
       errs.append(f"{where}.{key}={claim.get(key)!r} is not allowed: it must be a non-empty "

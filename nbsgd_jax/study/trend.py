@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 
+from nbsgd_jax.core import checks
 from nbsgd_jax.core import files as files_lib
 
 FIELDS = ("column", "x", "log_x", "reference")
@@ -38,13 +39,9 @@ def check(raw, columns: list, errs: list) -> Optional[dict]:
   """
   if raw is None:
     return None
-  if not isinstance(raw, dict):
-    errs.append(f"study.trend={raw!r} is not allowed: it must be a dict with the fields "
-                f"{', '.join(FIELDS)}")
-    return None
   n = len(errs)
-  errs.extend(f"study.trend.{k}={raw[k]!r} is not allowed: trend has the fields "
-              f"{', '.join(FIELDS)}" for k in raw if k not in FIELDS)
+  if not checks.record_fields(raw, FIELDS, "study.trend", "trend", errs):
+    return None
   if raw.get("column") not in columns:
     errs.append(f"study.trend.column={raw.get('column')!r} is not allowed: it must be one of "
                 f"the study's columns {', '.join(map(repr, columns))}")
