@@ -11,7 +11,9 @@ mean +- sample standard deviation (``ddof=1``) over the cell's finished seeds of
 and best values of each run (:data:`COLUMNS`); a cell with one finished seed shows its value
 alone (no spread is measured: no std is shown). A run that diverged (``"stopped":
 "diverged"``) or has no ``summary.json`` (in progress, or crashed) is listed and left out of
-the statistics.
+the statistics. ``report.md`` also says which code made the runs: the commit and JAX version
+of each run's provenance (:mod:`nbsgd_jax.core.provenance`, ``summary.json``'s, else
+``config.json``'s), with a count per commit when they differ.
 
 ``OUT`` (default ``SWEEP_DIR/report``) receives ``report.md`` and
 ``loss_accuracy_vs_{sim_time,step}.png``: training loss (log scale) and test accuracy, one
@@ -34,11 +36,14 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 
 from nbsgd_jax.core import files as files_lib
+from nbsgd_jax.core import provenance as provenance_lib
 
 INDEX = "sweep.json"
 SEED = "seed"  # the axis averaged over
 DEFAULT_OUT = "report"  # OUT under the sweep directory
 ALL_RUNS = "(all runs)"  # the cell of a grid whose only axis is the seed
+NO_PROVENANCE = "no provenance (recorded before it existed)"
+MIXED = "mixed: the runs were made by different code"
 CURVES = (("train_loss", "training loss (averaged model)"), ("test_accuracy", "test accuracy"))
 X_AXES = (("sim_time", "simulated time (s)"), ("step", "step"))
 
@@ -96,6 +101,8 @@ class Cell(NamedTuple):
     stats: ``{Column.name: Stat}``, None where a finished seed lacks the value or none
       finished.
     curves: ``{metrics key: Curve}`` of :data:`CURVES`, for those the seeds have.
+    made_by: the provenance (dict, or None: recorded before it existed) of each run that has
+      a directory, in grid order (:func:`made_by`).
   """
   name: str
   overrides: dict
@@ -104,6 +111,7 @@ class Cell(NamedTuple):
   left_out: tuple
   stats: dict
   curves: dict
+  made_by: tuple = ()
 
 
 # ----------------------------------------------------------------------------- reading
@@ -165,6 +173,21 @@ def read_run(path: str) -> tuple[list, Optional[dict], Optional[str]]:
   if summary.get("stopped") == "diverged":
     return records, summary, f"diverged (last good evaluation at step {summary.get('step')})"
   return records, summary, None
+
+
+def made_by(path: str, summary: Optional[dict]) -> Optional[dict]:
+  """What produced the run directory ``path`` (``summary``: its ``summary.json`` or None):
+  ``summary.json``'s provenance (the process that finished it), else ``config.json``'s (the
+  one that started it), as :func:`nbsgd_jax.report.load_run`; None for a run recorded before
+  provenance existed (or an unreadable ``config.json``)."""
+  found = provenance_lib.of(summary)
+  if found is not None:
+    return found
+  try:
+    with open(os.path.join(path, "config.json")) as f:
+      return provenance_lib.of(json.load(f))
+  except (OSError, ValueError):
+    return None
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -232,9 +255,12 @@ def cells(sweep_dir: str, index: Optional[Index] = None) -> list[Cell]:
 
 
 def _cell(sweep_dir: str, over: dict, names: list) -> Cell:
-  used, left_out, values, seeds = [], [], [], []
+  used, left_out, values, seeds, provs = [], [], [], [], []
   for name in names:
-    records, summary, why = read_run(os.path.join(sweep_dir, name))
+    path = os.path.join(sweep_dir, name)
+    records, summary, why = read_run(path)
+    if os.path.isdir(path):  # a run not started yet was made by no code
+      provs.append(made_by(path, summary))
     if why is not None:
       left_out.append((name, why))
       continue
@@ -247,7 +273,7 @@ def _cell(sweep_dir: str, over: dict, names: list) -> Cell:
     stats[col.name] = stat(per_seed) if per_seed and None not in per_seed else None
   curves = {key: c for key, _ in CURVES for c in [curve(seeds, key)] if c is not None}
   return Cell(_cell_name(over), over, tuple(names), tuple(used), tuple(left_out), stats,
-              curves)
+              curves, tuple(provs))
 
 
 # ----------------------------------------------------------------------------- figures
@@ -300,18 +326,46 @@ def _seeds(cell: Cell) -> str:
   return out + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def _code(prov: Optional[dict]) -> str:
+  if prov is None:
+    return NO_PROVENANCE
+  commit = provenance_lib.short(prov)
+  made = f"commit {commit}" if commit != "-" else "no commit (not a git checkout)"
+  return f"{made} (jax {prov.get('jax') or '-'})"
+
+
+def provenance_line(grid: Sequence[Cell]) -> Optional[str]:
+  """Which code made the sweep's runs (:attr:`Cell.made_by`): ``"Provenance: the runs were
+  made by commit C (jax V) (N runs)"``; several commits or JAX versions: :data:`MIXED`, then
+  each with its count (most runs first); runs without provenance counted as
+  :data:`NO_PROVENANCE`. None when no run has a directory yet."""
+  counts: dict = {}
+  for code in (_code(p) for c in grid for p in c.made_by):
+    counts[code] = counts.get(code, 0) + 1
+  if not counts:
+    return None
+  parts = [f"{code} ({n} run{'s' * (n != 1)})"
+           for code, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+  mixed = len([code for code in counts if code != NO_PROVENANCE]) > 1
+  return "Provenance: " + (f"{MIXED}: " if mixed else "the runs were made by ") \
+      + "; ".join(parts)
+
+
 def markdown(grid: Sequence[Cell], sweep_dir: str, text: str, figures: Sequence[str]) -> str:
-  """``report.md``: the table (one row per cell; columns of :data:`COLUMNS` that some cell
-  has), the runs left out, the figures (file names under OUT)."""
+  """``report.md``: which code made the runs (:func:`provenance_line`), the table (one row per
+  cell; columns of :data:`COLUMNS` that some cell has), the runs left out, the figures (file
+  names under OUT)."""
   cols = [col for col in COLUMNS if any(c.stats[col.name] is not None for c in grid)]
   runs = sum(len(c.runs) for c in grid)
   left = [(run, why) for c in grid for run, why in c.left_out]
+  made = provenance_line(grid)
   out = ["# Sweep report", "",
          f"Sweep `{text}` in `{sweep_dir}`: {runs} runs in {len(grid)} cells (the grid without "
          f"its `{SEED}` axis); {len(left)} left out of the statistics (listed below).",
          "Each value: mean +- sample standard deviation (ddof 1) over the cell's finished "
          "seeds; with one finished seed, its value alone (no std). Final: at the last "
          "evaluation; best / min: over the evaluations. MB: 1e6 bytes sent per worker.", "",
+         *([made, ""] if made else []),
          "| cell | seeds | " + " | ".join(col.header for col in cols) + " |",
          "|---|---|" + "---|" * len(cols)]
   for c in grid:
@@ -405,4 +459,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["Cell", "Curve", "COLUMNS", "Index", "Stat", "build", "cells", "curve", "load_index",
-           "main", "read_run", "run_values", "stat", "sweep_dir_of"]
+           "made_by", "main", "provenance_line", "read_run", "run_values", "stat", "sweep_dir_of"]

@@ -179,3 +179,47 @@ def test_the_report_command_dispatches_one_sweep_directory(fake, tmp_path, capsy
   assert sweep_report.sweep_dir_of([str(d), "--out", str(d / "x")]) == str(d)
   assert sweep_report.sweep_dir_of([str(d), str(d)]) is None  # several: run directories
   assert sweep_report.sweep_dir_of([str(d / "learning_rate=0.1,seed=0"), "--out", "o"]) is None
+
+
+def _stamp(run_dir, commit, jax="0.4.30", record="summary.json"):
+  """Put a provenance (``commit``: 40 hex digits) into the run's ``record``, as ``train``
+  writes it (:mod:`nbsgd_jax.core.provenance`)."""
+  path = os.path.join(run_dir, record)
+  with open(path) as f:
+    stored = json.load(f)
+  stored["provenance"] = {"commit": commit, "dirty": False, "jax": jax}
+  with open(path, "w") as f:
+    json.dump(stored, f)
+
+
+def test_the_report_says_which_code_made_the_runs(fake, tmp_path):
+  d, _ = fake
+  a, b = "a" * 40, "b" * 40
+  names = [f"learning_rate={lr},seed={s}" for lr in (0.1, 0.2) for s in range(3)]
+
+  def line():
+    md = open(sweep_report.build(str(d), str(tmp_path / "rep"))["report"]).read()
+    paragraphs = md.split("\n\n")
+    assert paragraphs[1].startswith("Sweep `") and paragraphs[3].startswith("| cell |")
+    return paragraphs[2]  # the line after the header paragraph
+
+  # one commit: summary.json's (the process that finished the run) over config.json's (the
+  # one that started it); config.json's for the run in progress (no summary.json)
+  for name in names:
+    _stamp(str(d / name), b if name == names[0] else a, record="config.json")
+    if os.path.exists(d / name / "summary.json"):
+      _stamp(str(d / name), a)
+  assert line() == "Provenance: the runs were made by commit aaaaaaaaaa (jax 0.4.30) (6 runs)"
+  # two commits and two jax versions: mixed, each with its count, most runs first
+  _stamp(str(d / names[1]), b)
+  _stamp(str(d / names[2]), a, jax="0.5.0")
+  assert line() == ("Provenance: mixed: the runs were made by different code: commit "
+                    "aaaaaaaaaa (jax 0.4.30) (4 runs); commit bbbbbbbbbb (jax 0.4.30) (1 run); "
+                    "commit aaaaaaaaaa (jax 0.5.0) (1 run)")
+  # a run recorded before provenance existed; a run with no directory is not counted
+  _write_run(str(d / "old"), {"train_loss": [1.0]})
+  runs = [{"name": n, "overrides": {"learning_rate": 0.1, "seed": s}}
+          for s, n in enumerate([names[0], "old", "not started"])]
+  (d / "sweep.json").write_text(json.dumps({"sweep": "seed=0:3", "runs": runs}))
+  assert line() == ("Provenance: the runs were made by commit aaaaaaaaaa (jax 0.4.30) (1 run); "
+                    "no provenance (recorded before it existed) (1 run)")
