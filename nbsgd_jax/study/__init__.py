@@ -51,7 +51,7 @@ section (``{"easgd": {"local_steps": 4}}``: a ConfigDict refuses dots in names) 
   number). A TARGET written as a number (digits, sign, ".", "e") is a number.
 ``quick``
   what ``--quick`` changes: ``overrides`` (config overrides after the variant's), and
-  replacements of ``seeds``, ``budget``, ``tune`` (its fields named).
+  replacements of ``seeds``, ``budget``, ``tune`` and ``prefix`` (their fields named).
 ``claims``
   (optional) ``[{"source": the paper (authors, year, arXiv id, table or equation), "quote":
   its words, "column": one of the columns, "methods": [the study's methods], "supports":
@@ -64,6 +64,17 @@ section (``{"easgd": {"local_steps": 4}}``: a ConfigDict refuses dots in names) 
   ``OUT/trend.png``, per method the column's mean with the std as error bars against the mean
   x over the variant's runs, and ``results.json``'s ``"trend": {method: [[x, mean, std, n]
   per variant]}`` (:mod:`~nbsgd_jax.study.trend`).
+``prefix``
+  (optional) ``{"overrides": config overrides, "budget": {"num_steps": N}}`` (both required):
+  per seed (tuning and reported), one run of the base config, these overrides, ``--quick``'s,
+  the budget and the seed, checkpointed at its end and cached in ``OUT/prefix/<key>/``; every
+  other run of the seed starts from it (``config.init_from``: its averaged parameters and
+  model state, the optimizer and step count fresh), Douillard et al. 2023's protocol (Sec.
+  3). A run's ``init_from`` is ``"prefix/<key>"``, relative to OUT, so its cache key names
+  the prefix's key, never OUT's path; the variants must keep the model's shapes (one prefix
+  per seed). ``quick.prefix`` replaces the fields it names. ``results.json`` gets
+  ``"prefix": {seed: {"key", "status", "final", "steps"}}``, ``results.md`` a line
+  (:mod:`~nbsgd_jax.study.stages`).
 
 Each cell is the mean and the sample standard deviation (ddof 1) over the finished seeds; one
 seed gives its value and says "1 seed"; diverged and unfinished seeds are named, never
@@ -86,6 +97,7 @@ Reading and rendering a complete cache never needs the flag.
 Modules: :mod:`~nbsgd_jax.study.schema` (the fields checked, configs composed),
 :mod:`~nbsgd_jax.study.stats` (statistics, pick, extension, equal-x, time to target, gap to a
 reference), :mod:`~nbsgd_jax.study.runs` (the cache, its commits and training),
+:mod:`~nbsgd_jax.study.stages` (the prefix),
 :mod:`~nbsgd_jax.study.driver` (the protocol), :mod:`~nbsgd_jax.study.claims` (claims checked
 and rendered), :mod:`~nbsgd_jax.study.trend` (the trend's points and plot),
 :mod:`~nbsgd_jax.study.output` (``results.json``, ``results.md``, the plots).

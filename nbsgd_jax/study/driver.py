@@ -1,6 +1,7 @@
 """The study's protocol: tune each method on the tuning seed(s) over its grid (one step beyond
 an edge pick when asked), pick by the score, run the reported seeds of every variant at the
-pick, then the columns over seeds (:mod:`nbsgd_jax.study.stats`), the trend
+pick (with a prefix, each run starting from its seed's prefix: :mod:`nbsgd_jax.study.stages`),
+then the columns over seeds (:mod:`nbsgd_jax.study.stats`), the trend
 (:mod:`nbsgd_jax.study.trend`) and the provenance of the runs used."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from nbsgd_jax import config as config_lib
 from nbsgd_jax.core import provenance as provenance_lib
 from nbsgd_jax.study import runs as runs_lib
 from nbsgd_jax.study import schema
+from nbsgd_jax.study import stages
 from nbsgd_jax.study import stats
 from nbsgd_jax.study import trend as trend_lib
 
@@ -175,7 +177,9 @@ def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
     "mixed": whether those runs come from more than one commit or this process trained into a
     cache of another commit's runs}``, with a trend (:mod:`nbsgd_jax.study.trend`) ``"trend":
     {method: [[x, mean, std, n] per variant]}`` and ``"trend_spec": {"column", "x", "log_x"
-    (decided)}``.
+    (decided)}``; with a prefix (:mod:`nbsgd_jax.study.stages`), ``"prefix": {seed: {"key",
+    "status", "final": its final metric, "steps"}}`` and ``"prefix_spec": {"overrides",
+    "budget"}`` (the prefixes' commits count in ``run_commits``).
 
   Raises:
     ConfigError: ``only`` or ``redo`` names an unknown method, a composed config is refused
@@ -189,6 +193,11 @@ def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
   base = schema.base_config(study)
   schema.validate(study, base)
   store = runs_lib.Store(os.path.join(out, "runs"), progress, allow_mixed)
+  prefixes = None
+  if study.prefix:  # each seed's prefix: under its key, or one cached before by the resume rule
+    study = stages.resolve(study, base, out)
+    prefixes = stages.Prefixes(study, base, out, store)
+    store.prepare = prefixes.prepare  # a run's prefix trains first; its init_from made absolute
   try:
     methods, reported = {}, {}
     for name in study.methods:
@@ -200,6 +209,7 @@ def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
     entry["runs"] = {v: {s: _status(r, study.metric) for s, r in seeds.items()}
                      for v, seeds in reported[name].items()}
   tables = columns(study, reported)
+  prefix = prefixes.results(study.metric) if prefixes else None
   commits = _commits(store.used)
   results = {"study": study.path, "quick": study.quick, "metric": study.metric,
              "mode": study.mode, "tune_seeds": list(study.tune_seeds),
@@ -209,6 +219,8 @@ def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
              provenance_lib.KEY: provenance_lib.provenance(), "run_commits": commits,
              "mixed": store.mixed or len(commits) > 1,
              "histories": _histories(reported, study)}
+  if prefixes:
+    results["prefix"], results["prefix_spec"] = prefix, stages.spec(study)
   if study.trend:
     results["trend"] = trend_lib.points(study.trend, reported, tables)
     results["trend_spec"] = {**study.trend,

@@ -1,9 +1,9 @@
 """A study's outputs: ``OUT/results.json`` (everything :func:`nbsgd_jax.study.driver.run`
-returns), ``OUT/results.md`` (the provenance in a line, per variant a table of the columns
-over the reported seeds, the claims beside our values (:mod:`nbsgd_jax.study.claims`), then
-each method's tuning grid), ``OUT/curves_<variant>.png`` (the tuning metric against simulated
-time and against bytes per worker, one line per method and seed) and, with a trend,
-``OUT/trend.png`` (:mod:`nbsgd_jax.study.trend`)."""
+returns), ``OUT/results.md`` (the provenance in a line, the prefix in a line, per variant a
+table of the columns over the reported seeds, the claims beside our values
+(:mod:`nbsgd_jax.study.claims`), then each method's tuning grid), ``OUT/curves_<variant>.png``
+(the tuning metric against simulated time and against bytes per worker, one line per method
+and seed) and, with a trend, ``OUT/trend.png`` (:mod:`nbsgd_jax.study.trend`)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def markdown(results: dict) -> str:
     lines += ["A column 'METRIC gap to METHOD' is in percent, 100 (m / ref - 1) per seed, the "
               "final METRIC against METHOD's on the same variant and seed, then over the seeds "
               "both finished.", ""]
-  lines += provenance_lines(results) + trend_lines(results)
+  lines += provenance_lines(results) + prefix_lines(results) + trend_lines(results)
   for variant, table in results["variants"].items():
     lines += [f"## {variant}", ""]
     equal = {x: v for x, v in table["equal"].items() if v is not None}
@@ -116,6 +116,23 @@ def provenance_lines(results: dict) -> list[str]:
     line += (" **Mixed**: the runs come from more than one commit (trained with "
              "--allow_mixed, or read from a mixed cache).")
   return [line, ""]
+
+
+def prefix_lines(results: dict) -> list[str]:
+  """A line naming the prefix (its budget and overrides) and its final metric over the seeds
+  (mean ± std, the unfinished and diverged seeds named); none without a prefix."""
+  spec = results.get("prefix_spec")
+  if not spec:
+    return []
+  seeds = results["prefix"]
+  values = {s: p["final"] for s, p in seeds.items() if p["status"] == "finished"}
+  summary = stats.summarize(values, [s for s, p in seeds.items() if p["status"] == "diverged"],
+                            [s for s, p in seeds.items() if p["status"] == "unfinished"])
+  over = ", ".join(f"{k}={v}" for k, v in spec["overrides"].items()) or "none"
+  return [f"Prefix (Douillard et al. 2023, Sec. 3): every run starts from its seed's prefix "
+          f"(config.init_from: its averaged parameters and model state; the optimizer and the "
+          f"step count fresh), {spec['budget']} with overrides {over}; its final "
+          f"{results['metric']}: {stats.show(summary)} over the tuning and reported seeds.", ""]
 
 
 def trend_lines(results: dict) -> list[str]:

@@ -41,6 +41,17 @@ def run_key(cfg: ml_collections.ConfigDict) -> str:
   return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
+def make_record(key: str, cfg: ml_collections.ConfigDict, label: str, summary: dict,
+                seconds: float) -> dict:
+  """A cached run's record (:meth:`Store.get`'s), from its :func:`~nbsgd_jax.run.loop.train`
+  summary (``history`` taken out of it)."""
+  history = summary.pop("history", [])
+  diverged = summary.get("error", "diverged") if summary.get("stopped") == "diverged" else None
+  return {"key": key, "label": label, "config": json.loads(cfg.to_json_best_effort()),
+          "summary": summary, "history": history, "diverged": diverged,
+          "seconds": seconds, provenance_lib.KEY: provenance_lib.provenance()}
+
+
 class Store:
   """The run cache of a study (``root``: ``OUT/runs``) and its progress bar.
 
@@ -51,10 +62,15 @@ class Store:
     allow_mixed: train into a cache of another commit's runs (``--allow_mixed``).
     mixed: whether this process trained into a cache holding another commit's runs.
     used: ``{key: commit}`` of every run read for the study (:func:`commit_of`).
+    prepare: ``configs -> configs``, called on the configs about to train (after
+      :meth:`check_commits`): the configs trained, their records keeping the given ones (a
+      study's prefix trains there and resolves ``init_from``: :mod:`nbsgd_jax.study.stages`).
   """
 
-  def __init__(self, root: str, progress: bool = True, allow_mixed: bool = False):
+  def __init__(self, root: str, progress: bool = True, allow_mixed: bool = False,
+               prepare=None):
     self.root = root
+    self.prepare = prepare or (lambda cfgs: cfgs)
     self.bar = tqdm(total=0, disable=not progress, desc="study", unit="run",
                     dynamic_ncols=True, mininterval=1.0)
     self.trained: set = set()
@@ -158,9 +174,10 @@ class Store:
     (:func:`nbsgd_jax.run.grid.groups`): a group as one :func:`~nbsgd_jax.run.sweep.
     train_runs` call where its runs stack (a GPU, ``sweep_runs="stacked"``), else run by run
     (the compiled program reused, :data:`nbsgd_jax.run.step.PROGRAMS`); each record written
-    as its call returns, so a stopped study resumes there."""
+    as its call returns, so a stopped study resumes there. :attr:`prepare` first."""
     keys = list(todo)
-    runs = [grid_lib.Run(k, {}, todo[k][0]) for k in keys]
+    cfgs = self.prepare([todo[k][0] for k in keys])  # the records keep todo's configs
+    runs = [grid_lib.Run(k, {}, c) for k, c in zip(keys, cfgs)]
     for group in grid_lib.groups(runs):
       chunks = [group] if sweep_lib.stacks(runs[group[0]].cfg) else [[i] for i in group]
       for chunk in chunks:
@@ -173,12 +190,7 @@ class Store:
         self.bar.update(len(chunk))
 
   def _write(self, key: str, job: tuple, summary: dict, seconds: float) -> None:
-    cfg, label = job
-    history = summary.pop("history", [])
-    diverged = summary.get("error", "diverged") if summary.get("stopped") == "diverged" else None
-    record = {"key": key, "label": label, "config": json.loads(cfg.to_json_best_effort()),
-              "summary": summary, "history": history, "diverged": diverged,
-              "seconds": seconds, provenance_lib.KEY: provenance_lib.provenance()}
+    record = make_record(key, job[0], job[1], summary, seconds)
     os.makedirs(os.path.dirname(self.path(key)), exist_ok=True)
     files_lib.atomic_write(self.path(key), json.dumps(record, default=str))
     self.trained.add(key)

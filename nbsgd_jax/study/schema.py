@@ -19,14 +19,17 @@ from typing import NamedTuple, Optional
 import ml_collections
 
 from nbsgd_jax import config as config_lib
+from nbsgd_jax.core import checks
 from nbsgd_jax.study import claims as claims_lib
+from nbsgd_jax.study import stages
 from nbsgd_jax.study import trend as trend_lib
 
 FIELDS = ("base", "methods", "variants", "tune", "seeds", "budget", "columns", "quick",
-          "claims", "trend")
+          "claims", "trend", "prefix")
 METHOD_FIELDS = ("overrides", "grid")
 TUNE_FIELDS = ("seeds", "variant", "metric", "mode", "extend")
-QUICK_FIELDS = ("overrides", "seeds", "budget", "tune")
+QUICK_FIELDS = ("overrides", "seeds", "budget", "tune", "prefix")
+PREFIX_FIELDS = ("overrides", "budget")
 BUDGETS = ("num_steps", "grads_per_worker")
 AXES = ("sim_time", "bytes_sent", "grads_per_worker", "step")  # x of "at equal" and "to"
 COLUMN_FORMS = ("'final METRIC'", "'METRIC at equal X'", "'METRIC gap to METHOD'",
@@ -84,6 +87,7 @@ class Study(NamedTuple):
   quick: bool
   claims: tuple = ()  # the papers' claims beside our values (nbsgd_jax.study.claims)
   trend: Optional[dict] = None  # {"column", "x", "log_x"} (nbsgd_jax.study.trend)
+  prefix: Optional[dict] = None  # {"overrides", "budget": (unit, amount)} (study.stages)
 
 
 def load_file(path: str, function: str = "get_study"):
@@ -234,9 +238,35 @@ def _with_quick(raw: dict, quick: bool, errs: list) -> tuple[dict, dict]:
   if not quick:
     return raw, {}
   out = {**raw, **{k: v for k, v in q.items() if k in QUICK_FIELDS and k != "overrides"}}
-  if isinstance(q.get("tune"), dict) and isinstance(raw.get("tune"), dict):
-    out["tune"] = {**raw["tune"], **q["tune"]}  # quick.tune replaces the fields it names
+  for name in ("tune", "prefix"):  # quick.tune, quick.prefix: replace the fields they name
+    if isinstance(q.get(name), dict) and isinstance(raw.get(name), dict):
+      out[name] = {**raw[name], **q[name]}
   return out, late
+
+
+def _prefix(raw: dict, errs: list) -> Optional[dict]:
+  """``study.prefix`` checked (:mod:`nbsgd_jax.study.stages`): None, or ``{"overrides":
+  dotted config overrides, "budget": (unit, amount)}``, both fields required."""
+  q = raw.get("quick") if isinstance(raw.get("quick"), dict) else {}
+  if q.get("prefix") is not None and raw.get("prefix") is None:
+    errs.append(f"study.quick.prefix={q['prefix']!r} is not allowed: the study has no prefix "
+                "(quick.prefix replaces fields of study.prefix)")
+  spec = raw.get("prefix")
+  if spec is None:
+    return None
+  n = len(errs)
+  if not checks.record_fields(spec, PREFIX_FIELDS, "study.prefix", "study.prefix", errs):
+    return None
+  errs.extend(f"study.prefix.{field}=None is not allowed: it is required ({what})"
+              for field, what in (("overrides", "config overrides, {} for none"),
+                                  ("budget", "{'num_steps': N}")) if field not in spec)
+  over = spec.get("overrides")
+  if over is not None and not isinstance(over, dict):
+    errs.append(f"study.prefix.overrides={over!r} is not allowed: it must be a dict of config "
+                "overrides")
+  over = config_lib.flatten_dict(over) if isinstance(over, dict) else {}
+  budget = _budget(spec.get("budget"), "study.prefix.budget", errs) if "budget" in spec else ()
+  return None if len(errs) > n else {"overrides": over, "budget": budget}
 
 
 def check(raw, path: str = "<study>", quick: bool = False) -> Study:
@@ -280,10 +310,11 @@ def check(raw, path: str = "<study>", quick: bool = False) -> Study:
   texts = [c.text for c in columns]
   claims = claims_lib.check(raw.get("claims"), texts, list(methods), errs)
   trend = trend_lib.check(raw.get("trend"), texts, errs)
+  prefix = _prefix(raw, errs)
   if errs:
     raise config_lib.ConfigError(errs)
   return Study(path, base, methods, variants, seeds=seeds, budget=budget, columns=columns,
-               late=late, quick=quick, claims=claims, trend=trend, **tune)
+               late=late, quick=quick, claims=claims, trend=trend, prefix=prefix, **tune)
 
 
 def only_variants(study: Study, names: Optional[list]) -> Study:
@@ -314,6 +345,7 @@ def _imports(study: Study) -> str:
   default config is made, so that their sections exist)."""
   parts = [study.base] if isinstance(study.base, dict) else []
   parts += [m.overrides for m in study.methods.values()] + list(study.variants.values())
+  parts += [study.prefix["overrides"]] if study.prefix else []
   names = [n.strip() for p in parts + [study.late] for n in str(p.get("imports", "")).split(",")]
   return ",".join(dict.fromkeys(n for n in names if n))
 
@@ -334,7 +366,9 @@ def base_config(study: Study) -> ml_collections.ConfigDict:
 def compose(study: Study, base: ml_collections.ConfigDict, method: str, variant: str,
             point: dict, seed: int) -> ml_collections.ConfigDict:
   """One run's config: ``base`` then the method's overrides, the variant's, ``--quick``'s, the
-  budget, the grid ``point`` and ``seed`` (``progress`` off: the study has one bar).
+  budget, the grid ``point`` and ``seed`` (``progress`` off: the study has one bar); with a
+  prefix, ``init_from`` its seed's prefix, relative to the study's directory
+  (:func:`nbsgd_jax.study.stages.source`; a study without one composes nothing more).
 
   Raises:
     ConfigError: an unknown key or a value of the wrong type (one line).
@@ -345,17 +379,25 @@ def compose(study: Study, base: ml_collections.ConfigDict, method: str, variant:
   for over in (study.methods[method].overrides, study.variants[variant], study.late, budget,
                point, {"seed": seed, "progress": False}):
     config_lib.override(cfg, over)
+  if study.prefix is not None:
+    config_lib.override(cfg, {"init_from": stages.source(study, base, seed)})
   return cfg
 
 
 def validate(study: Study, base: ml_collections.ConfigDict) -> None:
   """Every method's configs checked (:func:`nbsgd_jax.config.validate`): each grid point on
-  the tuning variant, each variant at the grid's first point.
+  the tuning variant, each variant at the grid's first point; and the prefix's config.
 
   Raises:
-    ConfigError: each refused config's lines (once each), prefixed ``method M, variant V: ``.
+    ConfigError: each refused config's lines (once each), prefixed ``method M, variant V: ``
+      (``study.prefix: `` for the prefix's, alone: every run's config names the prefix).
   """
   errs: list = []
+  if study.prefix is not None:
+    try:
+      config_lib.validate(stages.config(study, base, study.seeds[0]))
+    except config_lib.ConfigError as e:
+      raise config_lib.ConfigError([f"study.prefix: {line}" for line in e.errors]) from None
   tuned = list(study.variants) if study.tune_variant == EACH else [study.tune_variant]
   for name, method in study.methods.items():
     cases = [(v, p) for v in tuned for p in points(method.grid)]

@@ -24,7 +24,7 @@ def _errors(**fields):
 
 @pytest.mark.parametrize("fields,line", [
     ({"colour": "red"}, "study.colour='red' is not allowed: study has the fields base, methods, "
-     "variants, tune, seeds, budget, columns, quick, claims, trend"),
+     "variants, tune, seeds, budget, columns, quick, claims, trend, prefix"),
     ({"methods": {"dpsgd": {"overrides": {"algorithm": "dpsgd"}}}},
      "study.methods.dpsgd.grid=None is not allowed: a method needs a tuning grid {key: "
      "[values]} with at least one key"),
