@@ -475,3 +475,18 @@ def run_cell(cfg, steps=COMPOSITION_STEPS):
     if inputs.alive is not None:  # a failed worker sends nothing
       assert np.all(device[~inputs.alive] == 0)
   return stepper.state, host
+
+
+def compose_study_run_before_stages(study, base, method, variant, point, seed):
+  """``nbsgd_jax.study.schema.compose`` as it was at commit c98bc4c, before the prefix stage
+  and the tuning overrides: a study that uses neither must compose exactly this (its cached
+  runs' keys depend on it)."""
+  import copy
+  from nbsgd_jax import config as config_lib
+  cfg = copy.deepcopy(base)
+  unit, amount = study.budget
+  budget = {"num_steps": amount, "budget_unit": "steps" if unit == "num_steps" else unit}
+  for over in (study.methods[method].overrides, study.variants[variant], study.late, budget,
+               point, {"seed": seed, "progress": False}):
+    config_lib.override(cfg, over)
+  return cfg

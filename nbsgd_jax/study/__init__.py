@@ -26,10 +26,16 @@ section (``{"easgd": {"local_steps": 4}}``: a ConfigDict refuses dots in names) 
   ``seeds`` (an int or a list; never among ``seeds``), ``variant`` (default the first;
   ``"each"``: every variant tuned on its own and reported at its own pick, model sizes),
   ``metric`` (default ``"train_loss"``: its final value is the score, a diverged run never
-  wins; with several tuning seeds, their mean), ``mode`` (``"min"`` or ``"max"``) and
+  wins; with several tuning seeds, their mean), ``mode`` (``"min"`` or ``"max"``),
   ``extend`` (default True: a pick at the smallest or largest value of a numeric axis adds
   one point beyond it, at the grid's spacing there: geometric for positive values, and
-  picks again).
+  picks again; an integer k >= 0: up to k such steps while the pick stays at an edge, each
+  at the spacing of the grid extended so far, every added point in ``results.json``'s
+  ``extended``; False: 0) and ``overrides`` (config overrides of the tuning runs only, after
+  ``--quick``'s and the budget, before the grid point and the seed; the reported runs do not
+  get them: ``{"validation_examples": 1000}`` picks on a split held out of training, the
+  test set no part of the choice; ``seed`` and the grid's keys refused; recorded in
+  ``results.json``'s ``tune_overrides``. A prefix's runs do not get them).
 ``seeds``
   the reported seeds (``config.seed``).
 ``budget``

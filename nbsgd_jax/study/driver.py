@@ -1,8 +1,9 @@
-"""The study's protocol: tune each method on the tuning seed(s) over its grid (one step beyond
-an edge pick when asked), pick by the score, run the reported seeds of every variant at the
-pick (with a prefix, each run starting from its seed's prefix: :mod:`nbsgd_jax.study.stages`),
-then the columns over seeds (:mod:`nbsgd_jax.study.stats`), the trend
-(:mod:`nbsgd_jax.study.trend`) and the provenance of the runs used."""
+"""The study's protocol: tune each method on the tuning seed(s) over its grid (with
+``tune.overrides``; up to ``tune.extend`` steps beyond an edge pick), pick by the score, run
+the reported seeds of every variant at the pick (with a prefix, each run starting from its
+seed's prefix: :mod:`nbsgd_jax.study.stages`), then the columns over seeds
+(:mod:`nbsgd_jax.study.stats`), the trend (:mod:`nbsgd_jax.study.trend`) and the provenance
+of the runs used."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ def _mode(name: str, only: Optional[list], redo: list) -> str:
 
 
 def _tried(study, base, store, name: str, pts: list, mode: str, variant: str) -> list[dict]:
-  """The tuning runs of ``pts`` on the tuning seeds and ``variant``: ``[{"point", "score",
-  "runs"}]``, the score the mean over the tuning seeds of each run's :func:`stats.score` (inf:
-  a seed diverged or has not run)."""
+  """The tuning runs of ``pts`` on the tuning seeds and ``variant`` (their configs with
+  ``tune.overrides``): ``[{"point", "score", "runs"}]``, the score the mean over the tuning
+  seeds of each run's :func:`stats.score` (inf: a seed diverged or has not run)."""
   where = "" if variant == study.tune_variant else f" {variant}"
-  jobs = [(schema.compose(study, base, name, variant, p, s),
+  jobs = [(schema.compose(study, base, name, variant, p, s, tuning=True),
            f"{name}{where} tune {_label(p)} seed {s}", mode) for p in pts for s in study.tune_seeds]
   got = store.get(jobs)
   out, n = [], len(study.tune_seeds)
@@ -51,18 +52,24 @@ def _label(point: dict) -> str:
 def tune(study, base, store, name: str, mode: str, variant: str) -> dict:
   """Method ``name`` tuned on ``variant`` (module docstring): ``{"pick": point or None,
   "edge": the pick is at an edge of the (extended) grid, "grid": the tried points with their
-  scores, "extended": the points added beyond an edge}``."""
+  scores, "extended": the points added beyond an edge, in order}``. While the pick is at an
+  edge, up to ``study.extend`` times: the points one step beyond it
+  (:func:`stats.extensions` of the grid extended so far; those whose config is refused
+  dropped) are tried, the grid grows by them and the pick is made again."""
   method = study.methods[name]
   tried = _tried(study, base, store, name, schema.points(method.grid), mode, variant)
   best = stats.pick([t["score"] for t in tried])
   grid, extended = method.grid, []
-  if best >= 0 and study.extend:
-    extended = [p for p in stats.extensions(grid, tried[best]["point"]) if _valid(
+  for _ in range(study.extend):
+    if best < 0:
+      break
+    new = [p for p in stats.extensions(grid, tried[best]["point"]) if _valid(
         study, base, name, p, variant)]
-    if extended:
-      tried += _tried(study, base, store, name, extended, mode, variant)
-      grid = [(k, sorted(set(v) | {p[k] for p in extended})) for k, v in grid]
-      best = stats.pick([t["score"] for t in tried])
+    if not new:
+      break
+    tried += _tried(study, base, store, name, new, mode, variant)
+    grid, extended = stats.widen(grid, new), extended + new
+    best = stats.pick([t["score"] for t in tried])
   pick = tried[best]["point"] if best >= 0 else None
   for t in tried:
     t["score"] = t["score"] if t["score"] != float("inf") else None
@@ -75,7 +82,7 @@ def _valid(study, base, name: str, point: dict, variant: str) -> bool:
   dropped: ``easgd.beta`` beyond 1)."""
   try:
     config_lib.validate(schema.compose(study, base, name, variant, point,
-                                       study.tune_seeds[0]))
+                                       study.tune_seeds[0], tuning=True))
     return True
   except config_lib.ConfigError:
     return False
@@ -219,6 +226,8 @@ def run(study, out: str, only: Optional[list] = None, redo: tuple = (),
              provenance_lib.KEY: provenance_lib.provenance(), "run_commits": commits,
              "mixed": store.mixed or len(commits) > 1,
              "histories": _histories(reported, study)}
+  if study.tune_overrides:  # a study without them: the results of before
+    results["tune_overrides"] = dict(study.tune_overrides)
   if prefixes:
     results["prefix"], results["prefix_spec"] = prefix, stages.spec(study)
   if study.trend:

@@ -27,7 +27,7 @@ from nbsgd_jax.study import trend as trend_lib
 FIELDS = ("base", "methods", "variants", "tune", "seeds", "budget", "columns", "quick",
           "claims", "trend", "prefix")
 METHOD_FIELDS = ("overrides", "grid")
-TUNE_FIELDS = ("seeds", "variant", "metric", "mode", "extend")
+TUNE_FIELDS = ("seeds", "variant", "metric", "mode", "extend", "overrides")
 QUICK_FIELDS = ("overrides", "seeds", "budget", "tune", "prefix")
 PREFIX_FIELDS = ("overrides", "budget")
 BUDGETS = ("num_steps", "grads_per_worker")
@@ -79,7 +79,7 @@ class Study(NamedTuple):
   tune_variant: str
   metric: str
   mode: str  # "min" or "max": the better score
-  extend: bool
+  extend: int  # the most extensions beyond an edge pick (True: 1, False: 0)
   seeds: tuple
   budget: tuple  # (unit, amount): ("num_steps", 300)
   columns: list
@@ -88,6 +88,7 @@ class Study(NamedTuple):
   claims: tuple = ()  # the papers' claims beside our values (nbsgd_jax.study.claims)
   trend: Optional[dict] = None  # {"column", "x", "log_x"} (nbsgd_jax.study.trend)
   prefix: Optional[dict] = None  # {"overrides", "budget": (unit, amount)} (study.stages)
+  tune_overrides: dict = {}  # the tuning runs' config overrides (dotted), after the budget
 
 
 def load_file(path: str, function: str = "get_study"):
@@ -210,7 +211,8 @@ def _tune(raw: dict, variants: dict, errs: list) -> dict:
   out = {"tune_seeds": _seeds(tune.get("seeds"), "study.tune.seeds", errs),
          "tune_variant": tune.get("variant", next(iter(variants))),
          "metric": tune.get("metric", "train_loss"), "mode": tune.get("mode", "min"),
-         "extend": tune.get("extend", True)}
+         "extend": tune.get("extend", True),
+         "tune_overrides": _flat(tune.get("overrides"), "study.tune.overrides", errs)}
   if out["tune_variant"] not in variants and out["tune_variant"] != EACH:
     errs.append(f"study.tune.variant={out['tune_variant']!r} is not allowed: it must be one of "
                 f"the variants {', '.join(map(repr, variants))}, or {EACH!r} (each variant "
@@ -220,9 +222,32 @@ def _tune(raw: dict, variants: dict, errs: list) -> dict:
   if not isinstance(out["metric"], str) or not out["metric"]:
     errs.append(f"study.tune.metric={out['metric']!r} is not allowed: it must be a record's "
                 "name (train_loss, gap, test_accuracy, ...)")
-  if not isinstance(out["extend"], bool):
-    errs.append(f"study.tune.extend={out['extend']!r} is not allowed: it must be True or False")
+  out["extend"] = _extend(out["extend"], errs)
   return out
+
+
+def _extend(value, errs: list) -> int:
+  """``tune.extend`` as the most extensions beyond an edge pick: True 1, False 0, an integer
+  k >= 0 itself."""
+  if isinstance(value, bool):
+    return int(value)
+  if isinstance(value, int) and value >= 0:
+    return value
+  errs.append(f"study.tune.extend={value!r} is not allowed: it must be True (one step beyond "
+              "an edge pick), False (none) or an integer k >= 0 (up to k steps while the pick "
+              "stays at an edge)")
+  return 0
+
+
+def _tune_keys(methods: dict, over: dict, errs: list) -> None:
+  """``tune.overrides`` may not set what the tuning runs set themselves: ``seed`` (the tuning
+  seeds) or a key of a method's grid (the grid point)."""
+  for key, value in over.items():
+    axes = [n for n, m in methods.items() if key in dict(m.grid)]
+    if key == "seed" or axes:
+      what = ("the tuning runs' seeds are study.tune.seeds" if key == "seed" else
+              f"it is an axis of the grid of {', '.join(axes)} (the grid point sets it)")
+      errs.append(f"study.tune.overrides.{key}={value!r} is not allowed: {what}")
 
 
 def _with_quick(raw: dict, quick: bool, errs: list) -> tuple[dict, dict]:
@@ -298,6 +323,7 @@ def check(raw, path: str = "<study>", quick: bool = False) -> Study:
     variants = {DEFAULT_VARIANT: {}}
   variants = {n: _flat(v, f"study.variants.{n}", errs) for n, v in variants.items()}
   tune = _tune(raw, variants, errs)
+  _tune_keys(methods, tune["tune_overrides"], errs)
   seeds = _seeds(raw.get("seeds"), "study.seeds", errs)
   both = sorted(set(seeds) & set(tune["tune_seeds"]))
   if both:
@@ -346,6 +372,7 @@ def _imports(study: Study) -> str:
   parts = [study.base] if isinstance(study.base, dict) else []
   parts += [m.overrides for m in study.methods.values()] + list(study.variants.values())
   parts += [study.prefix["overrides"]] if study.prefix else []
+  parts += [study.tune_overrides]
   names = [n.strip() for p in parts + [study.late] for n in str(p.get("imports", "")).split(",")]
   return ",".join(dict.fromkeys(n for n in names if n))
 
@@ -364,11 +391,12 @@ def base_config(study: Study) -> ml_collections.ConfigDict:
 
 
 def compose(study: Study, base: ml_collections.ConfigDict, method: str, variant: str,
-            point: dict, seed: int) -> ml_collections.ConfigDict:
+            point: dict, seed: int, tuning: bool = False) -> ml_collections.ConfigDict:
   """One run's config: ``base`` then the method's overrides, the variant's, ``--quick``'s, the
-  budget, the grid ``point`` and ``seed`` (``progress`` off: the study has one bar); with a
-  prefix, ``init_from`` its seed's prefix, relative to the study's directory
-  (:func:`nbsgd_jax.study.stages.source`; a study without one composes nothing more).
+  budget, for a tuning run (``tuning``) ``tune.overrides``, the grid ``point`` and ``seed``
+  (``progress`` off: the study has one bar); with a prefix, ``init_from`` its seed's prefix,
+  relative to the study's directory (:func:`nbsgd_jax.study.stages.source`; a study without
+  one composes nothing more, nor one without ``tune.overrides`` for its tuning runs).
 
   Raises:
     ConfigError: an unknown key or a value of the wrong type (one line).
@@ -376,21 +404,37 @@ def compose(study: Study, base: ml_collections.ConfigDict, method: str, variant:
   cfg = copy.deepcopy(base)
   unit, amount = study.budget
   budget = {"num_steps": amount, "budget_unit": "steps" if unit == "num_steps" else unit}
+  tuned = [study.tune_overrides] if tuning and study.tune_overrides else []
   for over in (study.methods[method].overrides, study.variants[variant], study.late, budget,
-               point, {"seed": seed, "progress": False}):
+               *tuned, point, {"seed": seed, "progress": False}):
     config_lib.override(cfg, over)
   if study.prefix is not None:
     config_lib.override(cfg, {"init_from": stages.source(study, base, seed)})
   return cfg
 
 
+def _cases(study: Study, method: Method) -> list[tuple]:
+  """``[(variant, point, tuning)]`` that :func:`validate` checks: each grid point on the
+  tuning variant(s), each variant at the grid's first point; with ``tune.overrides``, the
+  reported configs (``tuning`` False) first, then the tuning runs'."""
+  tuned = list(study.variants) if study.tune_variant == EACH else [study.tune_variant]
+  first = points(method.grid)[0]
+  tuning = [(v, p, True) for v in tuned for p in points(method.grid)]
+  if not study.tune_overrides:  # the tuning runs are the tuned variants' reported configs
+    return tuning + [(v, first, False) for v in study.variants if v not in tuned]
+  return [(v, first, False) for v in study.variants] + tuning
+
+
 def validate(study: Study, base: ml_collections.ConfigDict) -> None:
   """Every method's configs checked (:func:`nbsgd_jax.config.validate`): each grid point on
-  the tuning variant, each variant at the grid's first point; and the prefix's config.
+  the tuning variant (with ``tune.overrides``), each variant at the grid's first point; and
+  the prefix's config.
 
   Raises:
     ConfigError: each refused config's lines (once each), prefixed ``method M, variant V: ``
-      (``study.prefix: `` for the prefix's, alone: every run's config names the prefix).
+      (``method M, variant V, tuning runs: `` for a line that only the tuning runs'
+      ``tune.overrides`` bring; ``study.prefix: `` for the prefix's, alone: every run's config
+      names the prefix).
   """
   errs: list = []
   if study.prefix is not None:
@@ -398,15 +442,16 @@ def validate(study: Study, base: ml_collections.ConfigDict) -> None:
       config_lib.validate(stages.config(study, base, study.seeds[0]))
     except config_lib.ConfigError as e:
       raise config_lib.ConfigError([f"study.prefix: {line}" for line in e.errors]) from None
-  tuned = list(study.variants) if study.tune_variant == EACH else [study.tune_variant]
+  seen: set = set()
   for name, method in study.methods.items():
-    cases = [(v, p) for v in tuned for p in points(method.grid)]
-    cases += [(v, points(method.grid)[0]) for v in study.variants if v not in tuned]
-    for variant, point in cases:
+    for variant, point, tuning in _cases(study, method):
       where = f"method {name}, variant {variant}"  # a bad grid value: config's line names it
+      where += ", tuning runs" if tuning and study.tune_overrides else ""
       try:
-        config_lib.validate(compose(study, base, name, variant, point, study.seeds[0]))
+        config_lib.validate(compose(study, base, name, variant, point, study.seeds[0], tuning))
       except config_lib.ConfigError as e:
-        errs.extend(f"{where}: {line}" for line in e.errors if f"{where}: {line}" not in errs)
+        new = [line for line in e.errors if (name, variant, line) not in seen]
+        seen.update((name, variant, line) for line in new)
+        errs.extend(f"{where}: {line}" for line in new)
   if errs:
     raise config_lib.ConfigError(errs)

@@ -112,6 +112,13 @@ def extensions(grid: list, point: dict) -> list[dict]:
   return out
 
 
+def widen(grid: list, added: list) -> list:
+  """``grid`` (``[(key, values)]``) with each axis' values of the ``added`` points (the
+  extensions beyond an edge, :func:`extensions`), sorted: the grid whose edges the next
+  extension and :func:`at_edge` read."""
+  return [(k, sorted(set(v) | {p[k] for p in added})) for k, v in grid]
+
+
 def at_edge(grid: list, point: dict) -> bool:
   """Whether ``point`` is at the smallest or largest value of a numeric axis of ``grid``
   with two values or more (a pick there may be limited by the grid)."""

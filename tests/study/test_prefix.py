@@ -15,6 +15,8 @@ from nbsgd_jax.run import loop as loop_lib
 from nbsgd_jax.run import sweep as sweep_lib
 from nbsgd_jax.study import driver, output, runs, schema, stages
 
+from tests.helpers import compose_study_run_before_stages
+
 # least squares, 2 workers; the prefix: 10 steps of all-reduce, then D-PSGD from it
 STUDY = {"base": {"dataset": "least_squares", "num_workers": 2, "eval_every": 5,
                   "batch_size": 4, "problem": {"examples_per_worker": 8, "dim": 3}},
@@ -152,17 +154,6 @@ def test_quick_replaces_the_prefix_s_fields_and_needs_a_prefix():
                             "study.prefix)"]
 
 
-def _compose_as_before(study, base, method, variant, point, seed):
-  """``schema.compose`` as it was before the prefix existed (commit c98bc4c)."""
-  cfg = copy.deepcopy(base)
-  unit, amount = study.budget
-  budget = {"num_steps": amount, "budget_unit": "steps" if unit == "num_steps" else unit}
-  for over in (study.methods[method].overrides, study.variants[variant], study.late, budget,
-               point, {"seed": seed, "progress": False}):
-    config_lib.override(cfg, over)
-  return cfg
-
-
 @pytest.mark.parametrize("quick", [False, True])
 def test_a_study_without_prefix_composes_the_configs_and_keys_of_before(quick):
   raw = {k: v for k, v in STUDY.items() if k != "prefix"}
@@ -174,7 +165,7 @@ def test_a_study_without_prefix_composes_the_configs_and_keys_of_before(quick):
   for variant in ("a", "b"):
     for seed in (7, 0, 1):
       args = (study, base, "dpsgd", variant, {"learning_rate": 0.05}, seed)
-      new, old = schema.compose(*args), _compose_as_before(*args)
+      new, old = schema.compose(*args), compose_study_run_before_stages(*args)
       assert new.to_json_best_effort(sort_keys=True) == old.to_json_best_effort(sort_keys=True)
       assert runs.run_key(new) == runs.run_key(old) and new.init_from == ""
 
