@@ -6,6 +6,8 @@ final validation loss over three seeds beside Charles et al. 2025 (arXiv 2503.09
     python -m nbsgd_jax.study experiments/studies/diloco_scaling.py --out docs/diloco_scaling
     python -m nbsgd_jax.study experiments/studies/diloco_scaling.py --out docs/diloco_scaling \\
         --variants 250k 1M           # a size at a time: the cache is shared, the study resumes
+    python -m nbsgd_jax.study experiments/studies/diloco_scaling.py --out /tmp/dsq \
+        --quick --variants 250k      # a smoke run: 20 runs of 20 steps, a few minutes
 
 Every size sees the same 300 steps of 4 x 8 windows of 64 characters (614k characters, about
 0.6 of an epoch), not the paper's 20 tokens per parameter: the larger models are trained far
