@@ -67,6 +67,10 @@ def markdown(results: dict) -> str:
            f"{results['metric']}; "
            f"reported over seeds {seeds} at the pick: mean ± sample standard deviation "
            f"(ddof 1); budget {results['budget']}. *: the pick is at the edge of its grid.", ""]
+  if results.get("tune_overrides"):
+    lines += ["The tuning runs alone also set " + ", ".join(
+        f"{k}={v!r}" for k, v in results["tune_overrides"].items())
+        + " (the reported runs do not).", ""]
   if any(" gap to " in c for c in results["columns"]):
     lines += ["A column 'METRIC gap to METHOD' is in percent, 100 (m / ref - 1) per seed, the "
               "final METRIC against METHOD's on the same variant and seed, then over the seeds "

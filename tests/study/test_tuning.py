@@ -10,7 +10,7 @@ import os
 import pytest
 
 from nbsgd_jax import config as config_lib
-from nbsgd_jax.study import driver, runs, schema
+from nbsgd_jax.study import driver, output, runs, schema
 
 from tests.helpers import compose_study_run_before_stages
 from tests.study.test_driver import TINY
@@ -58,6 +58,7 @@ def test_trained_tuning_runs_hold_out_a_split_and_reported_runs_do_not(tmp_path)
   assert sorted((c["seed"], c["validation_examples"]) for c in cfgs) == [(0, 0), (7, 4), (7, 4)]
   assert res["tune_overrides"] == HELD_OUT
   assert res["methods"]["dpsgd"]["runs"]["default"][0]["status"] == "finished"
+  assert "tuning runs alone also set validation_examples=4" in output.markdown(res)
 
 
 @pytest.mark.parametrize("grid,best,extend,tried,pick,edge", [
