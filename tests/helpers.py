@@ -490,3 +490,15 @@ def compose_study_run_before_stages(study, base, method, variant, point, seed):
                point, {"seed": seed, "progress": False}):
     config_lib.override(cfg, over)
   return cfg
+
+
+# a study of least squares small enough for a fast test (tests/study)
+TINY_STUDY = {"base": {"dataset": "least_squares", "num_workers": 2, "eval_every": 5,
+                       "batch_size": 4, "problem": {"examples_per_worker": 8, "dim": 3}},
+              "methods": {"dpsgd": {"overrides": {"algorithm": "dpsgd"},
+                                    "grid": {"learning_rate": [0.05, 0.1]}},
+                          "allreduce": {"overrides": {"algorithm": "allreduce"},
+                                        "grid": {"learning_rate": [0.1]}}},
+              "tune": {"seeds": 7, "metric": "gap", "extend": False}, "seeds": [0, 1],
+              "budget": {"num_steps": 10},
+              "columns": ["final gap", "gap at equal bytes_sent", "sim_time to gap <= 1e-9"]}

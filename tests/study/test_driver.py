@@ -6,21 +6,13 @@ import os
 
 import pytest
 
-from tests.helpers import ROOT, registered
+from tests.helpers import ROOT, TINY_STUDY, registered
 
 from nbsgd_jax.run import sweep as sweep_lib
 from nbsgd_jax.study import __main__ as cli
 from nbsgd_jax.study import driver, output, schema
 
-TINY = {"base": {"dataset": "least_squares", "num_workers": 2, "eval_every": 5, "batch_size": 4,
-                 "problem": {"examples_per_worker": 8, "dim": 3}},
-        "methods": {"dpsgd": {"overrides": {"algorithm": "dpsgd"},
-                              "grid": {"learning_rate": [0.05, 0.1]}},
-                    "allreduce": {"overrides": {"algorithm": "allreduce"},
-                                  "grid": {"learning_rate": [0.1]}}},
-        "tune": {"seeds": 7, "metric": "gap", "extend": False}, "seeds": [0, 1],
-        "budget": {"num_steps": 10},
-        "columns": ["final gap", "gap at equal bytes_sent", "sim_time to gap <= 1e-9"]}
+TINY = TINY_STUDY
 
 
 def _counting(monkeypatch):

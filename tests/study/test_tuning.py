@@ -12,8 +12,8 @@ import pytest
 from nbsgd_jax import config as config_lib
 from nbsgd_jax.study import driver, output, runs, schema
 
+from tests.helpers import TINY_STUDY as TINY
 from tests.helpers import compose_study_run_before_stages
-from tests.study.test_driver import TINY
 
 HELD_OUT = {"validation_examples": 4}  # of TINY's 16 training examples
 
