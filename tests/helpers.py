@@ -50,7 +50,7 @@ def load_script(name):
 
 
 class _Parsed(Exception):
-  pass
+  """Raised in place of a script's parse_args return: its arguments are read, nothing runs."""
 
 
 def script_args(script, recorded: dict, **fixed):
